@@ -1,0 +1,101 @@
+"""What a channel hands to core: one normalised inbound message, and where its reply goes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ChannelContext(BaseModel):
+    """Opaque, JSON-serialisable platform data.
+
+    Only the originating channel reads ``data``; core stores it and hands it back unchanged with the
+    turn target or an error reply, so a reply target survives a restart.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class ReplyTo(BaseModel):
+    """The platform message this one answers (a quote or reply), if any."""
+
+    model_config = ConfigDict(frozen=True)
+
+    message_id: str
+    text: str | None = None
+    sender_id: str | None = None
+
+
+class ThreadRef(BaseModel):
+    """A thread or forum topic inside a chat; part of the session key."""
+
+    model_config = ConfigDict(frozen=True)
+
+    thread_id: str
+
+
+class MediaItem(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    kind: str  # photo | document | audio | video | other
+    file_id: str
+    mime_type: str | None = None
+    file_name: str | None = None
+    size: int | None = None
+    caption: str | None = None
+
+
+class InboundEnvelope(BaseModel):
+    """One normalised, authorised message from a channel."""
+
+    model_config = ConfigDict(frozen=True)
+
+    channel: str
+    chat_id: str
+    sender_id: str
+    content: str
+    received_at: float = Field(default_factory=time.time)
+    sender_name: str | None = None
+    media: tuple[MediaItem, ...] = ()
+    reply_to: ReplyTo | None = None
+    thread: ThreadRef | None = None
+    event_id: str | None = None
+    """Platform-unique id for dedupe (e.g. Telegram update_id); None disables dedupe."""
+    session_key: str | None = None
+    """Explicit session key (the web chat names sessions itself); default derives from chat and thread."""
+    channel_context: ChannelContext = Field(default_factory=ChannelContext)
+
+    def key(self) -> str:
+        if self.session_key:
+            return self.session_key
+        base = f"{self.channel}:{self.chat_id}"
+        return f"{base}:{self.thread.thread_id}" if self.thread else base
+
+    def target(self) -> TurnTarget:
+        return TurnTarget(
+            channel=self.channel,
+            chat_id=self.chat_id,
+            session_key=self.key(),
+            sender_id=self.sender_id,
+            reply_to=self.reply_to,
+            thread=self.thread,
+            channel_context=self.channel_context,
+        )
+
+
+class TurnTarget(BaseModel):
+    """Where the reply of one turn goes. Persisted with the turn, so it survives a crash."""
+
+    model_config = ConfigDict(frozen=True)
+
+    channel: str
+    chat_id: str
+    session_key: str
+    sender_id: str | None = None
+    reply_to: ReplyTo | None = None
+    thread: ThreadRef | None = None
+    channel_context: ChannelContext = Field(default_factory=ChannelContext)

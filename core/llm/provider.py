@@ -1,0 +1,125 @@
+"""The provider protocol: one request in, a stream of typed events out.
+
+Every provider (OpenAI-compatible, Anthropic, local) maps its wire format onto these events and its
+failures onto ``ProviderError`` kinds, so retries and presentation are decided once, in core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class LLMToolSpec:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class LLMToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class LLMMessage:
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_calls: tuple[LLMToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LLMRequest:
+    messages: tuple[LLMMessage, ...]
+    tools: tuple[LLMToolSpec, ...] = ()
+    max_tokens: int | None = None
+    temperature: float | None = None
+
+
+# ---- stream events -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A fragment of a streamed tool call; fragments with the same index belong together."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    finish_reason: str | None = None
+
+
+ProviderEvent = TextDelta | ReasoningDelta | ToolCallDelta | Usage | StreamEnd
+
+
+class ProviderErrorKind(Enum):
+    AUTH = "auth"  # bad key / forbidden: never retried
+    TIMEOUT = "timeout"  # no answer (or no next chunk) within the request timeout
+    TRANSIENT = "transient"  # 5xx, connection errors
+    RATE_LIMIT = "rate_limit"  # 429
+    MALFORMED = "malformed"  # a chunk we could not parse
+    CONTEXT_OVERFLOW = "context_overflow"  # the prompt does not fit the model's window
+    BAD_REQUEST = "bad_request"  # other 4xx: not retried
+    UNAVAILABLE = "unavailable"  # provider cannot run here (e.g. missing optional package)
+
+
+RETRYABLE_KINDS = frozenset(
+    {ProviderErrorKind.TIMEOUT, ProviderErrorKind.TRANSIENT, ProviderErrorKind.RATE_LIMIT, ProviderErrorKind.MALFORMED}
+)
+
+
+@dataclass(eq=False)
+class ProviderError(Exception):
+    """A provider failure. ``detail`` is for logs (secrets already removed); never shown in a chat."""
+
+    kind: ProviderErrorKind
+    detail: str = ""
+    retry_after: float | None = None
+    status: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}: {self.detail}" if self.detail else self.kind.value
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE_KINDS
+
+
+class LLMProvider(Protocol):
+    """One attempt per ``stream`` call; retries are the caller's policy (``core.llm.retry``)."""
+
+    name: str
+
+    def stream(self, request: LLMRequest) -> AsyncIterator[ProviderEvent]:
+        """Yield events for one model request; raise ProviderError on failure."""
+        ...
+
+    async def aclose(self) -> None: ...

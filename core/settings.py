@@ -1,0 +1,32 @@
+"""Runtime knobs core needs, as plain values. The bridge maps the operator config onto these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_RETRY_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 30.0)
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    system_prompt: str = "You are a helpful assistant."
+    max_turns: int = 20
+    queue_capacity: int = 32
+    session_idle_seconds: float = 300.0
+    """A session worker with nothing to do for this long exits; the session then costs only its row."""
+    context_window: int = 32_768
+    """Model context window in tokens; history is trimmed to fit (about 4 characters per token)."""
+    retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS
+    request_timeout: float = 60.0
+    sink_update_timeout: float = 15.0
+    sink_finish_attempts: int = 3
+    sink_finish_retry_delay: float = 1.0
+    delivery_wait_timeout: float = 120.0
+    plain_send_timeout: float = 30.0
+    dedupe_ttl_seconds: float = 48 * 3600.0
+    shutdown_timeout: float = 10.0
+    titles: bool = True
+    title_timeout: float = 30.0
+    history_limit: int = 200
+    default_title: str = "New chat"
+    extra_commands: tuple[str, ...] = field(default=())

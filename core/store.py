@@ -1,0 +1,143 @@
+"""The Store protocol: every durable fact of chatbridge goes through it.
+
+SQLite (``core.sqlite_store``) is the default; the protocol is small enough for a PostgreSQL backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from core.messages import ChatMessage, NewMessage
+
+TurnState = Literal["running", "completed", "cancelled", "failed", "stale", "interrupted"]
+
+
+class StoreError(Exception):
+    """A storage operation failed. The message is safe to log; it never reaches a chat."""
+
+
+class StaleStateError(StoreError):
+    """A conditional write found the session moved on (generation or state_version changed)."""
+
+
+class SessionRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    title: str
+    title_is_default: bool
+    generation: int
+    state_version: int
+    history_revision: int
+    revision_seq: int
+    """Highest message seq already covered by ``history_revision``."""
+    context_start_seq: int
+    """Messages with seq <= this are history only (``/new`` starts a fresh context)."""
+    created_at: float
+    updated_at: float
+
+
+class CommitResult(BaseModel):
+    """One history revision: every message persisted since the previous revision, in seq order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_key: str
+    history_revision: int
+    messages: tuple[ChatMessage, ...]
+
+
+class TraceRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    session_key: str
+    turn_id: str
+    seq: int
+    kind: str
+    payload: dict[str, Any]
+    created_at: float
+
+
+class TurnRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    turn_id: str
+    session_key: str
+    state: TurnState
+    target_json: str
+    started_at: float
+    ended_at: float | None
+
+
+class Store(Protocol):
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    # sessions
+    async def get_or_create_session(self, key: str, *, default_title: str = "New chat") -> SessionRecord: ...
+
+    async def get_session(self, key: str) -> SessionRecord | None: ...
+
+    async def list_sessions(self, *, prefix: str | None = None, limit: int = 200) -> list[SessionRecord]: ...
+
+    async def bump_generation(self, key: str) -> int: ...
+
+    async def new_context(self, key: str) -> SessionRecord:
+        """Start a fresh model context: older messages stay in history; generation and state_version bump."""
+        ...
+
+    async def rename(self, key: str, title: str) -> None:
+        """A user rename: sets the title and clears title_is_default, so a late automatic title loses."""
+        ...
+
+    async def set_title_if_default(self, key: str, title: str, *, expect_generation: int) -> bool: ...
+
+    # messages
+    async def append_message(self, key: str, message: NewMessage) -> tuple[ChatMessage, int]:
+        """Persist one message; returns it and the session's new state_version. No revision bump."""
+        ...
+
+    async def commit_turn(
+        self,
+        key: str,
+        messages: Sequence[NewMessage],
+        *,
+        expect_generation: int | None,
+        expect_state_version: int | None,
+    ) -> CommitResult:
+        """Atomically check the expectations, insert ``messages`` and raise history_revision by one.
+
+        Raises StaleStateError (and writes nothing) when an expectation fails.
+        """
+        ...
+
+    async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
+        """(history_revision, the newest ``limit`` messages in seq order), consistent with each other."""
+        ...
+
+    async def context_messages(self, key: str, *, limit: int) -> list[ChatMessage]:
+        """The newest ``limit`` messages after the session's context start, in seq order."""
+        ...
+
+    # inbound dedupe
+    async def mark_event_processed(self, channel: str, event_id: str, *, ttl_seconds: float) -> bool:
+        """True if this event is new (and is now recorded); False if it was seen within its TTL."""
+        ...
+
+    # turns
+    async def begin_turn(self, turn_id: str, key: str, target_json: str) -> None: ...
+
+    async def end_turn(self, turn_id: str, state: TurnState) -> None: ...
+
+    async def close_interrupted_turns(self) -> list[TurnRecord]:
+        """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""
+        ...
+
+    # traces
+    async def append_trace(self, key: str, turn_id: str, kind: str, payload: dict[str, Any]) -> None: ...
+
+    async def traces(self, key: str, *, limit: int = 1000) -> list[TraceRecord]: ...
