@@ -1,0 +1,619 @@
+"""The SQLite Store: the default durable backend of chatbridge.
+
+Concurrency model (WAL mode):
+
+* one *writer* connection, serialised by an ``asyncio.Lock``; every write is one short
+  ``BEGIN IMMEDIATE ... COMMIT`` transaction;
+* one separate *reader* connection for session, history, context and trace reads; each read runs in its own
+  read transaction, so it sees one consistent snapshot and never blocks (or waits for) a write.
+
+The schema is versioned: ``MIGRATIONS`` is an ordered list of forward steps and ``PRAGMA user_version``
+records how many have been applied. Opening a database applies only the missing steps, each in its own
+transaction.
+
+Every sqlite failure leaving a public method is a ``StoreError`` whose message names the operation and the
+sqlite error, never message content. ``StaleStateError`` from ``commit_turn`` passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import pathlib
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+import aiosqlite
+from pydantic import TypeAdapter, ValidationError
+
+from core.messages import ChatMessage, MessageSource, NewMessage, ToolCall
+from core.store import (
+    CommitResult,
+    SessionRecord,
+    StaleStateError,
+    StoreError,
+    TraceRecord,
+    TurnRecord,
+    TurnState,
+)
+
+DEFAULT_TITLE = "New chat"
+BUSY_TIMEOUT_MS = 5000
+PURGE_INTERVAL_SECONDS = 60.0
+"""Expired dedupe rows are deleted at most this often (expired rows are re-admitted regardless)."""
+
+# --------------------------------------------------------------------------------------------- schema
+
+Migration = tuple[str, ...]
+
+MIGRATIONS: tuple[Migration, ...] = (
+    # 1: sessions, messages, inbound dedupe
+    (
+        """
+        CREATE TABLE sessions (
+            key               TEXT PRIMARY KEY,
+            title             TEXT NOT NULL,
+            title_is_default  INTEGER NOT NULL DEFAULT 1,
+            generation        INTEGER NOT NULL DEFAULT 0,
+            state_version     INTEGER NOT NULL DEFAULT 0,
+            history_revision  INTEGER NOT NULL DEFAULT 0,
+            revision_seq      INTEGER NOT NULL DEFAULT 0,
+            context_start_seq INTEGER NOT NULL DEFAULT 0,
+            next_seq          INTEGER NOT NULL DEFAULT 1,
+            created_at        REAL NOT NULL,
+            updated_at        REAL NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE messages (
+            id           TEXT PRIMARY KEY,
+            session_key  TEXT NOT NULL REFERENCES sessions (key) ON DELETE CASCADE,
+            seq          INTEGER NOT NULL,
+            role         TEXT NOT NULL,
+            content      TEXT NOT NULL,
+            tool_calls   TEXT NOT NULL DEFAULT '[]',
+            tool_call_id TEXT,
+            source       TEXT NOT NULL,
+            received_at  REAL NOT NULL,
+            created_at   REAL NOT NULL,
+            UNIQUE (session_key, seq)
+        )
+        """,
+        """
+        CREATE TABLE processed_events (
+            channel    TEXT NOT NULL,
+            event_id   TEXT NOT NULL,
+            expires_at REAL NOT NULL,
+            PRIMARY KEY (channel, event_id)
+        ) WITHOUT ROWID
+        """,
+        "CREATE INDEX processed_events_expires_at ON processed_events (expires_at)",
+    ),
+    # 2: turn ledger and traces
+    (
+        """
+        CREATE TABLE turns (
+            turn_id     TEXT PRIMARY KEY,
+            session_key TEXT NOT NULL,
+            state       TEXT NOT NULL,
+            target_json TEXT NOT NULL,
+            started_at  REAL NOT NULL,
+            ended_at    REAL
+        )
+        """,
+        "CREATE INDEX turns_running ON turns (started_at) WHERE state = 'running'",
+        """
+        CREATE TABLE traces (
+            session_key TEXT NOT NULL,
+            turn_id     TEXT NOT NULL,
+            seq         INTEGER NOT NULL,
+            kind        TEXT NOT NULL,
+            payload     TEXT NOT NULL,
+            created_at  REAL NOT NULL,
+            PRIMARY KEY (session_key, seq)
+        )
+        """,
+    ),
+)
+
+
+async def schema_version(conn: aiosqlite.Connection) -> int:
+    rows = list(await conn.execute_fetchall("PRAGMA user_version"))
+    return int(rows[0][0])
+
+
+async def migrate(conn: aiosqlite.Connection, *, target: int | None = None) -> int:
+    """Apply the missing ``MIGRATIONS`` steps up to ``target`` (default: all); returns the schema version.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``). Each step runs in its own
+    ``BEGIN IMMEDIATE`` transaction and re-checks the version inside it, so concurrent openers are safe.
+    """
+    goal = len(MIGRATIONS) if target is None else target
+    version = await schema_version(conn)
+    if version > len(MIGRATIONS):
+        raise StoreError(f"database schema version {version} is newer than this code ({len(MIGRATIONS)})")
+    while version < goal:
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = await schema_version(conn)
+            if version < goal:
+                for statement in MIGRATIONS[version]:
+                    await conn.execute(statement)
+                version += 1
+                await conn.execute(f"PRAGMA user_version = {version}")
+            await conn.execute("COMMIT")
+        except BaseException:
+            await _rollback_quietly(conn)
+            raise
+    return version
+
+
+# --------------------------------------------------------------------------------------------- rows
+
+_TOOL_CALLS: TypeAdapter[tuple[ToolCall, ...]] = TypeAdapter(tuple[ToolCall, ...])
+
+_SESSION_COLUMNS = (
+    "key, title, title_is_default, generation, state_version, history_revision, revision_seq,"
+    " context_start_seq, next_seq, created_at, updated_at"
+)
+_MESSAGE_COLUMNS = (
+    "id, session_key, seq, role, content, tool_calls, tool_call_id, source, received_at, created_at"
+)
+_TURN_COLUMNS = "turn_id, session_key, state, target_json, started_at, ended_at"
+_TRACE_COLUMNS = "session_key, turn_id, seq, kind, payload, created_at"
+
+
+def _session_from_row(row: sqlite3.Row) -> SessionRecord:
+    return SessionRecord(
+        key=row["key"],
+        title=row["title"],
+        title_is_default=bool(row["title_is_default"]),
+        generation=row["generation"],
+        state_version=row["state_version"],
+        history_revision=row["history_revision"],
+        revision_seq=row["revision_seq"],
+        context_start_seq=row["context_start_seq"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _message_from_row(row: sqlite3.Row) -> ChatMessage:
+    return ChatMessage(
+        id=row["id"],
+        session_key=row["session_key"],
+        seq=row["seq"],
+        role=row["role"],
+        content=row["content"],
+        tool_calls=_TOOL_CALLS.validate_json(row["tool_calls"]),
+        tool_call_id=row["tool_call_id"],
+        source=MessageSource.model_validate_json(row["source"]),
+        received_at=row["received_at"],
+        created_at=row["created_at"],
+    )
+
+
+def _message_params(message: ChatMessage) -> tuple[Any, ...]:
+    return (
+        message.id,
+        message.session_key,
+        message.seq,
+        message.role,
+        message.content,
+        _TOOL_CALLS.dump_json(message.tool_calls).decode(),
+        message.tool_call_id,
+        message.source.model_dump_json(),
+        message.received_at,
+        message.created_at,
+    )
+
+
+def _turn_from_row(row: sqlite3.Row) -> TurnRecord:
+    return TurnRecord(
+        turn_id=row["turn_id"],
+        session_key=row["session_key"],
+        state=row["state"],
+        target_json=row["target_json"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+    )
+
+
+def _trace_from_row(row: sqlite3.Row) -> TraceRecord:
+    return TraceRecord(
+        session_key=row["session_key"],
+        turn_id=row["turn_id"],
+        seq=row["seq"],
+        kind=row["kind"],
+        payload=json.loads(row["payload"]),
+        created_at=row["created_at"],
+    )
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+@contextlib.contextmanager
+def _store_errors(op: str) -> Iterator[None]:
+    """Translate sqlite/aiosqlite failures into StoreError; messages never carry stored content."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except sqlite3.Error as exc:  # aiosqlite re-exports sqlite3's exception classes
+        raise StoreError(f"sqlite store: {op} failed ({type(exc).__name__}: {exc})") from exc
+    except ValidationError:
+        # The validation error would quote the offending row; keep it out of the message and the chain.
+        raise StoreError(f"sqlite store: {op} read a malformed row") from None
+    except OSError as exc:  # creating the database directory
+        raise StoreError(f"sqlite store: {op} failed ({type(exc).__name__}: {exc})") from exc
+    except ValueError as exc:  # aiosqlite: "Connection closed" / "no active connection"
+        raise StoreError(f"sqlite store: {op} failed (connection unavailable)") from exc
+
+
+async def _rollback_quietly(conn: aiosqlite.Connection) -> None:
+    with contextlib.suppress(sqlite3.Error, ValueError):
+        if conn.in_transaction:
+            await conn.execute("ROLLBACK")
+
+
+# --------------------------------------------------------------------------------------------- store
+
+
+class SqliteStore:
+    """``Store`` on one SQLite file (see the module docstring for the connection model)."""
+
+    def __init__(self, path: str | pathlib.Path, *, clock: Callable[[], float] = time.time) -> None:
+        self._path = pathlib.Path(path)
+        self._clock = clock
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._write_lock = asyncio.Lock()
+        self._read_lock = asyncio.Lock()
+        self._next_purge_at = 0.0
+
+    # -- lifecycle
+
+    async def open(self) -> None:
+        if self._writer is not None:
+            return
+        with _store_errors("open"):
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                writer = self._writer = await self._connect()
+                await writer.execute("PRAGMA journal_mode = WAL")
+                await writer.execute("PRAGMA synchronous = NORMAL")
+                await migrate(writer)
+                reader = self._reader = await self._connect()
+                await reader.execute("PRAGMA query_only = ON")
+            except BaseException:
+                await self._close_connections()
+                raise
+
+    async def close(self) -> None:
+        async with self._write_lock, self._read_lock:
+            await self._close_connections()
+
+    async def _connect(self) -> aiosqlite.Connection:
+        conn = await aiosqlite.connect(self._path, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        await conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+
+    async def _close_connections(self) -> None:
+        for conn in (self._reader, self._writer):
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error, ValueError):
+                    await conn.close()
+        self._reader = self._writer = None
+
+    @contextlib.asynccontextmanager
+    async def _write(self, op: str) -> AsyncIterator[aiosqlite.Connection]:
+        """One short write transaction on the writer connection."""
+        with _store_errors(op):
+            async with self._write_lock:
+                conn = self._writer
+                if conn is None:
+                    raise StoreError(f"sqlite store: {op} called while the store is closed")
+                await _rollback_quietly(conn)  # heal a transaction left open by a cancelled rollback
+                await conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    await conn.execute("COMMIT")
+                except BaseException:
+                    await _rollback_quietly(conn)
+                    raise
+
+    @contextlib.asynccontextmanager
+    async def _read(self, op: str) -> AsyncIterator[aiosqlite.Connection]:
+        """One read transaction (a consistent snapshot) on the reader connection; never blocks writes."""
+        with _store_errors(op):
+            async with self._read_lock:
+                conn = self._reader
+                if conn is None:
+                    raise StoreError(f"sqlite store: {op} called while the store is closed")
+                await _rollback_quietly(conn)
+                await conn.execute("BEGIN")
+                try:
+                    yield conn
+                finally:
+                    await _rollback_quietly(conn)  # a read transaction has nothing to commit
+
+    # -- sessions
+
+    async def _ensure_session(
+        self, conn: aiosqlite.Connection, key: str, *, default_title: str = DEFAULT_TITLE
+    ) -> sqlite3.Row:
+        now = self._clock()
+        await conn.execute(
+            "INSERT OR IGNORE INTO sessions (key, title, title_is_default, created_at, updated_at)"
+            " VALUES (?, ?, 1, ?, ?)",
+            (key, default_title, now, now),
+        )
+        row = await _session_row(conn, key)
+        assert row is not None  # inserted above, inside the same transaction
+        return row
+
+    async def get_or_create_session(self, key: str, *, default_title: str = DEFAULT_TITLE) -> SessionRecord:
+        existing = await self.get_session(key)
+        if existing is not None:
+            return existing
+        async with self._write("get_or_create_session") as conn:
+            row = await self._ensure_session(conn, key, default_title=default_title)
+        return _session_from_row(row)
+
+    async def get_session(self, key: str) -> SessionRecord | None:
+        async with self._read("get_session") as conn:
+            row = await _session_row(conn, key)
+        return None if row is None else _session_from_row(row)
+
+    async def list_sessions(self, *, prefix: str | None = None, limit: int = 200) -> list[SessionRecord]:
+        """Sessions by most recent update first, optionally only keys starting with ``prefix``."""
+        async with self._read("list_sessions") as conn:
+            if prefix is None:
+                rows = await conn.execute_fetchall(
+                    f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY updated_at DESC, key LIMIT ?",
+                    (max(limit, 0),),
+                )
+            else:
+                rows = await conn.execute_fetchall(
+                    f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE substr(key, 1, ?) = ?"
+                    " ORDER BY updated_at DESC, key LIMIT ?",
+                    (len(prefix), prefix, max(limit, 0)),
+                )
+            return [_session_from_row(row) for row in rows]
+
+    async def bump_generation(self, key: str) -> int:
+        async with self._write("bump_generation") as conn:
+            row = await self._ensure_session(conn, key)
+            generation = int(row["generation"]) + 1
+            await conn.execute(
+                "UPDATE sessions SET generation = ?, updated_at = ? WHERE key = ?",
+                (generation, self._clock(), key),
+            )
+        return generation
+
+    async def new_context(self, key: str) -> SessionRecord:
+        """Start a fresh model context: older messages stay in history; generation and state_version bump."""
+        async with self._write("new_context") as conn:
+            await self._ensure_session(conn, key)
+            await conn.execute(
+                "UPDATE sessions SET context_start_seq = next_seq - 1, generation = generation + 1,"
+                " state_version = state_version + 1, updated_at = ? WHERE key = ?",
+                (self._clock(), key),
+            )
+            row = await _session_row(conn, key)
+        assert row is not None
+        return _session_from_row(row)
+
+    async def rename(self, key: str, title: str) -> None:
+        """A user rename: sets the title and clears title_is_default, so a late automatic title loses."""
+        async with self._write("rename") as conn:
+            await self._ensure_session(conn, key)
+            await conn.execute(
+                "UPDATE sessions SET title = ?, title_is_default = 0, updated_at = ? WHERE key = ?",
+                (title, self._clock(), key),
+            )
+
+    async def set_title_if_default(self, key: str, title: str, *, expect_generation: int) -> bool:
+        """An automatic title: written only while no user rename happened and the generation still matches.
+
+        ``title_is_default`` stays set, so a later automatic title may replace this one; a rename clears it.
+        """
+        async with self._write("set_title_if_default") as conn:
+            cursor = await conn.execute(
+                "UPDATE sessions SET title = ?, updated_at = ?"
+                " WHERE key = ? AND title_is_default = 1 AND generation = ?",
+                (title, self._clock(), key, expect_generation),
+            )
+            return cursor.rowcount == 1
+
+    # -- messages
+
+    async def append_message(self, key: str, message: NewMessage) -> tuple[ChatMessage, int]:
+        """Persist one message; returns it and the session's new state_version. No revision bump."""
+        async with self._write("append_message") as conn:
+            row = await self._ensure_session(conn, key)
+            (persisted,) = await self._insert_messages(conn, row, [message])
+            state_version = int(row["state_version"]) + 1
+            await conn.execute(
+                "UPDATE sessions SET next_seq = ?, state_version = ?, updated_at = ? WHERE key = ?",
+                (persisted.seq + 1, state_version, persisted.created_at, key),
+            )
+        return persisted, state_version
+
+    async def commit_turn(
+        self,
+        key: str,
+        messages: Sequence[NewMessage],
+        *,
+        expect_generation: int | None,
+        expect_state_version: int | None,
+    ) -> CommitResult:
+        """Atomically check the expectations, insert ``messages`` and raise history_revision by one.
+
+        Raises StaleStateError (and writes nothing) when an expectation fails. The result carries every
+        message with seq above the previous revision (including messages appended since), so consecutive
+        revisions are contiguous deltas covering each message exactly once.
+        """
+        async with self._write("commit_turn") as conn:
+            row = await self._ensure_session(conn, key)
+            if expect_generation is not None and expect_generation != row["generation"]:
+                raise StaleStateError(
+                    f"session generation is {row['generation']}, expected {expect_generation}"
+                )
+            if expect_state_version is not None and expect_state_version != row["state_version"]:
+                raise StaleStateError(
+                    f"session state_version is {row['state_version']}, expected {expect_state_version}"
+                )
+            inserted = await self._insert_messages(conn, row, messages)
+            next_seq = int(row["next_seq"]) + len(inserted)
+            revision = int(row["history_revision"]) + 1
+            await conn.execute(
+                "UPDATE sessions SET next_seq = ?, state_version = state_version + ?, history_revision = ?,"
+                " revision_seq = ?, updated_at = ? WHERE key = ?",
+                (next_seq, 1 if inserted else 0, revision, next_seq - 1, self._clock(), key),
+            )
+            rows = await conn.execute_fetchall(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_key = ? AND seq > ? ORDER BY seq",
+                (key, row["revision_seq"]),
+            )
+            delta = tuple(_message_from_row(r) for r in rows)
+        return CommitResult(session_key=key, history_revision=revision, messages=delta)
+
+    async def _insert_messages(
+        self, conn: aiosqlite.Connection, session: sqlite3.Row, messages: Sequence[NewMessage]
+    ) -> list[ChatMessage]:
+        """Insert ``messages`` at the session's next seqs; the caller advances ``next_seq``."""
+        now = self._clock()
+        first_seq = int(session["next_seq"])
+        persisted = [
+            ChatMessage(
+                id=uuid.uuid4().hex,
+                session_key=session["key"],
+                seq=first_seq + offset,
+                role=message.role,
+                content=message.content,
+                source=message.source,
+                tool_calls=message.tool_calls,
+                tool_call_id=message.tool_call_id,
+                received_at=message.received_at,
+                created_at=now,
+            )
+            for offset, message in enumerate(messages)
+        ]
+        if persisted:
+            await conn.executemany(
+                f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [_message_params(m) for m in persisted],
+            )
+        return persisted
+
+    async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
+        """(history_revision, the newest ``limit`` messages in seq order), consistent with each other.
+
+        Messages appended after the last commit may be included; the revision counts commits only.
+        """
+        async with self._read("history") as conn:
+            session = await _session_row(conn, key)
+            if session is None:
+                return 0, []
+            rows = await conn.execute_fetchall(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_key = ? ORDER BY seq DESC LIMIT ?",
+                (key, max(limit, 0)),
+            )
+            messages = [_message_from_row(r) for r in reversed(list(rows))]
+            return int(session["history_revision"]), messages
+
+    async def context_messages(self, key: str, *, limit: int) -> list[ChatMessage]:
+        """The newest ``limit`` messages after the session's context start, in seq order."""
+        async with self._read("context_messages") as conn:
+            rows = await conn.execute_fetchall(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_key = ?"
+                " AND seq > (SELECT context_start_seq FROM sessions WHERE key = ?)"
+                " ORDER BY seq DESC LIMIT ?",
+                (key, key, max(limit, 0)),
+            )
+            return [_message_from_row(r) for r in reversed(list(rows))]
+
+    # -- inbound dedupe
+
+    async def mark_event_processed(self, channel: str, event_id: str, *, ttl_seconds: float) -> bool:
+        """True if this event is new (and is now recorded); False if it was seen within its TTL.
+
+        An existing row whose TTL has run out counts as new and is refreshed.
+        """
+        async with self._write("mark_event_processed") as conn:
+            now = self._clock()
+            if now >= self._next_purge_at:
+                await conn.execute("DELETE FROM processed_events WHERE expires_at <= ?", (now,))
+                self._next_purge_at = now + PURGE_INTERVAL_SECONDS
+            cursor = await conn.execute(
+                "INSERT INTO processed_events (channel, event_id, expires_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (channel, event_id) DO UPDATE SET expires_at = excluded.expires_at"
+                " WHERE processed_events.expires_at <= ?",
+                (channel, event_id, now + ttl_seconds, now),
+            )
+            return cursor.rowcount == 1
+
+    # -- turns
+
+    async def begin_turn(self, turn_id: str, key: str, target_json: str) -> None:
+        async with self._write("begin_turn") as conn:
+            await conn.execute(
+                f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES (?, ?, 'running', ?, ?, NULL)",
+                (turn_id, key, target_json, self._clock()),
+            )
+
+    async def end_turn(self, turn_id: str, state: TurnState) -> None:
+        """Record a running turn's final state; a turn that already ended keeps its first final state."""
+        ended_at = None if state == "running" else self._clock()
+        async with self._write("end_turn") as conn:
+            await conn.execute(
+                "UPDATE turns SET state = ?, ended_at = ? WHERE turn_id = ? AND state = 'running'",
+                (state, ended_at, turn_id),
+            )
+
+    async def close_interrupted_turns(self) -> list[TurnRecord]:
+        """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""
+        async with self._write("close_interrupted_turns") as conn:
+            now = self._clock()
+            rows = await conn.execute_fetchall(
+                f"SELECT {_TURN_COLUMNS} FROM turns WHERE state = 'running' ORDER BY started_at, turn_id"
+            )
+            await conn.execute(
+                "UPDATE turns SET state = 'interrupted', ended_at = ? WHERE state = 'running'", (now,)
+            )
+            running = [_turn_from_row(r) for r in rows]
+        return [turn.model_copy(update={"state": "interrupted", "ended_at": now}) for turn in running]
+
+    # -- traces
+
+    async def append_trace(self, key: str, turn_id: str, kind: str, payload: dict[str, Any]) -> None:
+        """Append one trace record; values JSON cannot encode are stored as their ``str()``."""
+        encoded = json.dumps(payload, default=str, ensure_ascii=False)
+        async with self._write("append_trace") as conn:
+            await conn.execute(
+                f"INSERT INTO traces ({_TRACE_COLUMNS})"
+                " SELECT ?, ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ? FROM traces WHERE session_key = ?",
+                (key, turn_id, kind, encoded, self._clock(), key),
+            )
+
+    async def traces(self, key: str, *, limit: int = 1000) -> list[TraceRecord]:
+        """The newest ``limit`` trace records of a session, oldest first."""
+        async with self._read("traces") as conn:
+            rows = await conn.execute_fetchall(
+                f"SELECT {_TRACE_COLUMNS} FROM traces WHERE session_key = ? ORDER BY seq DESC LIMIT ?",
+                (key, max(limit, 0)),
+            )
+            return [_trace_from_row(r) for r in reversed(list(rows))]
+
+
+async def _session_row(conn: aiosqlite.Connection, key: str) -> sqlite3.Row | None:
+    rows = list(await conn.execute_fetchall(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE key = ?", (key,)))
+    return rows[0] if rows else None

@@ -1,0 +1,436 @@
+"""SqliteStore against real database files under tmp_path."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import sqlite3
+from collections.abc import AsyncIterator
+
+import aiosqlite
+import pytest
+
+from core.messages import MessageSource, NewMessage, ToolCall
+from core.sqlite_store import MIGRATIONS, SqliteStore, migrate, schema_version
+from core.store import StaleStateError, StoreError
+
+KEY = "telegram:chat:1"
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def user(text: str) -> NewMessage:
+    return NewMessage(role="user", content=text, source=MessageSource(kind="user_input"))
+
+
+def assistant(text: str) -> NewMessage:
+    return NewMessage(role="assistant", content=text, source=MessageSource(kind="assistant"))
+
+
+@pytest.fixture
+def db_path(tmp_path: pathlib.Path) -> pathlib.Path:
+    return tmp_path / "data" / "chatbridge.sqlite3"
+
+
+@pytest.fixture
+async def store(db_path: pathlib.Path) -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(db_path)
+    await s.open()
+    yield s
+    await s.close()
+
+
+# --------------------------------------------------------------------------------------------- sessions
+
+
+async def test_open_creates_directory_and_wal_database(db_path: pathlib.Path, store: SqliteStore) -> None:
+    assert await asyncio.to_thread(db_path.is_file)
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+
+
+async def test_get_or_create_session_defaults_and_is_idempotent(store: SqliteStore) -> None:
+    created = await store.get_or_create_session(KEY, default_title="Hello")
+    assert (created.title, created.title_is_default) == ("Hello", True)
+    assert (created.generation, created.state_version, created.history_revision) == (0, 0, 0)
+    assert (created.revision_seq, created.context_start_seq) == (0, 0)
+    again = await store.get_or_create_session(KEY, default_title="Other")
+    assert again == created
+    assert await store.get_session("missing") is None
+
+
+async def test_list_sessions_prefix_is_literal(store: SqliteStore) -> None:
+    for key in ("web:a_1", "web:ab1", "web%x", "slack:1"):
+        await store.get_or_create_session(key)
+    assert {s.key for s in await store.list_sessions(prefix="web:a_")} == {"web:a_1"}
+    assert {s.key for s in await store.list_sessions(prefix="web%")} == {"web%x"}
+    assert len(await store.list_sessions()) == 4
+    assert len(await store.list_sessions(limit=2)) == 2
+
+
+async def test_bump_generation_creates_and_increments(store: SqliteStore) -> None:
+    assert await store.bump_generation(KEY) == 1
+    assert await store.bump_generation(KEY) == 2
+    session = await store.get_session(KEY)
+    assert session is not None and session.generation == 2
+
+
+# --------------------------------------------------------------------------------------------- revisions
+
+
+async def test_commits_form_contiguous_deltas_covering_every_message_once(store: SqliteStore) -> None:
+    first_user, sv = await store.append_message(KEY, user("hi"))
+    assert (first_user.seq, sv) == (1, 1)
+    first = await store.commit_turn(KEY, [assistant("hello")], expect_generation=0, expect_state_version=1)
+    assert first.history_revision == 1
+    assert [(m.seq, m.role, m.content) for m in first.messages] == [
+        (1, "user", "hi"),
+        (2, "assistant", "hello"),
+    ]
+
+    await store.append_message(KEY, user("weather?"))
+    turn = [
+        NewMessage(
+            role="assistant",
+            content="",
+            source=MessageSource(kind="assistant"),
+            tool_calls=(ToolCall(id="c1", name="weather", arguments='{"city": "Oslo"}'),),
+        ),
+        NewMessage(role="tool", content="rain", source=MessageSource(kind="tool"), tool_call_id="c1"),
+        assistant("It rains."),
+    ]
+    second = await store.commit_turn(KEY, turn, expect_generation=0, expect_state_version=3)
+    assert second.history_revision == 2
+    assert [m.seq for m in second.messages] == [3, 4, 5, 6]
+    assert second.messages[0].content == "weather?"
+
+    empty = await store.commit_turn(KEY, [], expect_generation=None, expect_state_version=None)
+    assert (empty.history_revision, empty.messages) == (3, ())
+
+    revision, history = await store.history(KEY)
+    assert revision == 3
+    covered = [m for result in (first, second, empty) for m in result.messages]
+    assert covered == history
+    assert len({m.id for m in history}) == len(history) == 6
+
+    session = await store.get_session(KEY)
+    assert session is not None
+    assert (session.state_version, session.history_revision, session.revision_seq) == (4, 3, 6)
+
+
+async def test_append_message_bumps_state_version_but_not_revision(store: SqliteStore) -> None:
+    _, sv1 = await store.append_message(KEY, user("a"))
+    _, sv2 = await store.append_message(KEY, user("b"))
+    assert (sv1, sv2) == (1, 2)
+    session = await store.get_session(KEY)
+    assert session is not None and session.history_revision == 0
+
+
+async def test_stale_generation_writes_nothing(store: SqliteStore) -> None:
+    await store.append_message(KEY, user("hi"))
+    await store.bump_generation(KEY)
+    before = await store.get_session(KEY)
+    with pytest.raises(StaleStateError):
+        await store.commit_turn(KEY, [assistant("late")], expect_generation=0, expect_state_version=None)
+    assert await store.get_session(KEY) == before
+    _, history = await store.history(KEY)
+    assert [m.content for m in history] == ["hi"]
+    nxt, _ = await store.append_message(KEY, user("next"))
+    assert nxt.seq == 2
+
+
+async def test_stale_state_version_writes_nothing(store: SqliteStore) -> None:
+    _, sv = await store.append_message(KEY, user("one"))
+    await store.append_message(KEY, user("two"))  # a second message moved the state on
+    before = await store.get_session(KEY)
+    with pytest.raises(StaleStateError):
+        await store.commit_turn(KEY, [assistant("late")], expect_generation=0, expect_state_version=sv)
+    assert await store.get_session(KEY) == before
+    _, history = await store.history(KEY)
+    assert [m.content for m in history] == ["one", "two"]
+
+
+async def test_stale_commit_on_missing_session_creates_nothing(store: SqliteStore) -> None:
+    with pytest.raises(StaleStateError):
+        await store.commit_turn("fresh", [assistant("x")], expect_generation=5, expect_state_version=None)
+    assert await store.get_session("fresh") is None
+
+
+async def test_history_revision_is_consistent_with_messages(store: SqliteStore) -> None:
+    assert await store.history(KEY) == (0, [])
+    await store.append_message(KEY, user("q1"))
+    await store.commit_turn(KEY, [assistant("a1")], expect_generation=None, expect_state_version=None)
+    await store.append_message(KEY, user("q2"))  # not committed yet: included, revision unchanged
+    revision, messages = await store.history(KEY)
+    session = await store.get_session(KEY)
+    assert session is not None
+    assert revision == session.history_revision == 1
+    assert [m.content for m in messages] == ["q1", "a1", "q2"]
+    revision, newest = await store.history(KEY, limit=2)
+    assert (revision, [m.seq for m in newest]) == (1, [2, 3])
+
+
+async def test_new_context_excludes_old_messages_but_history_keeps_them(store: SqliteStore) -> None:
+    await store.append_message(KEY, user("old question"))
+    await store.commit_turn(KEY, [assistant("old answer")], expect_generation=0, expect_state_version=1)
+    before = await store.get_session(KEY)
+    assert before is not None
+
+    fresh = await store.new_context(KEY)
+    assert fresh.context_start_seq == 2
+    assert (fresh.generation, fresh.state_version) == (before.generation + 1, before.state_version + 1)
+    assert await store.context_messages(KEY, limit=50) == []
+
+    await store.append_message(KEY, user("new 1"))
+    await store.append_message(KEY, user("new 2"))
+    await store.append_message(KEY, user("new 3"))
+    context = await store.context_messages(KEY, limit=2)
+    assert [m.content for m in context] == ["new 2", "new 3"]
+    _, history = await store.history(KEY)
+    assert [m.content for m in history] == ["old question", "old answer", "new 1", "new 2", "new 3"]
+
+
+# --------------------------------------------------------------------------------------------- titles
+
+
+async def test_rename_beats_automatic_title(store: SqliteStore) -> None:
+    session = await store.get_or_create_session(KEY)
+    assert await store.set_title_if_default(KEY, "Auto 1", expect_generation=session.generation)
+    assert await store.set_title_if_default(KEY, "Auto 2", expect_generation=session.generation)
+    await store.rename(KEY, "Mine")
+    assert not await store.set_title_if_default(KEY, "Auto 3", expect_generation=session.generation)
+    renamed = await store.get_session(KEY)
+    assert renamed is not None
+    assert (renamed.title, renamed.title_is_default) == ("Mine", False)
+
+
+async def test_automatic_title_with_moved_generation_is_refused(store: SqliteStore) -> None:
+    session = await store.get_or_create_session(KEY)
+    await store.bump_generation(KEY)
+    assert not await store.set_title_if_default(KEY, "Late", expect_generation=session.generation)
+    current = await store.get_session(KEY)
+    assert current is not None and current.title == "New chat"
+    assert not await store.set_title_if_default("missing", "x", expect_generation=0)
+
+
+# --------------------------------------------------------------------------------------------- dedupe
+
+
+async def test_dedupe_survives_reopen_and_ttl_expiry_readmits(db_path: pathlib.Path) -> None:
+    clock = FakeClock()
+    store = SqliteStore(db_path, clock=clock)
+    await store.open()
+    try:
+        assert await store.mark_event_processed("telegram", "e1", ttl_seconds=100)
+        assert not await store.mark_event_processed("telegram", "e1", ttl_seconds=100)
+        assert await store.mark_event_processed("slack", "e1", ttl_seconds=100)
+    finally:
+        await store.close()
+
+    reopened = SqliteStore(db_path, clock=clock)
+    await reopened.open()
+    try:
+        clock.now += 99
+        assert not await reopened.mark_event_processed("telegram", "e1", ttl_seconds=100)
+        clock.now += 2  # TTL ran out
+        assert await reopened.mark_event_processed("telegram", "e1", ttl_seconds=100)
+        assert not await reopened.mark_event_processed("telegram", "e1", ttl_seconds=100)
+    finally:
+        await reopened.close()
+
+
+async def test_expired_dedupe_rows_are_purged(db_path: pathlib.Path) -> None:
+    clock = FakeClock()
+    store = SqliteStore(db_path, clock=clock)
+    await store.open()
+    try:
+        for i in range(5):
+            await store.mark_event_processed("web", f"old{i}", ttl_seconds=10)
+        clock.now += 120
+        await store.mark_event_processed("web", "new", ttl_seconds=10)
+    finally:
+        await store.close()
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("SELECT event_id FROM processed_events").fetchall() == [("new",)]
+
+
+# --------------------------------------------------------------------------------------------- migrations
+
+
+async def test_reopen_keeps_data_and_schema(db_path: pathlib.Path) -> None:
+    store = SqliteStore(db_path)
+    await store.open()
+    await store.append_message(KEY, user("kept"))
+    await store.rename(KEY, "Title")
+    await store.close()
+    await store.close()  # idempotent
+
+    again = SqliteStore(db_path)
+    await again.open()
+    try:
+        _, history = await again.history(KEY)
+        assert [m.content for m in history] == ["kept"]
+        session = await again.get_session(KEY)
+        assert session is not None and session.title == "Title"
+    finally:
+        await again.close()
+
+
+async def test_older_schema_is_upgraded(db_path: pathlib.Path) -> None:
+    assert len(MIGRATIONS) >= 2
+    db_path.parent.mkdir(parents=True)
+    async with aiosqlite.connect(db_path, isolation_level=None) as conn:
+        assert await migrate(conn, target=1) == 1
+        await conn.execute(
+            "INSERT INTO sessions (key, title, created_at, updated_at) VALUES (?, 'From v1', 1.0, 1.0)",
+            (KEY,),
+        )
+        tables = {r[0] for r in await conn.execute_fetchall("SELECT name FROM sqlite_master")}
+        assert "turns" not in tables
+
+    store = SqliteStore(db_path)
+    await store.open()
+    try:
+        session = await store.get_session(KEY)
+        assert session is not None and session.title == "From v1"
+        await store.begin_turn("t1", KEY, "{}")
+        await store.append_trace(KEY, "t1", "start", {})
+        assert len(await store.traces(KEY)) == 1
+    finally:
+        await store.close()
+    async with aiosqlite.connect(db_path) as conn:
+        assert await schema_version(conn) == len(MIGRATIONS)
+
+
+async def test_newer_schema_is_refused(db_path: pathlib.Path) -> None:
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as raw:
+        raw.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    store = SqliteStore(db_path)
+    with pytest.raises(StoreError, match="newer"):
+        await store.open()
+    await store.close()
+
+
+# --------------------------------------------------------------------------------------------- turns, traces
+
+
+async def test_close_interrupted_turns_returns_running_turns_once(store: SqliteStore) -> None:
+    await store.begin_turn("t1", KEY, '{"chat": 1}')
+    await store.begin_turn("t2", KEY, '{"chat": 2}')
+    await store.begin_turn("t3", "other", "{}")
+    await store.end_turn("t2", "completed")
+
+    interrupted = await store.close_interrupted_turns()
+    assert [(t.turn_id, t.state, t.target_json) for t in interrupted] == [
+        ("t1", "interrupted", '{"chat": 1}'),
+        ("t3", "interrupted", "{}"),
+    ]
+    assert all(t.ended_at is not None for t in interrupted)
+    assert await store.close_interrupted_turns() == []
+
+
+async def test_traces_are_per_session_and_newest_limit_oldest_first(store: SqliteStore) -> None:
+    for i in range(5):
+        await store.append_trace(KEY, "t1", "step", {"i": i})
+    await store.append_trace("other", "t9", "step", {"i": 99})
+    traces = await store.traces(KEY, limit=3)
+    assert [(t.seq, t.payload["i"]) for t in traces] == [(3, 2), (4, 3), (5, 4)]
+    other = await store.traces("other")
+    assert [(t.seq, t.turn_id) for t in other] == [(1, "t9")]
+
+
+# --------------------------------------------------------------------------------------------- concurrency
+
+
+async def test_long_read_does_not_block_a_write(store: SqliteStore) -> None:
+    await store.append_message(KEY, user("before"))
+    async with store._read("test") as reader:
+        rows = list(await reader.execute_fetchall("SELECT count(*) FROM messages"))
+        assert rows[0][0] == 1
+        result = await asyncio.wait_for(
+            store.commit_turn(KEY, [assistant("during")], expect_generation=0, expect_state_version=1),
+            timeout=2.0,
+        )
+        assert result.history_revision == 1
+        rows = list(await reader.execute_fetchall("SELECT count(*) FROM messages"))
+        assert rows[0][0] == 1  # the held read transaction still sees its snapshot
+    _, history = await store.history(KEY)
+    assert [m.content for m in history] == ["before", "during"]
+
+
+async def test_concurrent_appends_get_distinct_seqs(store: SqliteStore) -> None:
+    results = await asyncio.gather(*(store.append_message(KEY, user(f"m{i}")) for i in range(20)))
+    assert sorted(m.seq for m, _ in results) == list(range(1, 21))
+    assert sorted(sv for _, sv in results) == list(range(1, 21))
+
+
+# --------------------------------------------------------------------------------------------- round trip
+
+
+async def test_source_and_received_at_round_trip_exactly(db_path: pathlib.Path) -> None:
+    source = MessageSource(
+        kind="user_input",
+        from_channel="telegram",
+        from_user_id="u-42",
+        reply_to="msg-7",
+        turn_id="turn-1",
+        extra={"nested": [1, "x", None], "flag": True},
+    )
+    received_at = 1_712_345_678.123_456_7
+    message = NewMessage(role="user", content="héllo 👋", source=source, received_at=received_at)
+    store = SqliteStore(db_path)
+    await store.open()
+    stored, _ = await store.append_message(KEY, message)
+    await store.close()
+
+    reopened = SqliteStore(db_path)
+    await reopened.open()
+    try:
+        _, (loaded,) = await reopened.history(KEY)
+    finally:
+        await reopened.close()
+    assert loaded == stored
+    assert loaded.source == source
+    assert loaded.received_at == received_at
+    assert loaded.content == "héllo 👋"
+    assert len(loaded.id) == 32
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+async def test_sqlite_errors_become_store_errors_without_content(
+    db_path: pathlib.Path, store: SqliteStore
+) -> None:
+    await store.begin_turn("t1", KEY, '{"secret": "TARGET-SECRET"}')
+    with pytest.raises(StoreError) as duplicate:
+        await store.begin_turn("t1", KEY, '{"secret": "TARGET-SECRET"}')
+    assert not isinstance(duplicate.value, StaleStateError)
+    assert "TARGET-SECRET" not in str(duplicate.value)
+    await store.begin_turn("t2", KEY, "{}")  # the failed transaction was rolled back; the writer is usable
+
+    await store.append_message(KEY, user("fine"))
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("UPDATE messages SET content = 'ROW-SECRET', source = '{\"kind\": \"ROW-SECRET\"}'")
+    with pytest.raises(StoreError) as malformed:
+        await store.history(KEY)
+    assert "ROW-SECRET" not in str(malformed.value)
+    assert malformed.value.__cause__ is None
+
+
+async def test_closed_store_raises_store_error(db_path: pathlib.Path) -> None:
+    store = SqliteStore(db_path)
+    await store.open()
+    await store.close()
+    with pytest.raises(StoreError):
+        await store.append_message(KEY, user("SECRET"))
+    with pytest.raises(StoreError):
+        await store.history(KEY)
