@@ -1,0 +1,175 @@
+"""ConversationExecutor: the flow of one turn, top to bottom.
+
+1. persist the user message (source: channel, sender, received_at, reply_to)
+2. TurnInputBuilder.prepare (system prompt + context + runtime context, once)
+3. TurnRunner (model ⟂ cancel; at most one overflow recovery)
+4. TurnCommitter (generation/state_version check, atomic persistence, then the terminal snapshot)
+5. DeliveryHandle.wait → plain fallback at most once
+6. TitleService.schedule (background)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from core.channel import ChannelRegistry
+from core.committer import TurnCommitter
+from core.controller import TurnController
+from core.delivery import DeliveryError, DeliveryHandle, DeliveryStartError, TurnDeliveryService
+from core.envelope import InboundEnvelope, TurnTarget
+from core.events import EventBus, TurnStarted
+from core.failures import TurnFailure, TurnFailureKind, TurnFailurePresenter
+from core.input_builder import RuntimeContext, TurnInputBuilder
+from core.messages import MessageSource, NewMessage
+from core.runner import Cancelled, Completed, Failed, Stale, TurnRunner, TurnRunOutcome
+from core.settings import CoreSettings
+from core.snapshot import TurnSnapshot
+from core.store import Store, TurnState
+from core.title import TitleService
+
+log = logging.getLogger(__name__)
+
+
+class PlainSender:
+    """Sends one ordinary message through a channel: bounded in time, retried at most once (a send whose
+    outcome is unknown must not be repeated more than that)."""
+
+    def __init__(self, channels: ChannelRegistry, settings: CoreSettings) -> None:
+        self._channels = channels
+        self._settings = settings
+
+    async def send(self, target: TurnTarget, text: str) -> bool:
+        channel = self._channels.get(target.channel)
+        if channel is None:
+            log.error("cannot reply in %s: no channel %r", target.session_key, target.channel)
+            return False
+        for attempt in (1, 2):
+            try:
+                await asyncio.wait_for(channel.send_plain(target, text), self._settings.plain_send_timeout)
+                return True
+            except Exception as exc:
+                log.warning("plain send to %s failed (attempt %d): %s", target.session_key, attempt, exc)
+        return False
+
+
+class ConversationExecutor:
+    def __init__(self, *, store: Store, builder: TurnInputBuilder, runner: TurnRunner,
+                 committer: TurnCommitter, delivery: TurnDeliveryService, plain: PlainSender,
+                 presenter: TurnFailurePresenter, titles: TitleService, events: EventBus,
+                 settings: CoreSettings) -> None:
+        self._store = store
+        self._builder = builder
+        self._runner = runner
+        self._committer = committer
+        self._delivery = delivery
+        self._plain = plain
+        self._presenter = presenter
+        self._titles = titles
+        self._events = events
+        self._settings = settings
+
+    async def execute(self, envelope: InboundEnvelope, cancel: asyncio.Event) -> None:
+        target = envelope.target()
+        key = target.session_key
+        turn_id = uuid.uuid4().hex
+
+        # 1. persist the user message
+        try:
+            _, base_state_version = await self._store.append_message(key, NewMessage(
+                role="user", content=envelope.content, received_at=envelope.received_at,
+                source=MessageSource(kind="user_input", from_channel=envelope.channel,
+                                     from_user_id=envelope.sender_id, turn_id=turn_id,
+                                     reply_to=envelope.reply_to.message_id if envelope.reply_to else None)))
+            record = await self._store.get_session(key)
+            base_generation = record.generation if record else 0
+        except Exception as exc:
+            log.error("persisting the user message in %s failed: %s", key, exc)
+            await self._plain.send(target, self._presenter.failure(TurnFailure(TurnFailureKind.INPUT_PERSISTENCE)))
+            return
+
+        controller = TurnController(turn_id, key)
+        await self._record_turn_start(turn_id, target)
+        self._events.publish(TurnStarted(key, turn_id, controller))
+        handle = await self._start_delivery(target, controller)
+
+        # 2.-3. prepare the input and run the model
+        outcome: TurnRunOutcome
+        try:
+            runtime = RuntimeContext(channel=envelope.channel, sender_name=envelope.sender_name)
+            prepared = await self._builder.prepare(key, base_state_version, runtime)
+        except Exception as exc:
+            log.error("preparing the context of %s failed: %s", key, exc)
+            outcome = Failed(TurnFailure(TurnFailureKind.CONTEXT_PREPARATION, repr(exc)), "")
+        else:
+            outcome = await self._runner.run(prepared, controller, cancel)
+
+        # 4. commit, and only then show the terminal state
+        committed = await self._committer.commit(key, turn_id, outcome, base_generation=base_generation,
+                                                 base_state_version=base_state_version)
+        outcome = committed.outcome
+        terminal = self._finish(controller, outcome)
+        await self._record_turn_end(turn_id, terminal)
+
+        # 5. wait for the sink; fall back to one plain message if the terminal content is not visible
+        await self._deliver_terminal(target, handle, outcome, terminal)
+
+        # 6. title in the background
+        if isinstance(outcome, Completed) and committed.result and committed.result.history_revision == 1:
+            self._titles.schedule(key, base_generation, envelope.content, outcome.text)
+
+    # ---- steps ---------------------------------------------------------------------------------
+
+    async def _start_delivery(self, target: TurnTarget, controller: TurnController) -> DeliveryHandle | None:
+        try:
+            return await self._delivery.start(target, controller)
+        except DeliveryStartError as exc:
+            log.warning("live delivery unavailable for %s, replying plainly: %s", target.session_key, exc)
+            return None
+
+    def _finish(self, controller: TurnController, outcome: TurnRunOutcome) -> TurnSnapshot:
+        if isinstance(outcome, Completed):
+            return controller.finish("completed", text=outcome.text)
+        if isinstance(outcome, Failed):
+            return controller.finish("failed", error=self._presenter.failure(outcome.failure))
+        return controller.finish("cancelled", error=self._presenter.cancelled(""))
+
+    async def _deliver_terminal(self, target: TurnTarget, handle: DeliveryHandle | None,
+                                outcome: TurnRunOutcome, terminal: TurnSnapshot) -> None:
+        err = DeliveryError("no live delivery") if handle is None else \
+            await handle.wait(self._settings.delivery_wait_timeout)
+        if err is None:
+            return  # rule 2: delivered → no plain message
+        text = self._fallback_text(outcome, terminal, err)
+        if text:
+            log.info("delivery for %s failed (%s); sending one plain fallback", target.session_key, err.reason)
+            await self._plain.send(target, text)
+
+    def _fallback_text(self, outcome: TurnRunOutcome, terminal: TurnSnapshot, err: DeliveryError) -> str:
+        if isinstance(outcome, Completed):
+            # rule 3: only what the chat does not show yet
+            return outcome.text if err.undelivered is None else err.undelivered
+        if isinstance(outcome, Failed):
+            # rule 4: never the body again; the failure, with the partial only if one was displayable
+            if outcome.partial:
+                return self._presenter.failed_with_partial(outcome.failure, outcome.partial)
+            return self._presenter.failure(outcome.failure)
+        partial = outcome.partial if isinstance(outcome, Cancelled) else terminal.text
+        return self._presenter.cancelled(partial)
+
+    async def _record_turn_start(self, turn_id: str, target: TurnTarget) -> None:
+        try:
+            await self._store.begin_turn(turn_id, target.session_key, target.model_dump_json())
+        except Exception as exc:
+            log.warning("could not record turn %s: %s", turn_id, exc)
+
+    async def _record_turn_end(self, turn_id: str, terminal: TurnSnapshot) -> None:
+        state: TurnState = terminal.state if terminal.state != "running" else "failed"
+        try:
+            await self._store.end_turn(turn_id, state)
+        except Exception as exc:
+            log.warning("could not close turn record %s: %s", turn_id, exc)
+
+
+__all__ = ["ConversationExecutor", "PlainSender", "Stale"]

@@ -1,0 +1,93 @@
+"""Typed turn failures and the one place that turns them into words a chat user may see."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from core.llm.provider import ProviderErrorKind
+
+
+class TurnFailureKind(Enum):
+    INPUT_PERSISTENCE = "input_persistence"
+    AGENT_CREATION = "agent_creation"
+    CONTEXT_PREPARATION = "context_preparation"
+    PROVIDER = "provider"
+    TURN_PERSISTENCE = "turn_persistence"
+    DELIVERY = "delivery"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFailure:
+    kind: TurnFailureKind
+    detail: str = ""
+    """For logs only (already free of secrets); never shown in a chat."""
+    provider_kind: ProviderErrorKind | None = None
+
+
+_PROVIDER_TEXT: dict[ProviderErrorKind, str] = {
+    ProviderErrorKind.AUTH: "The model provider rejected the bridge's credentials. The operator needs to check "
+    "the API key in the bridge configuration.",
+    ProviderErrorKind.TIMEOUT: "The model did not answer in time, even after several retries. Please try again "
+    "in a moment.",
+    ProviderErrorKind.TRANSIENT: "The model provider is unavailable right now, even after several retries. "
+    "Please try again in a moment.",
+    ProviderErrorKind.RATE_LIMIT: "The model provider is rate-limiting the bridge. Please try again in a minute.",
+    ProviderErrorKind.MALFORMED: "The model sent an answer the bridge could not read, even after several "
+    "retries. Please try again.",
+    ProviderErrorKind.CONTEXT_OVERFLOW: "This conversation no longer fits the model's context. Send /new to "
+    "start a fresh one.",
+    ProviderErrorKind.BAD_REQUEST: "The model provider refused the request. The operator can find details in "
+    "the bridge log.",
+    ProviderErrorKind.UNAVAILABLE: "The configured model cannot run on this bridge. The operator can find "
+    "details in the bridge log.",
+}
+
+_KIND_TEXT: dict[TurnFailureKind, str] = {
+    TurnFailureKind.INPUT_PERSISTENCE: "Your message could not be saved, so it was not answered. Please send it "
+    "again.",
+    TurnFailureKind.AGENT_CREATION: "The assistant could not be started. The operator can find details in the "
+    "bridge log.",
+    TurnFailureKind.CONTEXT_PREPARATION: "The conversation history could not be loaded, so your message was not "
+    "answered. Please try again.",
+    TurnFailureKind.PROVIDER: "The model failed to answer. Please try again.",
+    TurnFailureKind.TURN_PERSISTENCE: "The answer could not be saved, so it is not shown as complete. Please "
+    "send your message again.",
+    TurnFailureKind.DELIVERY: "The answer could not be delivered.",
+}
+
+
+class TurnFailurePresenter:
+    """Maps failures and notices to user-visible text. Channels may subclass it for their own tone."""
+
+    def failure(self, failure: TurnFailure) -> str:
+        if failure.kind is TurnFailureKind.PROVIDER and failure.provider_kind is not None:
+            return "⚠️ " + _PROVIDER_TEXT[failure.provider_kind]
+        return "⚠️ " + _KIND_TEXT[failure.kind]
+
+    def failed_with_partial(self, failure: TurnFailure, partial: str) -> str:
+        return f"{partial}\n\n{self.failure(failure)}"
+
+    def cancelled(self, partial: str) -> str:
+        return f"{partial}\n\n⏹ Stopped." if partial else "⏹ Stopped."
+
+    def busy(self, capacity: int) -> str:
+        return (f"⏳ I'm still working on your earlier messages ({capacity} are waiting). This one was not "
+                "queued; please send it again in a moment.")
+
+    def shutting_down(self) -> str:
+        return "⚠️ The bridge is restarting and could not take your message. Please send it again in a minute."
+
+    def interrupted_by_restart(self) -> str:
+        return "⚠️ The bridge restarted while answering your last message. Please send it again."
+
+    def nothing_to_stop(self) -> str:
+        return "Nothing is running."
+
+    def new_context(self) -> str:
+        return "🆕 Started a new conversation. Earlier messages stay in the history but are no longer sent to " \
+               "the model."
+
+    def help(self, commands: dict[str, str]) -> str:
+        lines = ["Commands:"] + [f"/{name} — {text}" for name, text in commands.items()]
+        return "\n".join(lines)

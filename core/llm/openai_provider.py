@@ -1,0 +1,318 @@
+"""OpenAI-compatible Chat Completions provider, through the official ``openai`` SDK.
+
+One ``stream`` call is one HTTP request (the SDK's own retries are disabled: retries are
+``core.llm.retry``'s business). Wire chunks become ``ProviderEvent``s; every failure becomes a
+``ProviderError`` whose ``detail`` has the API key removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import httpx2
+import openai
+import pydantic
+from openai import omit
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam, ChatCompletionToolUnionParam
+
+from core.llm.provider import (
+    LLMMessage,
+    LLMRequest,
+    ProviderError,
+    ProviderErrorKind,
+    ProviderEvent,
+    ReasoningDelta,
+    StreamEnd,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+
+_CONTEXT_OVERFLOW_MARKERS = (
+    "context_length_exceeded",
+    "maximum context length",
+    "context length",
+    "context window",
+    "too many tokens",
+    "prompt is too long",
+)
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
+_BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+_MAX_DETAIL = 500
+
+
+class OpenAIProvider:
+    """``LLMProvider`` for OpenAI and any OpenAI-compatible endpoint (vLLM, Ollama, DeepSeek, ...)."""
+
+    name = "openai"
+
+    def __init__(self, model: str, base_url: str, api_key: str, request_timeout: float = 60.0) -> None:
+        self.model = model
+        self.base_url = base_url
+        self.request_timeout = request_timeout
+        self._api_key = api_key
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url,
+            # the SDK refuses an empty key; local servers often need none, so send a placeholder
+            api_key=api_key or "none",
+            timeout=request_timeout,
+            max_retries=0,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    # ---- request ---------------------------------------------------------------------------------
+
+    async def stream(self, request: LLMRequest) -> AsyncIterator[ProviderEvent]:
+        """One model request. The request timeout bounds the wait for the response and for every chunk."""
+        messages = cast("list[ChatCompletionMessageParam]", [_message_param(m) for m in request.messages])
+        tools = cast(
+            "list[ChatCompletionToolUnionParam]",
+            [
+                {
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+                }
+                for t in request.tools
+            ],
+        )
+        state = _StreamState()
+        chunks: openai.AsyncStream[ChatCompletionChunk] | None = None
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                chunks = await self._client.chat.completions.create(
+                    model=self.model,
+                    messages=messages,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    tools=tools if tools else omit,
+                    max_tokens=request.max_tokens if request.max_tokens is not None else omit,
+                    temperature=request.temperature if request.temperature is not None else omit,
+                )
+            while True:
+                try:
+                    # httpx's read timeout already bounds a silent socket; this also bounds a server that
+                    # only sends keep-alive comments or otherwise stops producing chunks.
+                    async with asyncio.timeout(self.request_timeout):
+                        chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                try:
+                    events = list(state.feed(chunk))
+                except (AttributeError, TypeError, ValueError) as exc:
+                    raise ProviderError(
+                        ProviderErrorKind.MALFORMED, self._redact(f"unexpected chunk shape: {exc!r}")
+                    ) from None
+                for event in events:
+                    yield event
+            if state.finish_reason is None:
+                raise ProviderError(
+                    ProviderErrorKind.TRANSIENT, "stream ended before a finish_reason (connection cut short?)"
+                )
+            if state.usage is not None:
+                yield state.usage
+            yield StreamEnd(state.finish_reason)
+        except ProviderError:
+            raise
+        except Exception as exc:
+            error = self._map_error(exc)
+            if error is None:
+                raise
+            raise error from None
+        finally:
+            if chunks is not None:
+                await chunks.close()
+
+    # ---- errors ----------------------------------------------------------------------------------
+
+    def _redact(self, text: str) -> str:
+        if self._api_key:
+            text = text.replace(self._api_key, "***")
+        text = _BEARER.sub(r"\1***", text)
+        return text if len(text) <= _MAX_DETAIL else text[:_MAX_DETAIL] + "…"
+
+    def _error(
+        self,
+        kind: ProviderErrorKind,
+        exc: BaseException,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> ProviderError:
+        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        prefix = f"{type(exc).__name__}" + (f" (HTTP {status})" if status is not None else "")
+        extra: dict[str, Any] = {"exception": type(exc).__name__}
+        request_id = getattr(exc, "request_id", None)
+        if isinstance(request_id, str):
+            extra["request_id"] = request_id
+        code = getattr(exc, "code", None)
+        if isinstance(code, str):
+            extra["code"] = self._redact(code)
+        return ProviderError(
+            kind,
+            self._redact(f"{prefix}: {message}"),
+            retry_after=retry_after,
+            status=status,
+            extra=extra,
+        )
+
+    def _map_error(self, exc: Exception) -> ProviderError | None:
+        """The ProviderError for ``exc``; None for exceptions that are bugs, not provider failures."""
+        K = ProviderErrorKind
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            if isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)) or status in (
+                401,
+                403,
+            ):
+                return self._error(K.AUTH, exc, status=status)
+            if isinstance(exc, openai.RateLimitError) or status == 429:
+                return self._error(
+                    K.RATE_LIMIT, exc, status=status, retry_after=_retry_after(exc.response.headers)
+                )
+            if status >= 500:
+                return self._error(K.TRANSIENT, exc, status=status)
+            if status == 408:
+                return self._error(K.TIMEOUT, exc, status=status)
+            if status == 409:  # lock/conflict on the provider side: the SDK itself treats it as retryable
+                return self._error(K.TRANSIENT, exc, status=status)
+            if _is_context_overflow(exc):
+                return self._error(K.CONTEXT_OVERFLOW, exc, status=status)
+            return self._error(K.BAD_REQUEST, exc, status=status)
+        if isinstance(exc, openai.APITimeoutError):
+            return self._error(K.TIMEOUT, exc)
+        if isinstance(exc, openai.APIConnectionError):
+            return self._error(K.TRANSIENT, exc)
+        if isinstance(exc, openai.APIResponseValidationError):
+            return self._error(K.MALFORMED, exc, status=exc.status_code)
+        if isinstance(exc, openai.APIError):
+            # an error event inside the stream (``data: {"error": ...}``)
+            kind = K.CONTEXT_OVERFLOW if _is_context_overflow(exc) else K.MALFORMED
+            return self._error(kind, exc)
+        if isinstance(exc, (TimeoutError, httpx2.TimeoutException)):
+            return ProviderError(
+                K.TIMEOUT,
+                f"no response or chunk within {self.request_timeout:g}s",
+                extra={"exception": "timeout"},
+            )
+        if isinstance(exc, (httpx2.TransportError, ConnectionError)):
+            return self._error(K.TRANSIENT, exc)
+        if isinstance(exc, (json.JSONDecodeError, pydantic.ValidationError, UnicodeDecodeError)):
+            return self._error(K.MALFORMED, exc)
+        if isinstance(exc, openai.OpenAIError):
+            return self._error(K.BAD_REQUEST, exc)
+        return None
+
+
+# ---- chunk assembly ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _StreamState:
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+    def feed(self, chunk: ChatCompletionChunk) -> Iterator[ProviderEvent]:
+        usage = chunk.usage
+        if usage is not None:
+            # some servers repeat (cumulative) usage on several chunks: keep the last, report once at the end
+            self.usage = Usage(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
+        for choice in chunk.choices or ():
+            if getattr(choice, "index", 0) not in (0, None):
+                continue  # we never ask for n > 1
+            delta = choice.delta
+            if delta is not None:
+                reasoning = _reasoning_text(delta)
+                if reasoning:
+                    yield ReasoningDelta(reasoning)
+                if delta.content:
+                    yield TextDelta(delta.content)
+                if delta.refusal:
+                    yield TextDelta(delta.refusal)
+                for position, call in enumerate(delta.tool_calls or ()):
+                    index = getattr(call, "index", None)
+                    function = call.function
+                    yield ToolCallDelta(
+                        index=int(index) if index is not None else position,
+                        id=call.id or None,
+                        name=(function.name or None) if function is not None else None,
+                        arguments=(function.arguments or "") if function is not None else "",
+                    )
+            if choice.finish_reason:
+                self.finish_reason = str(choice.finish_reason)
+
+
+def _reasoning_text(delta: Any) -> str:
+    extra = getattr(delta, "model_extra", None) or {}
+    for name in _REASONING_FIELDS:
+        value = getattr(delta, name, None)
+        if value is None:
+            value = extra.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _message_param(message: LLMMessage) -> dict[str, Any]:
+    if message.role == "tool":
+        return {"role": "tool", "tool_call_id": message.tool_call_id or "", "content": message.content}
+    if message.role == "assistant" and message.tool_calls:
+        return {
+            "role": "assistant",
+            "content": message.content or None,
+            "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in message.tool_calls
+            ],
+        }
+    return {"role": message.role, "content": message.content}
+
+
+# ---- error helpers -------------------------------------------------------------------------------
+
+
+def _is_context_overflow(exc: openai.APIError) -> bool:
+    parts: list[str] = [str(exc.code or ""), exc.message or ""]
+    body = exc.body
+    if isinstance(body, Mapping):
+        for key in ("code", "message", "type"):
+            value = body.get(key)
+            if isinstance(value, str):
+                parts.append(value)
+        inner = body.get("error")
+        if isinstance(inner, Mapping):
+            parts += [str(inner.get(key) or "") for key in ("code", "message", "type")]
+    elif isinstance(body, str):
+        parts.append(body)
+    text = " ".join(parts).lower()
+    return any(marker in text for marker in _CONTEXT_OVERFLOW_MARKERS)
+
+
+def _retry_after(headers: httpx2.Headers) -> float | None:
+    """Seconds from ``retry-after-ms`` / ``retry-after`` (delta-seconds or an HTTP date)."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms:
+        try:
+            return max(0.0, float(raw_ms) / 1000.0)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

@@ -1,0 +1,101 @@
+"""The provider retry ladder (tenacity).
+
+Only ``ProviderError``s with ``retryable`` set are retried (timeout, transient, rate limit, malformed);
+auth, bad request and context overflow fail at once. Usage::
+
+    async for attempt in retry_policy(settings.retry_delays, on_retry=log_retry):
+        with attempt:
+            async for event in provider.stream(request):
+                ...
+
+The last error is re-raised as is (never wrapped in ``tenacity.RetryError``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+
+import tenacity
+
+from core.llm.provider import LLMProvider, LLMRequest, ProviderError, ProviderErrorKind, TextDelta
+from core.settings import DEFAULT_RETRY_DELAYS
+
+OnRetry = Callable[[ProviderError, int, float], Awaitable[None] | None]
+"""``on_retry(error, attempt_number, sleep_seconds)``: attempt ``attempt_number`` (1-based) failed with
+``error``; the next attempt starts after ``sleep_seconds``. Called before the sleep; may be async."""
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, ProviderError) and exc.retryable
+
+
+def retry_policy(
+    delays: Sequence[float] = DEFAULT_RETRY_DELAYS, *, on_retry: OnRetry | None = None
+) -> tenacity.AsyncRetrying:
+    """At most ``len(delays) + 1`` attempts; before retry ``n`` wait ``delays[n-1]`` seconds.
+
+    A rate-limit error with ``retry_after`` waits ``max(delays[n-1], retry_after)``.
+    """
+    ladder = tuple(float(d) for d in delays)
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        if not ladder:
+            return 0.0
+        base = ladder[min(state.attempt_number, len(ladder)) - 1]
+        outcome = state.outcome
+        error = outcome.exception() if outcome is not None and outcome.failed else None
+        if (
+            isinstance(error, ProviderError)
+            and error.kind is ProviderErrorKind.RATE_LIMIT
+            and error.retry_after is not None
+        ):
+            return max(base, error.retry_after)
+        return base
+
+    async def before_sleep(state: tenacity.RetryCallState) -> None:
+        if on_retry is None:
+            return
+        outcome = state.outcome
+        error = outcome.exception() if outcome is not None else None
+        if not isinstance(error, ProviderError):  # pragma: no cover - only ProviderErrors are retried
+            return
+        sleep = state.next_action.sleep if state.next_action is not None else state.upcoming_sleep
+        result = on_retry(error, state.attempt_number, float(sleep))
+        if inspect.isawaitable(result):
+            await result
+
+    return tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception(_is_retryable),
+        stop=tenacity.stop_after_attempt(len(ladder) + 1),
+        wait=wait,
+        before_sleep=before_sleep if on_retry is not None else None,
+        reraise=True,
+    )
+
+
+async def collect_text(
+    provider: LLMProvider,
+    request: LLMRequest,
+    delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
+    *,
+    on_retry: OnRetry | None = None,
+) -> str:
+    """Run one request through the ladder and return its concatenated answer text (e.g. for titles).
+
+    Each attempt starts from scratch, so a reply cut short mid-way never leaks into the result.
+    """
+    async for attempt in retry_policy(delays, on_retry=on_retry):
+        with attempt:
+            parts: list[str] = []
+            events = provider.stream(request)
+            try:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        parts.append(event.text)
+            finally:
+                aclose = getattr(events, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            return "".join(parts)
+    raise AssertionError("unreachable: the retry policy either returns or re-raises")  # pragma: no cover

@@ -1,0 +1,107 @@
+"""ChatCore: wires the reply chain together and is the single entry point for channels and the bridge."""
+
+from __future__ import annotations
+
+import logging
+
+from core.channel import ChannelPort, ChannelRegistry
+from core.committer import TurnCommitter
+from core.delivery import TurnDeliveryService
+from core.envelope import InboundEnvelope, TurnTarget
+from core.events import EventBus, SessionTitleChanged
+from core.executor import ConversationExecutor, PlainSender
+from core.failures import TurnFailurePresenter
+from core.input_builder import TurnInputBuilder
+from core.llm.provider import LLMProvider
+from core.messages import ChatMessage
+from core.router import IngressRouter, RouterClosedError, SubmitResult
+from core.runner import TurnRunner
+from core.session import SessionManager
+from core.settings import CoreSettings
+from core.store import SessionRecord, Store
+from core.supervisor import TaskSupervisor
+from core.title import TitleService
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ChatCore", "RouterClosedError", "SubmitResult"]
+
+
+class ChatCore:
+    def __init__(self, *, store: Store, provider: LLMProvider, settings: CoreSettings | None = None,
+                 presenter: TurnFailurePresenter | None = None) -> None:
+        self.settings = settings or CoreSettings()
+        self.store = store
+        self.provider = provider
+        self.presenter = presenter or TurnFailurePresenter()
+        self.supervisor = TaskSupervisor()
+        self.channels = ChannelRegistry()
+        self.events = EventBus()
+        s = self.settings
+        self._plain = PlainSender(self.channels, s)
+        builder = TurnInputBuilder(store, s)
+        self.executor = ConversationExecutor(
+            store=store, builder=builder,
+            runner=TurnRunner(provider, builder, store, self.supervisor, s),
+            committer=TurnCommitter(store, self.events),
+            delivery=TurnDeliveryService(self.channels, self.supervisor, s),
+            plain=self._plain, presenter=self.presenter,
+            titles=TitleService(store, provider, self.supervisor, self.events, s),
+            events=self.events, settings=s)
+        self.sessions = SessionManager(store, self.executor, self.supervisor, s, on_unserved=self._unserved)
+        self.router = IngressRouter(store=store, sessions=self.sessions, plain=self._plain,
+                                    presenter=self.presenter, supervisor=self.supervisor, settings=s,
+                                    new_context=self._new_context)
+        self._started = False
+
+    def add_channel(self, channel: ChannelPort) -> None:
+        self.channels.add(channel)
+
+    async def start(self) -> None:
+        """Open the store and close turns a previous process left running (their chat is told once)."""
+        await self.store.open()
+        self._started = True
+        for turn in await self.store.close_interrupted_turns():
+            try:
+                target = TurnTarget.model_validate_json(turn.target_json)
+            except ValueError:
+                log.warning("interrupted turn %s has an unreadable target", turn.turn_id)
+                continue
+            await self._plain.send(target, self.presenter.interrupted_by_restart())
+
+    async def submit(self, envelope: InboundEnvelope) -> SubmitResult:
+        """Hand one inbound message to core. Raises RouterClosedError while shutting down."""
+        return await self.router.submit(envelope)
+
+    async def stop(self, key: str) -> bool:
+        return await self.sessions.stop(key)
+
+    async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
+        return await self.store.history(key, limit=limit)
+
+    async def list_sessions(self, *, prefix: str | None = None) -> list[SessionRecord]:
+        return await self.store.list_sessions(prefix=prefix)
+
+    async def rename(self, key: str, title: str) -> None:
+        await self.store.rename(key, title)
+        self.events.publish(SessionTitleChanged(key, title))
+
+    async def _new_context(self, key: str) -> None:
+        await self.store.new_context(key)
+
+    async def _unserved(self, envelope: InboundEnvelope) -> None:
+        await self._plain.send(envelope.target(), self.presenter.shutting_down())
+
+    async def shutdown(self) -> list[str]:
+        """Bounded shutdown: no new input, running turns end once, every task is reclaimed.
+        Returns the names of tasks that had to be abandoned."""
+        total = self.settings.shutdown_timeout
+        self.router.close()
+        await self.sessions.shutdown(total / 2)
+        stragglers = await self.supervisor.shutdown(total / 2)
+        try:
+            await self.provider.aclose()
+        finally:
+            if self._started:
+                await self.store.close()
+        return stragglers

@@ -1,0 +1,67 @@
+"""TitleService: names a session after its first exchange, in the background, off the critical path.
+
+The title is committed only while it is still the default and the session's generation has not moved;
+a user rename always wins, however late the model answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from core.events import EventBus, SessionTitleChanged
+from core.llm.provider import LLMMessage, LLMProvider, LLMRequest
+from core.llm.retry import collect_text
+from core.settings import CoreSettings
+from core.store import Store
+from core.supervisor import SupervisorClosedError, TaskSupervisor
+
+log = logging.getLogger(__name__)
+
+TITLE_PROMPT = ("Give this conversation a short title of at most six words, in the user's language. "
+                "Answer with the title only: no quotes, no punctuation at the end.")
+MAX_TITLE_CHARS = 80
+TITLE_RETRY_DELAYS = (1.0, 3.0)
+
+
+class TitleService:
+    def __init__(self, store: Store, provider: LLMProvider, supervisor: TaskSupervisor, events: EventBus,
+                 settings: CoreSettings) -> None:
+        self._store = store
+        self._provider = provider
+        self._supervisor = supervisor
+        self._events = events
+        self._settings = settings
+
+    def schedule(self, key: str, generation: int, user_text: str, answer: str) -> None:
+        if not self._settings.titles:
+            return
+        try:
+            self._supervisor.spawn(f"title:{key}", self._run(key, generation, user_text, answer))
+        except SupervisorClosedError:
+            log.debug("not titling %s: shutting down", key)
+
+    async def _run(self, key: str, generation: int, user_text: str, answer: str) -> None:
+        request = LLMRequest(messages=(
+            LLMMessage("system", TITLE_PROMPT),
+            LLMMessage("user", f"User: {user_text[:2000]}\n\nAssistant: {answer[:2000]}"),
+        ), max_tokens=32)
+        try:
+            async with asyncio.timeout(self._settings.title_timeout):
+                raw = await collect_text(self._provider, request, TITLE_RETRY_DELAYS)
+        except Exception as exc:  # a title is a nicety: log and move on
+            log.warning("title generation for %s failed: %s", key, exc)
+            return
+        title = clean_title(raw)
+        if not title:
+            return
+        if await self._store.set_title_if_default(key, title, expect_generation=generation):
+            self._events.publish(SessionTitleChanged(key, title))
+
+
+def clean_title(raw: str) -> str:
+    line = next((ln.strip() for ln in raw.strip().splitlines() if ln.strip()), "")
+    line = line.strip("\"'“”‘’`*# ").rstrip(".。!！")
+    if line.lower().startswith("title:"):
+        line = line[6:].strip()
+    return line[:MAX_TITLE_CHARS]

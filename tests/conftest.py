@@ -1,0 +1,22 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:  # make `core`, `channels`, `bridge`, `tests.fakes` importable under plain `pytest`
+    sys.path.insert(0, _ROOT)
+
+from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
+
+
+@pytest.fixture
+async def fake_openai() -> AsyncIterator[FakeOpenAI]:
+    """A started fake OpenAI-compatible server on 127.0.0.1; ``base_url`` ends with ``/v1``."""
+    async with FakeOpenAI() as fake:
+        yield fake

@@ -1,0 +1,84 @@
+"""Builds a real ChatCore (SQLite store, OpenAI provider against the fake server, test channel)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from core.events import CoreEvent, TurnCommitted
+from core.llm.openai_provider import OpenAIProvider
+from core.runtime import ChatCore
+from core.settings import CoreSettings
+from core.sqlite_store import SqliteStore
+from core.store import Store
+from tests.fakes.openai_server import FakeOpenAI
+from tests.support.channel import TestChannel
+
+API_KEY = "sk-test-SECRET-0123456789"
+
+FAST = CoreSettings(
+    retry_delays=(0.01, 0.02),
+    request_timeout=1.0,
+    sink_update_timeout=0.3,
+    sink_finish_attempts=3,
+    sink_finish_retry_delay=0.01,
+    delivery_wait_timeout=3.0,
+    plain_send_timeout=1.0,
+    shutdown_timeout=4.0,
+    titles=False,
+    session_idle_seconds=30.0,
+)
+
+
+class Harness:
+    def __init__(self, core: ChatCore, channel: TestChannel, fake: FakeOpenAI, store: Store) -> None:
+        self.core = core
+        self.channel = channel
+        self.fake = fake
+        self.store = store
+        self.events: list[CoreEvent] = []
+        core.events.subscribe(self.events.append)
+
+    @property
+    def platform(self):  # type: ignore[no-untyped-def]
+        return self.channel.platform
+
+    async def say(self, text: str, **kw: Any):  # type: ignore[no-untyped-def]
+        return await self.core.submit(self.channel.envelope(text, **kw))
+
+    def commits(self, key: str | None = None) -> list[TurnCommitted]:
+        return [e for e in self.events if isinstance(e, TurnCommitted) and (key is None or e.session_key == key)]
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Wait until no session has a running turn or queued message (bounded)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+            if self.core.sessions.idle() and not any(
+                    t.get_name().startswith(("command:", "busy:", "sink:")) for t in asyncio.all_tasks()):
+                return
+        raise AssertionError("chat did not settle in time")
+
+    async def wait_for(self, cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError("condition not reached in time")
+
+
+async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None = None,
+                       **settings: Any) -> Harness:
+    s = dataclasses.replace(FAST, **settings)
+    store = store or SqliteStore(tmp_path / "chat.db")
+    provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key=API_KEY,
+                              request_timeout=s.request_timeout)
+    core = ChatCore(store=store, provider=provider, settings=s)
+    channel = TestChannel()
+    core.add_channel(channel)
+    await core.start()
+    return Harness(core, channel, fake, store)

@@ -1,0 +1,217 @@
+"""DESIGN.md §2 delivery rules and seed 001 §5.3/§15: what the chat ends up showing.
+
+Each test drives the real chain (SQLite store, OpenAI SDK against the fake server, the test channel)
+and asserts what a chat user would see on the fake platform.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from core.sqlite_store import SqliteStore
+from core.store import StoreError
+from tests.fakes.openai_server import Hang, HttpError, Malformed, Text
+from tests.support.harness import API_KEY, make_harness
+
+ANSWER = "The capital of France is Paris."
+
+
+async def test_success_shows_the_answer_once_and_sends_no_fallback(tmp_path, fake_openai):
+    fake_openai.script(Text(ANSWER))
+    h = await make_harness(tmp_path, fake_openai)
+    await h.say("capital of France?")
+    await h.settle()
+    assert h.platform.visible("c1") == [ANSWER]
+    assert h.platform.plain("c1") == []
+    assert await h.core.shutdown() == []
+
+
+async def test_open_failure_sends_exactly_one_plain_reply(tmp_path, fake_openai):
+    fake_openai.script(Text(ANSWER))
+    h = await make_harness(tmp_path, fake_openai)
+    h.channel.fail_open = True
+    await h.say("capital of France?")
+    await h.settle()
+    assert h.platform.visible("c1") == [ANSWER]
+    assert h.platform.plain("c1") == [ANSWER]
+    await h.core.shutdown()
+
+
+async def test_permanent_final_failure_sends_exactly_one_fallback(tmp_path, fake_openai):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    h = await make_harness(tmp_path, fake_openai)
+    h.channel.finish_fail_permanent = True
+    await h.say("capital of France?")
+    await h.settle()
+    plain = h.platform.plain("c1")
+    assert plain == [ANSWER]
+    assert h.channel.sinks[0].finish_calls == 1  # permanent: not retried
+    await h.core.shutdown()
+
+
+async def test_transient_final_failure_then_success_sends_no_fallback(tmp_path, fake_openai):
+    fake_openai.script(Text(ANSWER))
+    h = await make_harness(tmp_path, fake_openai)
+    h.channel.finish_fail_transient = 2
+    await h.say("capital of France?")
+    await h.settle()
+    assert h.platform.visible("c1") == [ANSWER]
+    assert h.platform.plain("c1") == []
+    assert h.channel.sinks[0].finish_calls == 3
+    await h.core.shutdown()
+
+
+async def test_hanging_sink_is_bounded_and_falls_back_once(tmp_path, fake_openai):
+    fake_openai.script(Text(ANSWER))
+    h = await make_harness(tmp_path, fake_openai)
+    h.channel.hang_finish = True
+    await h.say("capital of France?")
+    await h.settle()
+    assert h.platform.plain("c1") == [ANSWER]
+    await h.core.shutdown()
+
+
+class FailingCommitStore(SqliteStore):
+    async def commit_turn(self, key, messages, *, expect_generation, expect_state_version):  # type: ignore[override]
+        raise StoreError("disk I/O error")
+
+
+async def test_persistence_failure_never_delivers_the_answer_as_completed(tmp_path, fake_openai):
+    fake_openai.script(Text(ANSWER))
+    h = await make_harness(tmp_path, fake_openai, store=FailingCommitStore(tmp_path / "db.sqlite"))
+    h.channel.fail_open = True  # so the plain fallback path is exercised
+    await h.say("capital of France?")
+    await h.settle()
+    plain = h.platform.plain("c1")
+    assert len(plain) == 1
+    assert ANSWER not in plain[0]
+    assert "could not be saved" in plain[0]
+    await h.core.shutdown()
+
+
+async def test_persistence_failure_with_live_sink_ends_in_a_failure_state(tmp_path, fake_openai):
+    fake_openai.script(Text(ANSWER))
+    h = await make_harness(tmp_path, fake_openai, store=FailingCommitStore(tmp_path / "db.sqlite"))
+    seen = []
+    h.core.events.subscribe(lambda e: seen.append(e))
+    await h.say("capital of France?")
+    await h.settle()
+    [shown] = h.platform.visible("c1")
+    assert "could not be saved" in shown  # the live message is marked failed, not completed
+    assert h.platform.plain("c1") == []
+    assert not any(type(e).__name__ == "TurnCommitted" for e in seen)
+    await h.core.shutdown()
+
+
+async def test_stop_produces_exactly_one_terminal_message(tmp_path, fake_openai):
+    hold = asyncio.Event()
+    fake_openai.script(Text("Partial answer that goes on and on", hold=hold, hold_after=14))
+    h = await make_harness(tmp_path, fake_openai)
+    await h.say("tell me a story")
+    await h.wait_for(lambda: any("Partial" in t for t in h.platform.visible("c1")))
+    await h.say("/stop")
+    await h.settle()
+    hold.set()
+    assert h.platform.visible("c1") == ["Partial answer\n\n⏹ Stopped."]
+    assert h.platform.plain("c1") == []
+    _, history = await h.core.history("test:c1")
+    assert [m.role for m in history] == ["user", "assistant"]
+    assert history[1].source.kind == "partial" and history[1].content == "Partial answer"
+    await h.core.shutdown()
+
+
+async def test_stop_with_failing_sink_sends_one_plain_notice(tmp_path, fake_openai):
+    hold = asyncio.Event()
+    fake_openai.script(Text("Partial answer that goes on", hold=hold, hold_after=14))
+    h = await make_harness(tmp_path, fake_openai)
+    h.channel.finish_fail_permanent = True
+    await h.say("tell me a story")
+    await h.wait_for(lambda: any("Partial" in t for t in h.platform.visible("c1")))
+    await h.say("/stop")
+    await h.settle()
+    hold.set()
+    assert h.platform.plain("c1") == ["Partial answer\n\n⏹ Stopped."]
+    await h.core.shutdown()
+
+
+async def test_stop_when_idle_says_nothing_is_running(tmp_path, fake_openai):
+    h = await make_harness(tmp_path, fake_openai)
+    await h.say("/stop")
+    await h.settle()
+    assert h.platform.plain("c1") == ["Nothing is running."]
+    await h.core.shutdown()
+
+
+async def test_shutdown_mid_reply_produces_one_terminal_message_and_reclaims_every_task(tmp_path, fake_openai):
+    hold = asyncio.Event()
+    fake_openai.script(Text("Streaming along nicely", hold=hold, hold_after=9))
+    h = await make_harness(tmp_path, fake_openai)
+    await h.say("go")
+    await h.say("queued behind")
+    await h.wait_for(lambda: any("Streaming" in t for t in h.platform.visible("c1")))
+    stragglers = await h.core.shutdown()
+    assert stragglers == []
+    assert len(h.core.supervisor) == 0
+    live = [m for m in h.platform.messages.values() if m.kind == "live"]
+    assert [m.text for m in live] == ["Streaming\n\n⏹ Stopped."]
+    # the queued message is answered with a restart notice, never dropped silently
+    assert len(h.platform.plain("c1")) == 1 and "restarting" in h.platform.plain("c1")[0]
+
+
+async def test_auth_failure_is_one_presentable_reply_without_retries_or_secrets(tmp_path, fake_openai):
+    fake_openai.script(HttpError.auth())
+    h = await make_harness(tmp_path, fake_openai)
+    await h.say("hi")
+    await h.settle()
+    assert len(fake_openai.requests) == 1
+    [shown] = h.platform.visible("c1")
+    assert "API key" in shown
+    assert API_KEY not in shown and "401" not in shown
+    await h.core.shutdown()
+
+
+async def test_hanging_model_times_out_through_the_ladder_then_fails(tmp_path, fake_openai):
+    fake_openai.script(Hang(30), Hang(30), Hang(30))
+    h = await make_harness(tmp_path, fake_openai, request_timeout=0.3)
+    await h.say("hi")
+    await h.settle(timeout=15)
+    assert len(fake_openai.requests) == 3  # first try + the two retries of the test ladder
+    [shown] = h.platform.visible("c1")
+    assert "did not answer in time" in shown
+    await h.core.shutdown()
+
+
+async def test_malformed_chunk_is_retried_and_the_answer_shown_once(tmp_path, fake_openai):
+    fake_openai.script(Malformed(after_text="Garbled start "), Text(ANSWER))
+    h = await make_harness(tmp_path, fake_openai)
+    await h.say("hi")
+    await h.settle()
+    assert len(fake_openai.requests) == 2
+    assert h.platform.visible("c1") == [ANSWER]
+    traces = await h.store.traces("test:c1")
+    assert [t.payload["status"] for t in traces] == ["malformed", "completed"]
+    await h.core.shutdown()
+
+
+async def test_server_error_then_success_shows_the_answer_once(tmp_path, fake_openai):
+    fake_openai.script(HttpError.server(503), Text(ANSWER))
+    h = await make_harness(tmp_path, fake_openai)
+    await h.say("hi")
+    await h.settle()
+    assert h.platform.visible("c1") == [ANSWER]
+    assert h.platform.plain("c1") == []
+    await h.core.shutdown()
+
+
+async def test_slow_sink_sees_the_latest_snapshot_not_a_backlog(tmp_path, fake_openai):
+    text = "word " * 200
+    fake_openai.script(Text(text, chunk_size=2, delay=0.001))
+    h = await make_harness(tmp_path, fake_openai)
+    h.channel.update_delay = 0.05
+    await h.say("long please")
+    await h.settle()
+    sink = h.channel.sinks[0]
+    assert h.platform.visible("c1") == [text]
+    assert len(sink.updates) < len(text) // 2 / 4  # far fewer than the snapshots produced
+    assert sink.updates == sorted(sink.updates)
+    await h.core.shutdown()
