@@ -153,3 +153,23 @@ async def test_history_deltas_are_contiguous_and_cover_every_message_once(tmp_pa
     assert delta_ids == [m.id for m in history]  # every message exactly once, the user's included
     assert [m.role for m in commits[0].messages] == ["user", "assistant"]
     await h.core.shutdown()
+
+
+async def test_every_supervised_task_ends_within_the_shutdown_bound(tmp_path, fake_openai):
+    import time
+
+    never = asyncio.Event()
+    fake_openai.script(Text("answer"), Text("A title", hold=never, hold_after=0), Text("x", hold=never))
+    h = await make_harness(tmp_path, fake_openai, titles=True, shutdown_timeout=2.0, delivery_wait_timeout=60)
+    await h.say("first", chat_id="a")
+    await h.settle()
+    await h.wait_for(lambda: len(fake_openai.requests) == 2)  # the title job hangs on the model
+    h.channel.hang_finish = True
+    await h.say("second", chat_id="b")  # its model hangs, and its sink would hang too
+    await h.wait_for(lambda: len(fake_openai.requests) == 3)
+    assert len(h.core.supervisor) >= 4  # two session workers, the title job, a model call, sinks
+    started = time.monotonic()
+    stragglers = await h.core.shutdown()
+    assert time.monotonic() - started < 2.0 + 0.5
+    assert stragglers == []
+    assert len(h.core.supervisor) == 0

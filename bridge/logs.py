@@ -1,0 +1,49 @@
+"""Logging set-up: levels from the config and a filter that keeps secrets out of every log line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable
+
+MASK = "***"
+
+
+class SecretRedactor(logging.Filter):
+    """Replaces every configured secret value in a record's rendered message (and traceback) by ***."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        super().__init__()
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, MASK)
+        return text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self._secrets:
+            return True
+        message = record.getMessage()
+        if record.exc_info:
+            message = f"{message}\n{logging.Formatter().formatException(record.exc_info)}"
+            record.exc_info = None
+            record.exc_text = None
+        record.msg = self.redact(message)
+        record.args = None
+        return True
+
+
+def configure_logging(level: str, secrets: Iterable[str]) -> SecretRedactor:
+    redactor = SecretRedactor(secrets)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(redactor)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for noisy in ("httpx", "httpcore", "openai", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    return redactor
