@@ -15,7 +15,7 @@ from core.events import EventBus, TurnCommitted
 from core.failures import TurnFailure, TurnFailureKind
 from core.messages import MessageSource, NewMessage
 from core.runner import Cancelled, Completed, Failed, Stale, TurnRunOutcome
-from core.store import CommitResult, StaleStateError, Store
+from core.store import CommitResult, StaleStateError, Store, TurnState
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +48,15 @@ class TurnCommitter:
         try:
             try:
                 result = await self._store.commit_turn(key, msgs, expect_generation=expect_gen,
-                                                       expect_state_version=base_state_version)
+                                                       expect_state_version=base_state_version,
+                                                       end_turn=(turn_id, _turn_state(outcome)))
             except StaleStateError:
                 log.info("turn %s in %s is stale; its output is not committed", turn_id, key)
                 outcome = Stale() if isinstance(outcome, Completed) else outcome
                 # Still publish a revision: the user's message must reach history clients.
                 result = await self._store.commit_turn(key, [], expect_generation=None,
-                                                       expect_state_version=None)
+                                                       expect_state_version=None,
+                                                       end_turn=(turn_id, _turn_state(outcome)))
         except Exception as exc:
             log.error("persisting turn %s of %s failed: %s", turn_id, key, exc)
             failure = TurnFailure(TurnFailureKind.TURN_PERSISTENCE, f"{type(exc).__name__}: {exc}")
@@ -63,3 +65,13 @@ class TurnCommitter:
             return CommitOutcome(Failed(failure, partial=""), None)
         self._events.publish(TurnCommitted(key, result.history_revision, result.messages))
         return CommitOutcome(outcome, result)
+
+
+def _turn_state(outcome: TurnRunOutcome) -> TurnState:
+    if isinstance(outcome, Completed):
+        return "completed"
+    if isinstance(outcome, Cancelled):
+        return "cancelled"
+    if isinstance(outcome, Failed):
+        return "failed"
+    return "stale"

@@ -77,20 +77,19 @@ class ConversationExecutor:
 
         # 1. persist the user message
         try:
-            _, base_state_version = await self._store.append_message(key, NewMessage(
+            _, record = await self._store.append_message(key, NewMessage(
                 role="user", content=envelope.content, received_at=envelope.received_at,
                 source=MessageSource(kind="user_input", from_channel=envelope.channel,
                                      from_user_id=envelope.sender_id, turn_id=turn_id,
-                                     reply_to=envelope.reply_to.message_id if envelope.reply_to else None)))
-            record = await self._store.get_session(key)
-            base_generation = record.generation if record else 0
+                                     reply_to=envelope.reply_to.message_id if envelope.reply_to else None)),
+                begin_turn=(turn_id, target.model_dump_json()))  # the reply target survives a crash
+            base_generation, base_state_version = record.generation, record.state_version
         except Exception as exc:
             log.error("persisting the user message in %s failed: %s", key, exc)
             await self._plain.send(target, self._presenter.failure(TurnFailure(TurnFailureKind.INPUT_PERSISTENCE)))
             return
 
         controller = TurnController(turn_id, key)
-        await self._record_turn_start(turn_id, target)
         self._events.publish(TurnStarted(key, turn_id, controller))
         handle = await self._start_delivery(target, controller)
 
@@ -110,7 +109,8 @@ class ConversationExecutor:
                                                  base_state_version=base_state_version)
         outcome = committed.outcome
         terminal = self._finish(controller, outcome)
-        await self._record_turn_end(turn_id, terminal)
+        if committed.result is None:  # the commit did not close the turn record
+            await self._record_turn_end(turn_id, terminal)
 
         # 5. wait for the sink; fall back to one plain message if the terminal content is not visible
         await self._deliver_terminal(target, handle, outcome, terminal)
@@ -157,12 +157,6 @@ class ConversationExecutor:
             return self._presenter.failure(outcome.failure)
         partial = outcome.partial if isinstance(outcome, Cancelled) else terminal.text
         return self._presenter.cancelled(partial)
-
-    async def _record_turn_start(self, turn_id: str, target: TurnTarget) -> None:
-        try:
-            await self._store.begin_turn(turn_id, target.session_key, target.model_dump_json())
-        except Exception as exc:
-            log.warning("could not record turn %s: %s", turn_id, exc)
 
     async def _record_turn_end(self, turn_id: str, terminal: TurnSnapshot) -> None:
         state: TurnState = terminal.state if terminal.state != "running" else "failed"

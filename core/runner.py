@@ -114,7 +114,8 @@ class TurnRunner:
                         parts.append(event.text)
                         controller.append_text(event.text)
                 text = "".join(parts)
-        await self._trace(controller, "request_end", {"status": "completed", "attempt": attempt_no})
+        if attempt_no > 1:  # a clean first attempt needs no trace; retries are worth keeping
+            await self._trace(controller, "request_end", {"status": "completed", "attempt": attempt_no})
         return text
 
     async def _trace(self, controller: TurnController, kind: str, payload: dict[str, object]) -> None:

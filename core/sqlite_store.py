@@ -25,12 +25,12 @@ import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, get_args
 
 import aiosqlite
 from pydantic import TypeAdapter, ValidationError
 
-from core.messages import ChatMessage, MessageSource, NewMessage, ToolCall
+from core.messages import ChatMessage, MessageSource, NewMessage, Role, SourceKind, ToolCall
 from core.store import (
     CommitResult,
     SessionRecord,
@@ -182,19 +182,32 @@ def _session_from_row(row: sqlite3.Row) -> SessionRecord:
     )
 
 
+_SOURCE_KINDS = frozenset(get_args(SourceKind))
+_ROLES = frozenset(get_args(Role))
+
+
 def _message_from_row(row: sqlite3.Row) -> ChatMessage:
-    return ChatMessage(
-        id=row["id"],
-        session_key=row["session_key"],
-        seq=row["seq"],
-        role=row["role"],
-        content=row["content"],
-        tool_calls=_TOOL_CALLS.validate_json(row["tool_calls"]),
-        tool_call_id=row["tool_call_id"],
-        source=MessageSource.model_validate_json(row["source"]),
-        received_at=row["received_at"],
-        created_at=row["created_at"],
-    )
+    # Rows were validated on the way in; rebuilding them without re-validation keeps context loads cheap
+    # (a turn reads up to history_limit rows). A row that is not what we wrote fails loudly below.
+    try:
+        source = json.loads(row["source"])
+        if source["kind"] not in _SOURCE_KINDS or row["role"] not in _ROLES:
+            raise ValueError("unknown kind or role")
+        calls = json.loads(row["tool_calls"]) if row["tool_calls"] not in (None, "[]") else ()
+        return ChatMessage.model_construct(
+            id=row["id"],
+            session_key=row["session_key"],
+            seq=row["seq"],
+            role=row["role"],
+            content=row["content"],
+            tool_calls=tuple(ToolCall.model_construct(**c) for c in calls),
+            tool_call_id=row["tool_call_id"],
+            source=MessageSource.model_construct(**source),
+            received_at=row["received_at"],
+            created_at=row["created_at"],
+        )
+    except (TypeError, ValueError, KeyError) as exc:
+        raise StoreError(f"sqlite store: read a malformed message row ({type(exc).__name__})") from None
 
 
 def _message_params(message: ChatMessage) -> tuple[Any, ...]:
@@ -435,8 +448,12 @@ class SqliteStore:
 
     # -- messages
 
-    async def append_message(self, key: str, message: NewMessage) -> tuple[ChatMessage, int]:
-        """Persist one message; returns it and the session's new state_version. No revision bump."""
+    async def append_message(
+        self, key: str, message: NewMessage, *, begin_turn: tuple[str, str] | None = None
+    ) -> tuple[ChatMessage, SessionRecord]:
+        """Persist one message (state_version +1, no revision bump); returns it and the session after it.
+
+        ``begin_turn=(turn_id, target_json)`` records a running turn in the same transaction."""
         async with self._write("append_message") as conn:
             row = await self._ensure_session(conn, key)
             (persisted,) = await self._insert_messages(conn, row, [message])
@@ -445,7 +462,12 @@ class SqliteStore:
                 "UPDATE sessions SET next_seq = ?, state_version = ?, updated_at = ? WHERE key = ?",
                 (persisted.seq + 1, state_version, persisted.created_at, key),
             )
-        return persisted, state_version
+            if begin_turn is not None:
+                await self._insert_turn(conn, begin_turn[0], key, begin_turn[1])
+        record = _session_from_row(row).model_copy(
+            update={"state_version": state_version, "updated_at": persisted.created_at}
+        )
+        return persisted, record
 
     async def commit_turn(
         self,
@@ -454,6 +476,7 @@ class SqliteStore:
         *,
         expect_generation: int | None,
         expect_state_version: int | None,
+        end_turn: tuple[str, TurnState] | None = None,
     ) -> CommitResult:
         """Atomically check the expectations, insert ``messages`` and raise history_revision by one.
 
@@ -484,6 +507,8 @@ class SqliteStore:
                 (key, row["revision_seq"]),
             )
             delta = tuple(_message_from_row(r) for r in rows)
+            if end_turn is not None:
+                await self._update_turn(conn, end_turn[0], end_turn[1])
         return CommitResult(session_key=key, history_revision=revision, messages=delta)
 
     async def _insert_messages(
@@ -565,19 +590,25 @@ class SqliteStore:
 
     async def begin_turn(self, turn_id: str, key: str, target_json: str) -> None:
         async with self._write("begin_turn") as conn:
-            await conn.execute(
-                f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES (?, ?, 'running', ?, ?, NULL)",
-                (turn_id, key, target_json, self._clock()),
-            )
+            await self._insert_turn(conn, turn_id, key, target_json)
 
     async def end_turn(self, turn_id: str, state: TurnState) -> None:
         """Record a running turn's final state; a turn that already ended keeps its first final state."""
-        ended_at = None if state == "running" else self._clock()
         async with self._write("end_turn") as conn:
-            await conn.execute(
-                "UPDATE turns SET state = ?, ended_at = ? WHERE turn_id = ? AND state = 'running'",
-                (state, ended_at, turn_id),
-            )
+            await self._update_turn(conn, turn_id, state)
+
+    async def _insert_turn(self, conn: aiosqlite.Connection, turn_id: str, key: str, target_json: str) -> None:
+        await conn.execute(
+            f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES (?, ?, 'running', ?, ?, NULL)",
+            (turn_id, key, target_json, self._clock()),
+        )
+
+    async def _update_turn(self, conn: aiosqlite.Connection, turn_id: str, state: TurnState) -> None:
+        ended_at = None if state == "running" else self._clock()
+        await conn.execute(
+            "UPDATE turns SET state = ?, ended_at = ? WHERE turn_id = ? AND state = 'running'",
+            (state, ended_at, turn_id),
+        )
 
     async def close_interrupted_turns(self) -> list[TurnRecord]:
         """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""

@@ -97,8 +97,11 @@ class Store(Protocol):
     async def set_title_if_default(self, key: str, title: str, *, expect_generation: int) -> bool: ...
 
     # messages
-    async def append_message(self, key: str, message: NewMessage) -> tuple[ChatMessage, int]:
-        """Persist one message; returns it and the session's new state_version. No revision bump."""
+    async def append_message(self, key: str, message: NewMessage, *,
+                             begin_turn: tuple[str, str] | None = None) -> tuple[ChatMessage, SessionRecord]:
+        """Persist one message (state_version +1, no revision bump); returns it and the session after it.
+
+        ``begin_turn=(turn_id, target_json)`` records a running turn in the same transaction."""
         ...
 
     async def commit_turn(
@@ -108,8 +111,10 @@ class Store(Protocol):
         *,
         expect_generation: int | None,
         expect_state_version: int | None,
+        end_turn: tuple[str, TurnState] | None = None,
     ) -> CommitResult:
-        """Atomically check the expectations, insert ``messages`` and raise history_revision by one.
+        """Atomically check the expectations, insert ``messages`` and raise history_revision by one;
+        ``end_turn=(turn_id, state)`` closes a running turn in the same transaction.
 
         Raises StaleStateError (and writes nothing) when an expectation fails.
         """

@@ -72,7 +72,7 @@ async def test_hanging_sink_is_bounded_and_falls_back_once(tmp_path, fake_openai
 
 
 class FailingCommitStore(SqliteStore):
-    async def commit_turn(self, key, messages, *, expect_generation, expect_state_version):  # type: ignore[override]
+    async def commit_turn(self, key, messages, **kw):  # type: ignore[override]
         raise StoreError("disk I/O error")
 
 

@@ -86,8 +86,8 @@ async def test_bump_generation_creates_and_increments(store: SqliteStore) -> Non
 
 
 async def test_commits_form_contiguous_deltas_covering_every_message_once(store: SqliteStore) -> None:
-    first_user, sv = await store.append_message(KEY, user("hi"))
-    assert (first_user.seq, sv) == (1, 1)
+    first_user, record = await store.append_message(KEY, user("hi"))
+    assert (first_user.seq, record.state_version) == (1, 1)
     first = await store.commit_turn(KEY, [assistant("hello")], expect_generation=0, expect_state_version=1)
     assert first.history_revision == 1
     assert [(m.seq, m.role, m.content) for m in first.messages] == [
@@ -126,8 +126,9 @@ async def test_commits_form_contiguous_deltas_covering_every_message_once(store:
 
 
 async def test_append_message_bumps_state_version_but_not_revision(store: SqliteStore) -> None:
-    _, sv1 = await store.append_message(KEY, user("a"))
-    _, sv2 = await store.append_message(KEY, user("b"))
+    _, r1 = await store.append_message(KEY, user("a"))
+    _, r2 = await store.append_message(KEY, user("b"))
+    sv1, sv2 = r1.state_version, r2.state_version
     assert (sv1, sv2) == (1, 2)
     session = await store.get_session(KEY)
     assert session is not None and session.history_revision == 0
@@ -147,7 +148,8 @@ async def test_stale_generation_writes_nothing(store: SqliteStore) -> None:
 
 
 async def test_stale_state_version_writes_nothing(store: SqliteStore) -> None:
-    _, sv = await store.append_message(KEY, user("one"))
+    _, rec = await store.append_message(KEY, user("one"))
+    sv = rec.state_version
     await store.append_message(KEY, user("two"))  # a second message moved the state on
     before = await store.get_session(KEY)
     with pytest.raises(StaleStateError):
@@ -369,7 +371,7 @@ async def test_long_read_does_not_block_a_write(store: SqliteStore) -> None:
 async def test_concurrent_appends_get_distinct_seqs(store: SqliteStore) -> None:
     results = await asyncio.gather(*(store.append_message(KEY, user(f"m{i}")) for i in range(20)))
     assert sorted(m.seq for m, _ in results) == list(range(1, 21))
-    assert sorted(sv for _, sv in results) == list(range(1, 21))
+    assert sorted(r.state_version for _, r in results) == list(range(1, 21))
 
 
 # --------------------------------------------------------------------------------------------- round trip
@@ -434,3 +436,12 @@ async def test_closed_store_raises_store_error(db_path: pathlib.Path) -> None:
         await store.append_message(KEY, user("SECRET"))
     with pytest.raises(StoreError):
         await store.history(KEY)
+
+
+async def test_turn_record_opens_with_the_message_and_closes_with_the_commit(store: SqliteStore) -> None:
+    await store.append_message(KEY, user("hi"), begin_turn=("t1", '{"channel": "x"}'))
+    await store.commit_turn(KEY, [], expect_generation=None, expect_state_version=None,
+                            end_turn=("t1", "completed"))
+    await store.append_message(KEY, user("again"), begin_turn=("t2", '{"channel": "x"}'))
+    [left_running] = await store.close_interrupted_turns()
+    assert left_running.turn_id == "t2" and left_running.target_json == '{"channel": "x"}'

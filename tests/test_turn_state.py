@@ -18,12 +18,11 @@ class BumpBeforeCommit(SqliteStore):
 
     bumped = False
 
-    async def commit_turn(self, key, messages, *, expect_generation, expect_state_version):  # type: ignore[override]
+    async def commit_turn(self, key, messages, **kw):  # type: ignore[override]
         if not self.bumped and messages:
             self.bumped = True
             await self.bump_generation(key)
-        return await super().commit_turn(key, messages, expect_generation=expect_generation,
-                                         expect_state_version=expect_state_version)
+        return await super().commit_turn(key, messages, **kw)
 
 
 async def test_stale_generation_never_commits(tmp_path, fake_openai):
