@@ -20,8 +20,6 @@ import httpx2
 import openai
 import pydantic
 from openai.types.chat import (
-    ChatCompletion,
-    ChatCompletionChunk,
     ChatCompletionMessageParam,
     ChatCompletionToolUnionParam,
 )
@@ -101,19 +99,21 @@ class OpenAIProvider:
         if request.temperature is not None:
             body["temperature"] = request.temperature
         state = _StreamState()
-        chunks: openai.AsyncStream[ChatCompletionChunk] | None = None
+        chunks: openai.AsyncStream[Any] | None = None
         try:
             async with asyncio.timeout(self.request_timeout):
                 # The wire-shaped body goes through the SDK's generic ``post`` rather than
                 # ``chat.completions.create``: ``create`` re-walks every message against its TypedDicts on
                 # each call, which costs tens of milliseconds once a conversation is long (measured by
                 # tests/bench/core_overhead.py). Transport, errors and SSE parsing are still the SDK's.
+                # Chunks stay plain JSON (cast_to=object): building the SDK's pydantic chunk models was
+                # the largest CPU cost per turn, and we map the wire fields directly.
                 chunks = await self._client.post(
                     "/chat/completions",
                     body=body,
-                    cast_to=ChatCompletion,
+                    cast_to=object,
                     stream=True,
-                    stream_cls=openai.AsyncStream[ChatCompletionChunk],
+                    stream_cls=openai.AsyncStream[object],
                 )
             while True:
                 try:
@@ -238,42 +238,43 @@ class _StreamState:
     finish_reason: str | None = None
     usage: Usage | None = None
 
-    def feed(self, chunk: ChatCompletionChunk) -> Iterator[ProviderEvent]:
-        usage = chunk.usage
-        if usage is not None:
+    def feed(self, chunk: Any) -> Iterator[ProviderEvent]:
+        """Map one wire chunk (the JSON object of a ``data:`` line) to events. A chunk of the wrong shape
+        raises AttributeError/TypeError/ValueError, which the caller reports as MALFORMED."""
+        usage = chunk.get("usage")
+        if usage:
             # some servers repeat (cumulative) usage on several chunks: keep the last, report once at the end
-            self.usage = Usage(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
-        for choice in chunk.choices or ():
-            if getattr(choice, "index", 0) not in (0, None):
+            self.usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) not in (0, None):
                 continue  # we never ask for n > 1
-            delta = choice.delta
-            if delta is not None:
+            delta = choice.get("delta")
+            if delta:
                 reasoning = _reasoning_text(delta)
                 if reasoning:
                     yield ReasoningDelta(reasoning)
-                if delta.content:
-                    yield TextDelta(delta.content)
-                if delta.refusal:
-                    yield TextDelta(delta.refusal)
-                for position, call in enumerate(delta.tool_calls or ()):
-                    index = getattr(call, "index", None)
-                    function = call.function
+                content = delta.get("content")
+                if content:
+                    yield TextDelta(str(content))
+                refusal = delta.get("refusal")
+                if refusal:
+                    yield TextDelta(str(refusal))
+                for position, call in enumerate(delta.get("tool_calls") or ()):
+                    index = call.get("index")
+                    function = call.get("function") or {}
                     yield ToolCallDelta(
                         index=int(index) if index is not None else position,
-                        id=call.id or None,
-                        name=(function.name or None) if function is not None else None,
-                        arguments=(function.arguments or "") if function is not None else "",
+                        id=call.get("id") or None,
+                        name=function.get("name") or None,
+                        arguments=function.get("arguments") or "",
                     )
-            if choice.finish_reason:
-                self.finish_reason = str(choice.finish_reason)
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
 
 
-def _reasoning_text(delta: Any) -> str:
-    extra = getattr(delta, "model_extra", None) or {}
+def _reasoning_text(delta: Mapping[str, Any]) -> str:
     for name in _REASONING_FIELDS:
-        value = getattr(delta, name, None)
-        if value is None:
-            value = extra.get(name)
+        value = delta.get(name)
         if isinstance(value, str) and value:
             return value
     return ""
