@@ -343,14 +343,20 @@ class SqliteStore:
                     raise
 
     @contextlib.asynccontextmanager
-    async def _read(self, op: str) -> AsyncIterator[aiosqlite.Connection]:
-        """One read transaction (a consistent snapshot) on the reader connection; never blocks writes."""
+    async def _read(self, op: str, *, snapshot: bool = True) -> AsyncIterator[aiosqlite.Connection]:
+        """One read transaction (a consistent snapshot) on the reader connection; never blocks writes.
+
+        ``snapshot=False`` is for a single statement, which SQLite already runs as one consistent read;
+        it saves the BEGIN/ROLLBACK round trips on the hot path."""
         with _store_errors(op):
             async with self._read_lock:
                 conn = self._reader
                 if conn is None:
                     raise StoreError(f"sqlite store: {op} called while the store is closed")
                 await _rollback_quietly(conn)
+                if not snapshot:
+                    yield conn
+                    return
                 await conn.execute("BEGIN")
                 try:
                     yield conn
@@ -557,7 +563,7 @@ class SqliteStore:
 
     async def context_messages(self, key: str, *, limit: int) -> list[ChatMessage]:
         """The newest ``limit`` messages after the session's context start, in seq order."""
-        async with self._read("context_messages") as conn:
+        async with self._read("context_messages", snapshot=False) as conn:
             rows = await conn.execute_fetchall(
                 f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_key = ?"
                 " AND seq > (SELECT context_start_seq FROM sessions WHERE key = ?)"

@@ -117,6 +117,26 @@ async def throughput(base_url: str, tmp: Path, sessions: int, turns: int) -> dic
         await core.shutdown()
 
 
+async def sdk_alone(base_url: str, concurrency: int, requests: int) -> dict[str, float]:
+    """The official OpenAI SDK on its own against the same fake: the floor under every turn."""
+    provider = OpenAIProvider(model="bench", base_url=base_url, api_key="bench", request_timeout=30)
+    request = LLMRequest(messages=(LLMMessage("system", "s"), LLMMessage("user", "question")))
+
+    async def worker(n: int) -> None:
+        for _ in range(n):
+            async for _event in provider.stream(request):
+                pass
+
+    await asyncio.gather(*(worker(1) for _ in range(concurrency)))  # warm the connection pool
+    per = max(1, requests // concurrency)
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(worker(per) for _ in range(concurrency)))
+    n = per * concurrency
+    cpu, elapsed = time.process_time() - cpu0, time.perf_counter() - t0
+    await provider.aclose()
+    return {"requests_per_s": n / elapsed, "cpu_ms_per_request": cpu * 1000 / n}
+
+
 async def added_latency(base_url: str, tmp: Path, samples: int) -> dict[str, float]:
     provider = OpenAIProvider(model="bench", base_url=base_url, api_key="bench", request_timeout=30)
     request = LLMRequest(messages=(LLMMessage("system", "s"), LLMMessage("user", "question")))
@@ -200,6 +220,9 @@ def main() -> None:
                       f"{r['cpu_ms_per_turn']:6.2f} CPU ms/turn")
                 if sessions == 100:
                     at100 = r["turns_per_s"]
+            sdk = asyncio.run(sdk_alone(base_url, 100, turns))
+            print(f"  for reference, the OpenAI SDK alone at 100 concurrent requests: {sdk['requests_per_s']:8.1f} "
+                  f"requests/s  {sdk['cpu_ms_per_request']:6.2f} CPU ms/request")
             lat = asyncio.run(added_latency(base_url, tmp, 100 if args.quick else 400))
             print("latency, one session, sequential turns")
             print(f"  model alone p50 {lat['model_p50_ms']:.2f} ms, whole turn p50 {lat['turn_p50_ms']:.2f} ms, "
@@ -210,7 +233,8 @@ def main() -> None:
                   f"{mem['workers_alive_after_idle']}, {mem['bytes_per_idle_session']:.0f} B memory per idle "
                   f"session, {mem['db_bytes_per_session']:.0f} B of SQLite per session")
             print("against the targets")
-            print(f"  turns/s at 100 sessions: {at100:.0f} / 500 = {at100 / 500:.2f}x")
+            print(f"  turns/s at 100 sessions: {at100:.0f} / 500 = {at100 / 500:.2f}x "
+                  f"(the SDK alone: {sdk['requests_per_s']:.0f} / 500 = {sdk['requests_per_s'] / 500:.2f}x)")
             print(f"  added p50: {lat['added_p50_ms']:.2f} ms / 5 ms = {lat['added_p50_ms'] / 5:.2f} of budget")
             print(f"  idle session: {mem['bytes_per_idle_session']:.0f} B / 8192 B = "
                   f"{mem['bytes_per_idle_session'] / 8192:.3f} of budget")
