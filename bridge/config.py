@@ -262,6 +262,8 @@ class AppConfig(_Section):
             context_window=self.llm.context_window,
             retry_delays=tuple(float(d) for d in self.llm.retry_delays),
             request_timeout=float(self.llm.request_timeout),
+            max_output_tokens=self.llm.max_output_tokens,
+            temperature=float(self.llm.temperature) if self.llm.temperature is not None else None,
             dedupe_ttl_seconds=float(self.bridge.dedupe_ttl_hours) * 3600.0,
             shutdown_timeout=float(self.bridge.shutdown_timeout),
             titles=self.agent.titles,

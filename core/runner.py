@@ -103,7 +103,8 @@ class TurnRunner:
             await self._trace(controller, "request_end",
                               {"status": err.kind.value, "attempt": attempt, "retry_in": sleep})
 
-        request = LLMRequest(messages=prepared.messages)
+        request = LLMRequest(messages=prepared.messages, max_tokens=self._settings.max_output_tokens,
+                             temperature=self._settings.temperature)
         text = ""
         async for attempt in retry_policy(self._settings.retry_delays, on_retry=on_retry):
             with attempt:

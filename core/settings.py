@@ -18,6 +18,8 @@ class CoreSettings:
     """Model context window in tokens; history is trimmed to fit (about 4 characters per token)."""
     retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS
     request_timeout: float = 60.0
+    max_output_tokens: int | None = None
+    temperature: float | None = None
     sink_update_timeout: float = 15.0
     sink_finish_attempts: int = 3
     sink_finish_retry_delay: float = 1.0

@@ -172,3 +172,13 @@ async def test_every_supervised_task_ends_within_the_shutdown_bound(tmp_path, fa
     assert time.monotonic() - started < 2.0 + 0.5
     assert stragglers == []
     assert len(h.core.supervisor) == 0
+
+
+async def test_output_limits_from_the_config_reach_the_model(tmp_path, fake_openai):
+    h = await make_harness(tmp_path, fake_openai, max_output_tokens=123, temperature=0.3)
+    await h.say("hi")
+    await h.settle()
+    body = fake_openai.requests[0]
+    assert body["max_tokens"] == 123 and body["temperature"] == 0.3
+    assert body["stream"] is True
+    await h.core.shutdown()
