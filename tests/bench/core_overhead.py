@@ -157,13 +157,13 @@ async def added_latency(base_url: str, tmp: Path, samples: int) -> dict[str, flo
             unsub = core.events.subscribe(
                 lambda e, ev=committed: ev.set() if type(e).__name__ == "TurnCommitted" else None)
             t0 = time.perf_counter()
-            await core.submit(channel.envelope("question", chat_id="lat"))
+            # a new conversation each time, so the model request matches the "model alone" one in size
+            await core.submit(channel.envelope("question", chat_id=f"lat{i}"))
             await committed.wait()
             while not core.sessions.idle():  # the terminal snapshot is on the platform
                 await asyncio.sleep(0)
             e2e.append(time.perf_counter() - t0)
             unsub()
-            del i
     finally:
         await core.shutdown()
     e2e = e2e[5:]
@@ -213,7 +213,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
             turns = 600 if args.quick else 3000
-            print("chain throughput (fake LLM answering at once, separate process; chain on one core)")
+            print("chain throughput (fake LLM answering at once, separate process; chain on one core;")
+            print("  1 session = one long conversation, its context capped at history_limit messages)")
             for sessions in (1, 100, 1000):
                 r = asyncio.run(throughput(base_url, tmp, sessions, max(turns, sessions)))
                 print(f"  {sessions:>5} sessions: {r['turns']:>5} turns  {r['turns_per_s']:8.1f} turns/s  "
@@ -224,7 +225,7 @@ def main() -> None:
             print(f"  for reference, the OpenAI SDK alone at 100 concurrent requests: {sdk['requests_per_s']:8.1f} "
                   f"requests/s  {sdk['cpu_ms_per_request']:6.2f} CPU ms/request")
             lat = asyncio.run(added_latency(base_url, tmp, 100 if args.quick else 400))
-            print("latency, one session, sequential turns")
+            print("latency, sequential turns, each the first of its conversation")
             print(f"  model alone p50 {lat['model_p50_ms']:.2f} ms, whole turn p50 {lat['turn_p50_ms']:.2f} ms, "
                   f"added by the chain p50 {lat['added_p50_ms']:.2f} ms")
             mem = asyncio.run(idle_memory(base_url, tmp, 300 if args.quick else 1000))
