@@ -102,7 +102,11 @@ class ConversationExecutor:
             log.error("preparing the context of %s failed: %s", key, exc)
             outcome = Failed(TurnFailure(TurnFailureKind.CONTEXT_PREPARATION, repr(exc)), "")
         else:
-            outcome = await self._runner.run(prepared, controller, cancel)
+            try:
+                outcome = await self._runner.run(prepared, controller, cancel)
+            except Exception as exc:  # the agent could not run at all (e.g. shutting down): still one answer
+                log.exception("running the turn in %s failed", key)
+                outcome = Failed(TurnFailure(TurnFailureKind.AGENT_CREATION, repr(exc)), controller.text)
 
         # 4. commit, and only then show the terminal state
         committed = await self._committer.commit(key, turn_id, outcome, base_generation=base_generation,

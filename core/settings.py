@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 DEFAULT_RETRY_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 30.0)
 
@@ -31,4 +31,3 @@ class CoreSettings:
     title_timeout: float = 30.0
     history_limit: int = 200
     default_title: str = "New chat"
-    extra_commands: tuple[str, ...] = field(default=())

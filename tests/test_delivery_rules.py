@@ -215,3 +215,19 @@ async def test_slow_sink_sees_the_latest_snapshot_not_a_backlog(tmp_path, fake_o
     assert len(sink.updates) < len(text) // 2 / 4  # far fewer than the snapshots produced
     assert sink.updates == sorted(sink.updates)
     await h.core.shutdown()
+
+
+async def test_an_unexpected_provider_error_still_ends_the_turn_with_one_notice(tmp_path, fake_openai):
+    h = await make_harness(tmp_path, fake_openai)
+
+    async def broken_stream(request):
+        raise RuntimeError("provider bug with sk-internal-detail")
+        yield  # pragma: no cover
+
+    h.core.provider.stream = broken_stream  # type: ignore[method-assign]
+    await h.say("hi")
+    await h.settle()
+    [shown] = h.platform.visible("c1")
+    assert "could not be started" in shown and "sk-internal" not in shown
+    assert h.platform.plain("c1") == []
+    await h.core.shutdown()
