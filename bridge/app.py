@@ -7,10 +7,12 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 
 from aiohttp import web
 
+from bridge.channels import ChannelRuntime, factory_for
 from bridge.config import AppConfig
 from bridge.logs import configure_logging
 from core.llm.openai_provider import OpenAIProvider
@@ -40,19 +42,28 @@ def build_provider(config: AppConfig) -> LLMProvider:
 
 
 def check_channels(config: AppConfig) -> None:
-    enabled = config.enabled_channels()
-    if enabled:
+    missing = [name for name in config.enabled_channels() if factory_for(name) is None]
+    if missing:
         raise StartupError(
-            f"channel(s) {', '.join(enabled)} are enabled, but this build of chatbridge has no adapter for them "
+            f"channel(s) {', '.join(missing)} are enabled, but this build of chatbridge has no adapter for them "
             "yet. Set enabled = false in their [channels.*] tables.")
 
 
-def build_http_app(core: ChatCore, config: AppConfig) -> web.Application:
+def build_channels(config: AppConfig, core: ChatCore, app: web.Application) -> list[ChannelRuntime]:
+    names = [*config.enabled_channels(), *(["web"] if config.web.enabled and factory_for("web") else [])]
+    runtimes = []
+    for name in names:
+        factory = factory_for(name)
+        assert factory is not None  # check_channels ran first
+        runtimes.append(factory(config, core, app))
+    return runtimes
+
+
+def build_http_app(channels: list[ChannelRuntime]) -> web.Application:
     app = web.Application()
 
     async def healthz(_: web.Request) -> web.Response:
-        channels = {name: "registered" for name in core.channels.names()}
-        return web.json_response({"status": "ok", "channels": channels})
+        return web.json_response({"status": "ok", "channels": {c.name: c.state() for c in channels}})
 
     app.router.add_get("/healthz", healthz)
     return app
@@ -77,11 +88,20 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
+    channels: list[ChannelRuntime] = []
+    app = build_http_app(channels)
+    try:
+        channels.extend(build_channels(config, core, app))
+    except StartupError as exc:
+        print(f"chatbridge: {exc}", file=sys.stderr)
+        await core.shutdown()
+        return EXIT_STARTUP
     runner: web.AppRunner | None = None
+    started: list[ChannelRuntime] = []
     try:
         await core.start()
         if config.web.enabled:
-            runner = web.AppRunner(build_http_app(core, config), access_log=None)
+            runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, config.web.host, config.web.port)
             try:
@@ -91,13 +111,29 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
                       file=sys.stderr)
                 return EXIT_STARTUP
             log.info("listening on http://%s:%d", config.web.host, config.web.port)
+        for channel in channels:
+            await channel.start()
+            started.append(channel)
+            log.info("channel %s: %s", channel.name, channel.state())
         log.info("chatbridge started (config: %s, data: %s)", config_path or "embedded default", data_dir)
         await stop.wait()
         log.info("shutting down")
         return EXIT_OK
     finally:
-        if runner is not None:
-            await runner.cleanup()
+        # Stop input first, let the core finish running turns through still-open transports, then close.
+        for channel in reversed(started):
+            await _quietly(channel.stop(), f"stopping channel {channel.name}")
         stragglers = await core.shutdown()
         if stragglers:
             log.warning("abandoned tasks at shutdown: %s", ", ".join(stragglers))
+        for channel in reversed(channels):
+            await _quietly(channel.close(), f"closing channel {channel.name}")
+        if runner is not None:
+            await runner.cleanup()
+
+
+async def _quietly(step: Awaitable[None], what: str) -> None:
+    try:
+        await asyncio.wait_for(step, 10)
+    except Exception:
+        log.exception("%s failed", what)
