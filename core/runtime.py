@@ -82,6 +82,9 @@ class ChatCore:
     async def list_sessions(self, *, prefix: str | None = None) -> list[SessionRecord]:
         return await self.store.list_sessions(prefix=prefix)
 
+    async def create_session(self, key: str) -> SessionRecord:
+        return await self.store.get_or_create_session(key, default_title=self.settings.default_title)
+
     async def rename(self, key: str, title: str) -> None:
         await self.store.rename(key, title)
         self.events.publish(SessionTitleChanged(key, title))

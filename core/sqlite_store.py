@@ -118,6 +118,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         )
         """,
     ),
+    # 3: small durable values a channel keeps across restarts (e.g. a long-polling offset)
+    (
+        """
+        CREATE TABLE channel_state (
+            channel    TEXT NOT NULL,
+            name       TEXT NOT NULL,
+            value      TEXT NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (channel, name)
+        ) WITHOUT ROWID
+        """,
+    ),
 )
 
 
@@ -628,6 +640,25 @@ class SqliteStore:
             )
             running = [_turn_from_row(r) for r in rows]
         return [turn.model_copy(update={"state": "interrupted", "ended_at": now}) for turn in running]
+
+    # -- channel state
+
+    async def get_channel_state(self, channel: str, name: str) -> str | None:
+        async with self._read("get_channel_state", snapshot=False) as conn:
+            rows = list(
+                await conn.execute_fetchall(
+                    "SELECT value FROM channel_state WHERE channel = ? AND name = ?", (channel, name)
+                )
+            )
+        return str(rows[0][0]) if rows else None
+
+    async def set_channel_state(self, channel: str, name: str, value: str) -> None:
+        async with self._write("set_channel_state") as conn:
+            await conn.execute(
+                "INSERT INTO channel_state (channel, name, value, updated_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (channel, name) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                (channel, name, value, self._clock()),
+            )
 
     # -- traces
 

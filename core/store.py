@@ -142,6 +142,13 @@ class Store(Protocol):
         """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""
         ...
 
+    # channel state
+    async def get_channel_state(self, channel: str, name: str) -> str | None:
+        """A small durable value a channel keeps across restarts (e.g. Telegram's update offset)."""
+        ...
+
+    async def set_channel_state(self, channel: str, name: str, value: str) -> None: ...
+
     # traces
     async def append_trace(self, key: str, turn_id: str, kind: str, payload: dict[str, Any]) -> None: ...
 

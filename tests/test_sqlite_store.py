@@ -445,3 +445,17 @@ async def test_turn_record_opens_with_the_message_and_closes_with_the_commit(sto
     await store.append_message(KEY, user("again"), begin_turn=("t2", '{"channel": "x"}'))
     [left_running] = await store.close_interrupted_turns()
     assert left_running.turn_id == "t2" and left_running.target_json == '{"channel": "x"}'
+
+
+async def test_channel_state_is_durable_and_overwritable(tmp_path) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+    await store.open()
+    assert await store.get_channel_state("telegram", "offset") is None
+    await store.set_channel_state("telegram", "offset", "41")
+    await store.set_channel_state("telegram", "offset", "42")
+    await store.close()
+    reopened = SqliteStore(tmp_path / "state.db")
+    await reopened.open()
+    assert await reopened.get_channel_state("telegram", "offset") == "42"
+    assert await reopened.get_channel_state("slack", "offset") is None
+    await reopened.close()
