@@ -159,3 +159,15 @@ async def test_new_starts_a_fresh_context_but_keeps_history(tmp_path, fake_opena
     _, history = await h.core.history("test:c1")
     assert any("banana" in m.content for m in history)
     await h.core.shutdown()
+
+
+async def test_idle_session_workers_are_reaped(tmp_path, fake_openai):
+    h = await make_harness(tmp_path, fake_openai, session_idle_seconds=0.1)
+    for chat in ("a", "b", "c"):
+        await h.say("hi", chat_id=chat)
+    await h.settle()
+    await h.wait_for(lambda: h.core.sessions.active_count == 0, timeout=3)
+    await h.say("again", chat_id="a")  # a reaped session comes back on demand
+    await h.settle()
+    assert h.platform.visible("a") == ["ok", "ok"]
+    await h.core.shutdown()
