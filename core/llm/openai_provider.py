@@ -66,6 +66,9 @@ class OpenAIProvider:
             api_key=api_key or "none",
             timeout=request_timeout,
             max_retries=0,
+            # The SDK's documented aiohttp transport: about 40 % less CPU per streamed request than its
+            # default httpx transport (tests/bench/core_overhead.py), and aiohttp is a dependency anyway.
+            http_client=openai.DefaultAioHttpClient(timeout=request_timeout),
         )
 
     async def aclose(self) -> None:
@@ -206,7 +209,8 @@ class OpenAIProvider:
                 return self._error(K.CONTEXT_OVERFLOW, exc, status=status)
             return self._error(K.BAD_REQUEST, exc, status=status)
         if isinstance(exc, openai.APITimeoutError):
-            return self._error(K.TIMEOUT, exc)
+            # The aiohttp transport reports a refused connection as a connect *timeout*; it is not one.
+            return self._error(K.TRANSIENT if _refused(exc) else K.TIMEOUT, exc)
         if isinstance(exc, openai.APIConnectionError):
             return self._error(K.TRANSIENT, exc)
         if isinstance(exc, openai.APIResponseValidationError):
@@ -228,6 +232,19 @@ class OpenAIProvider:
         if isinstance(exc, openai.OpenAIError):
             return self._error(K.BAD_REQUEST, exc)
         return None
+
+
+def _refused(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short cause chain; bounded in case of cycles
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionError):
+            return True
+        if isinstance(getattr(seen, "os_error", None), ConnectionError):  # aiohttp's ClientConnectorError
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 # ---- chunk assembly ------------------------------------------------------------------------------
