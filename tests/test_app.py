@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 
 import aiohttp
 
@@ -53,18 +54,19 @@ port = {port}
                     await asyncio.sleep(0.02)
             else:
                 raise AssertionError("server did not come up")
-        assert body == {"status": "ok", "channels": {}}
+        assert body == {"status": "ok", "channels": {"web": "serving"}}
     finally:
         stop.set()
         assert await asyncio.wait_for(task, 15) == 0
     assert (tmp_path / "data" / "chatbridge.db").exists()
 
 
-async def test_run_refuses_a_provider_this_build_lacks_with_advice(tmp_path, capsys):
+async def test_run_without_the_local_extra_explains_how_to_install_it_or_use_an_api(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # how Python marks a module as not importable
     config = load_config(write_config(tmp_path, f'[bridge]\ndata_dir = "{tmp_path}"\n[llm]\nprovider = "local"\n'))
     assert await run_app(config, config_path=None) == 3
     err = capsys.readouterr().err
-    assert "provider = 'local'" in err and "base_url" in err
+    assert "provider = 'local'" in err and 'pip install -e ".[local]"' in err and "base_url" in err
 
 
 async def test_run_refuses_enabled_channels_without_an_adapter(tmp_path, capsys, fake_openai):

@@ -1,0 +1,255 @@
+"""Per-session SSE streams with a bounded replay buffer.
+
+Every event a session's page may need (live turn progress, history deltas, titles, notices) is appended
+to that session's ``SessionStream``. The stream numbers its events ``<epoch>-<seq>``: ``seq`` rises by one
+per event, and ``epoch`` is new for every stream object (so for every channel instance and every process),
+which is how a ``Last-Event-ID`` from another life of the stream is recognised. The most recent events are
+kept, bounded by count and by bytes, and replayed to a reconnecting client when its ``Last-Event-ID`` is
+still covered; otherwise the client is told ``resync_required`` and starts from a fresh ``task_state``.
+
+Turn progress is sent as increments: a ``turn`` event carries the text appended since the previous
+``turn`` event of that turn (``append``), or the whole text when it no longer extends it (``replace``,
+after a retried model request), so an N-character reply costs O(N) bytes on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from core.snapshot import TurnSnapshot
+
+
+def encode_event(name: str, data: Any, event_id: str | None = None) -> bytes:
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    # JSON text never contains a raw newline, so one data line is enough.
+    return f"{head}event: {name}\ndata: {payload}\n\n".encode()
+
+
+HEARTBEAT = b": keep-alive\n\n"
+
+
+def tool_view(snapshot: TurnSnapshot) -> list[dict[str, str]]:
+    return [{"call_id": t.call_id, "name": t.name, "status": t.status, "summary": t.summary} for t in snapshot.tools]
+
+
+def approvals_view(snapshot: TurnSnapshot) -> list[dict[str, str]]:
+    return [{"call_id": a.call_id, "tool_name": a.tool_name, "arguments": a.arguments_summary}
+            for a in snapshot.approvals]
+
+
+@dataclass
+class LiveTurn:
+    """What the stream has told clients about the current turn (the base for the next increment)."""
+
+    turn_id: str
+    client_id: str | None
+    version: int
+    state: str
+    text: str
+    tools: list[dict[str, str]]
+    approvals: list[dict[str, str]]
+    error: str | None
+
+    def view(self) -> dict[str, Any]:
+        return {"turn_id": self.turn_id, "client_id": self.client_id, "version": self.version,
+                "state": self.state, "text": self.text, "tools": self.tools, "approvals": self.approvals,
+                "error": self.error}
+
+
+class Subscriber:
+    """One SSE connection: a queue of encoded events; a client that falls too far behind is cut off."""
+
+    def __init__(self, max_pending: int) -> None:
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._max_pending = max_pending
+        self.overflowed = False
+
+    def push(self, data: bytes) -> None:
+        if self.overflowed:
+            return
+        if self.queue.qsize() >= self._max_pending:
+            # It will reconnect with its Last-Event-ID and get a replay or a resync.
+            self.overflowed = True
+            self.queue.put_nowait(None)
+            return
+        self.queue.put_nowait(data)
+
+    def close(self) -> None:
+        self.queue.put_nowait(None)
+
+
+class SessionStream:
+    def __init__(self, session_id: str, epoch: str, *, max_events: int, max_bytes: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.session_id = session_id
+        self.epoch = epoch
+        self.seq = 0
+        self._buffer: deque[tuple[int, bytes]] = deque()
+        self._buffer_bytes = 0
+        self._max_events = max_events
+        self._max_bytes = max_bytes
+        self.subscribers: set[Subscriber] = set()
+        self.live: LiveTurn | None = None
+        self._clock = clock
+        self.last_activity = clock()
+
+    # ---- appending ------------------------------------------------------------------------------
+
+    def last_id(self) -> str:
+        return f"{self.epoch}-{self.seq}"
+
+    def append(self, name: str, data: dict[str, Any]) -> str:
+        self.seq += 1
+        event_id = self.last_id()
+        encoded = encode_event(name, data, event_id)
+        self._buffer.append((self.seq, encoded))
+        self._buffer_bytes += len(encoded)
+        while len(self._buffer) > 1 and (len(self._buffer) > self._max_events
+                                         or self._buffer_bytes > self._max_bytes):
+            _, dropped = self._buffer.popleft()
+            self._buffer_bytes -= len(dropped)
+        for sub in list(self.subscribers):
+            sub.push(encoded)
+        self.last_activity = self._clock()
+        return event_id
+
+    def turn_update(self, snapshot: TurnSnapshot, client_id: str | None) -> bool:
+        """Append the increment from what clients were last told to ``snapshot``; False if nothing changed."""
+        live = self.live
+        tools, approvals = tool_view(snapshot), approvals_view(snapshot)
+        data: dict[str, Any] = {"turn_id": snapshot.turn_id, "version": snapshot.version, "state": snapshot.state}
+        if live is None or live.turn_id != snapshot.turn_id:
+            data["client_id"] = client_id
+            data["replace"] = snapshot.text
+            data["tools"] = tools
+            data["approvals"] = approvals
+            if snapshot.error:
+                data["error"] = snapshot.error
+            self.live = LiveTurn(snapshot.turn_id, client_id, snapshot.version, snapshot.state, snapshot.text,
+                                 tools, approvals, snapshot.error)
+            self.append("turn", data)
+            return True
+        if snapshot.version <= live.version or live.state != "running":
+            return False  # an older (or repeated) snapshot: clients already have newer
+        if snapshot.text.startswith(live.text):
+            if len(snapshot.text) > len(live.text):
+                data["append"] = snapshot.text[len(live.text):]
+        else:
+            data["replace"] = snapshot.text
+        if tools != live.tools:
+            data["tools"] = tools
+        if approvals != live.approvals:
+            data["approvals"] = approvals
+        if snapshot.error != live.error:
+            data["error"] = snapshot.error
+        changed = len(data) > 3 or snapshot.state != live.state
+        live.version, live.state, live.text = snapshot.version, snapshot.state, snapshot.text
+        live.tools, live.approvals, live.error = tools, approvals, snapshot.error
+        if changed:
+            self.append("turn", data)
+        return changed
+
+    def has_terminal(self, turn_id: str) -> bool:
+        return self.live is not None and self.live.turn_id == turn_id and self.live.state != "running"
+
+    # ---- connecting -----------------------------------------------------------------------------
+
+    def task_state(self, title: str | None = None) -> bytes:
+        """The opening event of a fresh connection: the live turn so far (or none)."""
+        running = self.live if self.live is not None and self.live.state == "running" else None
+        data: dict[str, Any] = {"session_id": self.session_id, "turn": running.view() if running else None}
+        if title is not None:
+            data["title"] = title
+        return encode_event("task_state", data, self.last_id())
+
+    def replay_since(self, last_event_id: str) -> list[bytes] | None:
+        """The events after ``last_event_id``, or None when that id cannot be resumed (another epoch, evicted,
+        or from the future)."""
+        epoch, sep, seq_text = last_event_id.strip().rpartition("-")
+        if not sep or epoch != self.epoch or not seq_text.isdigit():
+            return None
+        seq = int(seq_text)
+        if seq > self.seq:
+            return None
+        if seq == self.seq:
+            return []
+        first = self._buffer[0][0] if self._buffer else self.seq + 1
+        if seq + 1 < first:
+            return None  # some of the missed events were evicted
+        return [data for s, data in self._buffer if s > seq]
+
+    def subscribe(self, max_pending: int) -> Subscriber:
+        sub = Subscriber(max_pending)
+        self.subscribers.add(sub)
+        self.last_activity = self._clock()
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+        self.last_activity = self._clock()
+
+    def idle_since(self) -> float | None:
+        """When the stream became reclaimable, or None while a client listens or a turn runs."""
+        if self.subscribers or (self.live is not None and self.live.state == "running"):
+            return None
+        return self.last_activity
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._buffer_bytes
+
+
+class StreamHub:
+    """The session streams of one web channel instance."""
+
+    def __init__(self, *, max_events: int = 1000, max_bytes: int = 2 * 1024 * 1024, idle_seconds: float = 900.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.instance = secrets.token_hex(4)
+        self._streams: dict[str, SessionStream] = {}
+        self._count = 0
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.idle_seconds = idle_seconds
+        self._clock = clock
+
+    def get(self, session_id: str) -> SessionStream | None:
+        return self._streams.get(session_id)
+
+    def stream(self, session_id: str) -> SessionStream:
+        s = self._streams.get(session_id)
+        if s is None:
+            self._count += 1
+            s = SessionStream(session_id, f"{self.instance}x{self._count}", max_events=self.max_events,
+                              max_bytes=self.max_bytes, clock=self._clock)
+            self._streams[session_id] = s
+        return s
+
+    def reclaim_idle(self) -> list[str]:
+        now = self._clock()
+        gone = []
+        for sid, s in list(self._streams.items()):
+            since = s.idle_since()
+            if since is not None and now - since >= self.idle_seconds:
+                del self._streams[sid]
+                gone.append(sid)
+        return gone
+
+    def close_all(self) -> None:
+        for s in self._streams.values():
+            for sub in list(s.subscribers):
+                sub.close()
+
+    def __len__(self) -> int:
+        return len(self._streams)

@@ -1,0 +1,135 @@
+"""A real web chat for tests: ChatCore (SQLite, OpenAI provider against the fake server) + the web channel
+on an aiohttp server at 127.0.0.1 (ephemeral port), and a small SSE client that keeps the raw bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from channels.web.factory import WebRuntime, build
+from channels.web.sse import StreamHub
+from core.llm.openai_provider import OpenAIProvider
+from core.runtime import ChatCore
+from core.sqlite_store import SqliteStore
+from tests.fakes.openai_server import FakeOpenAI
+from tests.support.harness import FAST
+
+
+class WebChat:
+    def __init__(self, core: ChatCore, runtime: WebRuntime, runner: web.AppRunner, base_url: str) -> None:
+        self.core = core
+        self.runtime = runtime
+        self.runner = runner
+        self.base_url = base_url
+
+    @property
+    def hub(self) -> StreamHub:
+        return self.runtime.channel.hub
+
+    async def close(self) -> None:
+        await self.runtime.stop()
+        await self.core.shutdown()
+        await self.runtime.close()
+        await self.runner.cleanup()
+
+
+async def start_web_chat(tmp_path: Path, fake: FakeOpenAI, *, auth_token: str = "", hub: StreamHub | None = None,
+                         update_interval: float = 0.05, **settings: Any) -> WebChat:
+    s = dataclasses.replace(FAST, **settings)
+    provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key="sk-test",
+                              request_timeout=s.request_timeout)
+    core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s)
+    app = web.Application()
+    runtime = build(core, app, auth_token=auth_token, hub=hub, update_interval=update_interval)
+    await core.start()
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    await runtime.start()
+    return WebChat(core, runtime, runner, f"http://127.0.0.1:{port}")
+
+
+@dataclass
+class Event:
+    name: str
+    data: Any
+    id: str | None
+    raw: bytes
+
+
+@dataclass
+class SSEClient:
+    """Reads one SSE response; ``nbytes`` counts every byte received on the wire body."""
+
+    resp: aiohttp.ClientResponse
+    events: list[Event] = field(default_factory=list)
+    nbytes: int = 0
+    comments: int = 0
+    _buf: bytes = b""
+
+    async def next(self, timeout: float = 10.0) -> Event:
+        async with asyncio.timeout(timeout):
+            while True:
+                sep = self._buf.find(b"\n\n")
+                if sep >= 0:
+                    block, self._buf = self._buf[:sep + 2], self._buf[sep + 2:]
+                    ev = _parse(block)
+                    if ev is None:
+                        self.comments += block.startswith(b":")
+                        continue
+                    self.events.append(ev)
+                    return ev
+                chunk = await self.resp.content.readany()
+                if not chunk:
+                    raise EOFError("stream ended")
+                self.nbytes += len(chunk)
+                self._buf += chunk
+
+    async def until(self, pred: Any, timeout: float = 10.0) -> Event:
+        while True:
+            ev = await self.next(timeout)
+            if pred(ev):
+                return ev
+
+
+def _parse(block: bytes) -> Event | None:
+    name, data, eid = "message", [], None
+    for line in block.decode().split("\n"):
+        if not line or line.startswith(":"):
+            continue
+        key, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if key == "event":
+            name = value
+        elif key == "data":
+            data.append(value)
+        elif key == "id":
+            eid = value
+    if not data:
+        return None
+    return Event(name, json.loads("\n".join(data)), eid, block)
+
+
+async def open_stream(http: aiohttp.ClientSession, base: str, sid: str, last_event_id: str | None = None,
+                      headers: dict[str, str] | None = None) -> SSEClient:
+    h = dict(headers or {})
+    if last_event_id is not None:
+        h["Last-Event-ID"] = last_event_id
+    resp = await http.get(f"{base}/api/sessions/{sid}/stream", headers=h)
+    assert resp.status == 200, resp.status
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    return SSEClient(resp)
+
+
+def seq_of(event_id: str) -> tuple[str, int]:
+    epoch, _, seq = event_id.rpartition("-")
+    return epoch, int(seq)

@@ -1,0 +1,349 @@
+"""The web channel over real HTTP: API, SSE ids/replay/resync, O(N) streaming, auth, busy, stop, titles."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import string
+
+import aiohttp
+import pytest
+
+from channels.web.sse import StreamHub
+from tests.browser.server import open_stream, seq_of, start_web_chat
+from tests.fakes.openai_server import Text
+
+
+@pytest.fixture
+async def chat(tmp_path, fake_openai):
+    wc = await start_web_chat(tmp_path, fake_openai)
+    try:
+        yield wc
+    finally:
+        await wc.close()
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def new_session(http, base) -> str:
+    async with http.post(f"{base}/api/sessions") as resp:
+        assert resp.status == 201
+        return (await resp.json())["id"]
+
+
+async def say(http, base, sid, text, client_id=None):
+    body = {"text": text, **({"client_id": client_id} if client_id else {})}
+    async with http.post(f"{base}/api/sessions/{sid}/messages", json=body) as resp:
+        return resp.status, await resp.json()
+
+
+def terminal_turn(ev) -> bool:
+    return ev.name == "turn" and ev.data["state"] != "running"
+
+
+async def test_fresh_stream_opens_with_task_state_and_ids_strictly_increase(chat, http, fake_openai):
+    fake_openai.script(Text("Hello **there**, streamed in pieces.", chunk_size=3))
+    sid = await new_session(http, chat.base_url)
+    sse = await open_stream(http, chat.base_url, sid)
+    first = await sse.next()
+    assert first.name == "task_state" and first.data["turn"] is None
+    assert (await say(http, chat.base_url, sid, "hi"))[0] == 202
+    await sse.until(terminal_turn)  # core commits (turn_committed) before it shows the terminal state
+    names = [e.name for e in sse.events]
+    assert "turn" in names and "turn_committed" in names
+    epochs = {seq_of(e.id)[0] for e in sse.events}
+    seqs = [seq_of(e.id)[1] for e in sse.events[1:]]
+    assert len(epochs) == 1
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert seq_of(sse.events[1].id)[1] > seq_of(first.id)[1]
+    # increments add up to the reply; the committed delta carries the user's message and the answer
+    text = ""
+    for e in sse.events:
+        if e.name == "turn":
+            text = e.data["replace"] if "replace" in e.data else text
+            text += e.data.get("append", "")
+    assert text == "Hello **there**, streamed in pieces."
+    committed = next(e for e in sse.events if e.name == "turn_committed")
+    assert committed.data["history_revision"] == 1
+    assert [(m["role"], m["content"]) for m in committed.data["messages"]] == [
+        ("user", "hi"), ("assistant", "Hello **there**, streamed in pieces.")]
+    async with http.get(f"{chat.base_url}/api/sessions/{sid}/history") as resp:
+        hist = await resp.json()
+    assert hist["history_revision"] == 1
+    assert [m["id"] for m in hist["messages"]] == [m["id"] for m in committed.data["messages"]]
+    assert {"id", "role", "content", "created_at"} <= set(hist["messages"][0])
+    sse.resp.close()
+
+
+async def test_last_event_id_replays_exactly_the_missed_events(chat, http, fake_openai):
+    fake_openai.script(Text("one two three four five six seven eight nine ten", chunk_size=4, delay=0.01))
+    sid = await new_session(http, chat.base_url)
+    a = await open_stream(http, chat.base_url, sid)
+    await a.next()
+    await say(http, chat.base_url, sid, "count")
+    await a.until(lambda e: e.name == "turn")
+    resume_from = a.events[-1].id  # the client "disconnects" here (its Last-Event-ID)
+    await a.until(lambda e: e.name == "turn_committed")
+    await a.until(terminal_turn)
+    missed = [e for e in a.events if e.id and seq_of(e.id)[1] > seq_of(resume_from)[1]]
+    assert len(missed) >= 2
+
+    b = await open_stream(http, chat.base_url, sid, last_event_id=resume_from)
+    replayed = [await b.next() for _ in missed]
+    assert [(e.id, e.name, e.data) for e in replayed] == [(e.id, e.name, e.data) for e in missed]
+    assert all(e.name != "task_state" for e in replayed)
+    # and nothing more: the next event on b is the next live one
+    await say(http, chat.base_url, sid, "again")
+    nxt = await b.next()
+    assert nxt.name == "turn" and seq_of(nxt.id)[1] == seq_of(missed[-1].id)[1] + 1
+    await b.until(terminal_turn)
+    a.resp.close()
+    b.resp.close()
+
+
+async def test_wrong_epoch_or_evicted_id_gets_resync_required_then_task_state(tmp_path, fake_openai, http):
+    chat = await start_web_chat(tmp_path, fake_openai, hub=StreamHub(max_events=4))
+    try:
+        fake_openai.script(Text("a fairly long answer that takes several events to stream", chunk_size=2,
+                                delay=0.005))
+        sid = await new_session(http, chat.base_url)
+        a = await open_stream(http, chat.base_url, sid)
+        opening = await a.next()
+        await say(http, chat.base_url, sid, "go")
+        await a.until(terminal_turn)
+        assert len(a.events) > 6  # more than the buffer holds
+        epoch, _ = seq_of(opening.id)
+
+        for stale in (f"{epoch}-1", f"other{epoch}-3", f"{epoch}-999999", "garbage"):
+            b = await open_stream(http, chat.base_url, sid, last_event_id=stale)
+            first, second = await b.next(), await b.next()
+            assert first.name == "resync_required", stale
+            assert second.name == "task_state"
+            assert second.id == a.events[-1].id
+            b.resp.close()
+        # the newest buffered id still resumes
+        c = await open_stream(http, chat.base_url, sid, last_event_id=a.events[-3].id)
+        assert [(await c.next()).id for _ in range(2)] == [a.events[-2].id, a.events[-1].id]
+        c.resp.close()
+        a.resp.close()
+        hub = chat.hub.get(sid)
+        assert hub is not None and hub.buffered <= 4
+    finally:
+        await chat.close()
+
+
+async def test_a_20000_character_reply_costs_less_than_four_times_its_length(chat, http, fake_openai):
+    rng = random.Random(7)
+    reply = "".join(rng.choice(string.ascii_letters + "  \n") for _ in range(20_000))
+    fake_openai.script(Text(reply, chunk_size=8))
+    sid = await new_session(http, chat.base_url)
+    sse = await open_stream(http, chat.base_url, sid)
+    await sse.next()
+    await say(http, chat.base_url, sid, "write a lot")
+    await sse.until(terminal_turn, timeout=60)
+    assert any(e.name == "turn_committed" for e in sse.events)
+    text = ""
+    for e in sse.events:
+        if e.name == "turn":
+            text = e.data["replace"] if "replace" in e.data else text
+            text += e.data.get("append", "")
+    assert text == reply
+    assert sse.nbytes < 4 * 20_000, sse.nbytes
+    print("bytes on the wire for 20,000 characters:", sse.nbytes)
+    sse.resp.close()
+
+
+async def test_two_clients_on_one_session_see_the_same_stream(chat, http, fake_openai):
+    fake_openai.script(Text("shared answer for both tabs", chunk_size=3, delay=0.005))
+    sid = await new_session(http, chat.base_url)
+    a = await open_stream(http, chat.base_url, sid)
+    b = await open_stream(http, chat.base_url, sid)
+    ta, tb = await a.next(), await b.next()
+    assert ta.name == tb.name == "task_state" and ta.id == tb.id
+    await say(http, chat.base_url, sid, "both")
+    await a.until(lambda e: e.name == "turn_committed")
+    await a.until(terminal_turn)
+    for _ in a.events[1:]:
+        await b.next()
+    assert [(e.id, e.name, e.data) for e in a.events] == [(e.id, e.name, e.data) for e in b.events]
+    a.resp.close()
+    b.resp.close()
+
+
+async def test_a_client_joining_mid_turn_gets_the_turn_so_far_then_increments(chat, http, fake_openai):
+    hold = asyncio.Event()
+    fake_openai.script(Text("first half|second half", chunk_size=4, hold=hold, hold_after=10))
+    sid = await new_session(http, chat.base_url)
+    a = await open_stream(http, chat.base_url, sid)
+    await a.next()
+    await say(http, chat.base_url, sid, "go", client_id="c-1")
+    await a.until(lambda e: e.name == "turn" and "first half" in chat.hub.get(sid).live.text)
+    late = await open_stream(http, chat.base_url, sid)
+    state = await late.next()
+    assert state.name == "task_state"
+    assert state.data["turn"]["state"] == "running" and state.data["turn"]["client_id"] == "c-1"
+    text = state.data["turn"]["text"]
+    assert text.startswith("first half")
+    hold.set()
+    while True:
+        e = await late.next()
+        if e.name == "turn":
+            text = e.data.get("replace", text) + e.data.get("append", "")
+            if e.data["state"] != "running":
+                break
+    assert text == "first half|second half"
+    a.resp.close()
+    late.resp.close()
+
+
+async def test_busy_is_202_with_a_notice_and_duplicates_are_not_run_twice(tmp_path, fake_openai, http):
+    chat = await start_web_chat(tmp_path, fake_openai, queue_capacity=1)
+    try:
+        hold = asyncio.Event()
+        fake_openai.script(Text("slow", hold=hold), Text("second"))
+        sid = await new_session(http, chat.base_url)
+        sse = await open_stream(http, chat.base_url, sid)
+        await sse.next()
+        assert await say(http, chat.base_url, sid, "one", "m1") == (202, {"status": "queued"})
+        await sse.until(lambda e: e.name == "turn")
+        assert await say(http, chat.base_url, sid, "two", "m2") == (202, {"status": "queued"})
+        assert await say(http, chat.base_url, sid, "two", "m2") == (202, {"status": "duplicate"})
+        status, body = await say(http, chat.base_url, sid, "three", "m3")
+        assert (status, body) == (202, {"status": "busy"})
+        notice = await sse.until(lambda e: e.name == "notice")
+        assert notice.data["client_id"] == "m3"
+        assert "working on your earlier messages" in notice.data["text"]
+        hold.set()
+        await sse.until(lambda e: e.name == "turn_committed" and e.data["history_revision"] == 2)
+        async with http.get(f"{chat.base_url}/api/sessions/{sid}/history") as resp:
+            hist = await resp.json()
+        assert [m["content"] for m in hist["messages"]] == ["one", "slow", "two", "second"]
+        sse.resp.close()
+    finally:
+        await chat.close()
+
+
+async def test_stop_endpoint_and_typed_commands_go_through_core(chat, http, fake_openai):
+    hold = asyncio.Event()
+    fake_openai.script(Text("partial answer that never ends", hold=hold, hold_after=8))
+    sid = await new_session(http, chat.base_url)
+    sse = await open_stream(http, chat.base_url, sid)
+    await sse.next()
+    await say(http, chat.base_url, sid, "start")
+    await sse.until(lambda e: e.name == "turn" and e.data.get("append"))
+    async with http.post(f"{chat.base_url}/api/sessions/{sid}/stop") as resp:
+        assert resp.status == 200 and (await resp.json()) == {"stopped": True}
+    end = await sse.until(terminal_turn)
+    assert end.data["state"] == "cancelled" and "Stopped" in end.data["error"]
+    hold.set()
+    assert (await say(http, chat.base_url, sid, "/help"))[1] == {"status": "command"}
+    notice = await sse.until(lambda e: e.name == "notice")
+    assert "/stop" in notice.data["text"]
+    sse.resp.close()
+
+
+async def test_sessions_list_rename_and_title_event(chat, http):
+    sid = await new_session(http, chat.base_url)
+    sse = await open_stream(http, chat.base_url, sid)
+    await sse.next()
+    async with http.patch(f"{chat.base_url}/api/sessions/{sid}", json={"title": "Trip plans"}) as resp:
+        assert resp.status == 200
+    ev = await sse.until(lambda e: e.name == "session_title")
+    assert ev.data == {"session_id": sid, "title": "Trip plans"}
+    async with http.get(f"{chat.base_url}/api/sessions") as resp:
+        listed = (await resp.json())["sessions"]
+    assert {"id": sid, "title": "Trip plans"}.items() <= next(s for s in listed if s["id"] == sid).items()
+    async with http.patch(f"{chat.base_url}/api/sessions/{sid}", json={"title": "  "}) as resp:
+        assert resp.status == 400
+    async with http.post(f"{chat.base_url}/api/sessions/bad%20id/messages", json={"text": "x"}) as resp:
+        assert resp.status in (400, 404)
+    async with http.post(f"{chat.base_url}/api/sessions/{sid}/messages", data=b"not json") as resp:
+        assert resp.status == 400
+    sse.resp.close()
+
+
+async def test_a_closed_router_answers_503_with_a_clear_error(chat, http):
+    sid = await new_session(http, chat.base_url)
+    chat.core.router.close()
+    status, body = await say(http, chat.base_url, sid, "hello?")
+    assert status == 503 and "shutting down" in body["error"]
+
+
+async def test_with_a_token_requests_without_it_get_401(tmp_path, fake_openai, http):
+    chat = await start_web_chat(tmp_path, fake_openai, auth_token="s3cret-token")
+    try:
+        base = chat.base_url
+        async with http.get(f"{base}/api/sessions") as resp:
+            assert resp.status == 401
+        async with http.get(f"{base}/api/sessions", headers={"Authorization": "Bearer wrong"}) as resp:
+            assert resp.status == 401
+        async with http.get(f"{base}/api/sessions/x/stream") as resp:
+            assert resp.status == 401
+        async with http.get(f"{base}/", allow_redirects=False) as resp:
+            assert resp.status == 302 and resp.headers["Location"] == "/login"
+        async with http.get(f"{base}/api/sessions", headers={"Authorization": "Bearer s3cret-token"}) as resp:
+            assert resp.status == 200
+        # the login form sets a cookie that then authorises the page and the API
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:  # IP host
+            async with browser.post(f"{base}/login", data={"token": "nope"}, allow_redirects=False) as resp:
+                assert resp.status == 302 and "failed" in resp.headers["Location"]
+            async with browser.post(f"{base}/login", data={"token": "s3cret-token"}) as resp:
+                assert resp.status == 200 and "<title>chatbridge</title>" in await resp.text()
+            async with browser.get(f"{base}/api/sessions") as resp:
+                assert resp.status == 200
+    finally:
+        await chat.close()
+
+
+async def test_page_and_static_files_are_served_without_a_token_on_loopback(chat, http):
+    async with http.get(f"{chat.base_url}/") as resp:
+        assert resp.status == 200 and "/static/app.js" in await resp.text()
+    for name in ("app.js", "style.css"):
+        async with http.get(f"{chat.base_url}/static/{name}") as resp:
+            assert resp.status == 200 and len(await resp.read()) > 500
+
+
+def test_idle_streams_are_reclaimed_but_not_while_listened_to_or_running():
+    now = [0.0]
+    hub = StreamHub(idle_seconds=60, clock=lambda: now[0])
+    quiet, listened = hub.stream("quiet"), hub.stream("listened")
+    sub = listened.subscribe(10)
+    quiet.append("notice", {"text": "x"})
+    first_epoch = quiet.epoch
+    now[0] = 59
+    assert hub.reclaim_idle() == []
+    now[0] = 61
+    assert hub.reclaim_idle() == ["quiet"]
+    assert hub.get("quiet") is None and hub.get("listened") is not None
+    listened.unsubscribe(sub)
+    now[0] = 200
+    assert hub.reclaim_idle() == ["listened"]
+    # a stream created again has a new epoch, so an old Last-Event-ID resyncs instead of matching new seqs
+    again = hub.stream("quiet")
+    assert again.epoch != first_epoch and again.replay_since(f"{first_epoch}-1") is None
+
+
+def test_replay_buffer_is_bounded_by_bytes():
+    hub = StreamHub(max_events=1000, max_bytes=2000)
+    s = hub.stream("s")
+    for i in range(100):
+        s.append("notice", {"text": "x" * 100, "i": i})
+    assert s.buffered_bytes <= 2000 and 0 < s.buffered < 100
+    assert s.replay_since(f"{s.epoch}-1") is None
+    assert len(s.replay_since(f"{s.epoch}-{s.seq - 3}") or []) == 3
+
+
+async def test_health_reports_the_web_channel_and_close_ends_open_streams(chat, http):
+    assert chat.runtime.state() == "serving"
+    sid = await new_session(http, chat.base_url)
+    sse = await open_stream(http, chat.base_url, sid)
+    await sse.next()
+    await chat.runtime.stop()
+    await chat.runtime.close()
+    with pytest.raises(EOFError):
+        await sse.next()
+    assert chat.runtime.state() == "closed"
