@@ -43,6 +43,7 @@ ChannelFactory = Callable[[AppConfig, ChatCore, web.Application], ChannelRuntime
 # channel name → "module:function". A channel without an entry has no adapter in this build.
 FACTORIES: dict[str, str] = {
     "web": "channels.web.factory:create",
+    "telegram": "channels.telegram.factory:create",
 }
 
 

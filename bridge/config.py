@@ -178,10 +178,12 @@ class TelegramConfig(_Section):
     token: Secret = ""
     api_base: str = "https://api.telegram.org"
     mode: Literal["polling", "webhook"] = "polling"
+    webhook_url: str = ""
     webhook_secret: Secret = ""
     allow_from: AllowFrom = Field(default_factory=lambda: ["*"])
     group_policy: GroupPolicy = "mention"
     edit_interval_ms: Annotated[Int, Field(ge=100)] = 1000
+    stream_transport: Literal["auto", "edit", "draft"] = "auto"
 
 
 class SlackConfig(_Section):
@@ -391,6 +393,8 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -
         url(("channels", "telegram", "api_base"), tg.api_base)
         if tg.mode == "webhook":
             needs_web("telegram", tg.mode)
+            if tg.webhook_url:
+                url(("channels", "telegram", "webhook_url"), tg.webhook_url)
 
     slack = cfg.channels.slack
     if slack.enabled:

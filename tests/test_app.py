@@ -75,13 +75,14 @@ async def test_run_refuses_enabled_channels_without_an_adapter(tmp_path, capsys,
 provider = "openai"
 model = "m"
 base_url = "{fake_openai.base_url}"
-[channels.telegram]
+[channels.slack]
 enabled = true
-token = "123:abc"
+bot_token = "xoxb-abc"
+app_token = "xapp-abc"
 """))
     assert await run_app(config, config_path=None) == 3
     err = capsys.readouterr().err
-    assert "telegram" in err and "123:abc" not in err
+    assert "slack" in err and "xoxb-abc" not in err
 
 
 def test_redactor_removes_secrets_from_messages_and_tracebacks():

@@ -1,0 +1,1 @@
+"""The Telegram channel (aiogram 3): polling or webhook in, live-edited replies out."""

@@ -1,0 +1,153 @@
+"""Inbound Telegram: authorize and normalise one message into an InboundEnvelope.
+
+- Private chats, groups, supergroups and forum topics; a forum topic is its own session (ThreadRef)
+  and its replies go back into it (``message_thread_id``).
+- ``allow_from`` is checked before anything reaches core: user ids or usernames (with or without "@"),
+  "*" for everyone, an empty list for nobody.
+- Groups follow ``group_policy``: ``mention`` answers only a message that mentions the bot (an @username
+  mention entity, or a text mention of the bot) or replies to one of its messages, plus commands meant
+  for it; ``all`` answers every message; ``off`` ignores groups.
+- Captions count as text; photos, documents, audio, video and voice notes become MediaItems and are
+  described to the model in words. This build does not download files.
+- Edited messages are ignored: the original was answered already, and answering the edit would be a
+  second reply to one message. (Their update_id still advances the polling offset.)
+- The envelope's event_id is "<chat_id>:<message_id>", so core's durable dedupe drops a re-delivered
+  update even after a restart.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from aiogram.types import Message, User
+
+from core.envelope import ChannelContext, InboundEnvelope, MediaItem, ReplyTo, ThreadRef
+from core.router import parse_command
+
+CHANNEL = "telegram"
+GROUP_TYPES = ("group", "supergroup")
+
+
+@dataclass(frozen=True, slots=True)
+class BotIdentity:
+    id: int
+    username: str
+
+
+class AllowList:
+    def __init__(self, entries: Iterable[str]) -> None:
+        items = [str(e).strip() for e in entries]
+        self.everyone = "*" in items
+        self.ids = {e for e in items if e.lstrip("-").isdigit()}
+        self.usernames = {e.lstrip("@").lower() for e in items if e != "*" and not e.lstrip("-").isdigit()}
+
+    def allows(self, user: User) -> bool:
+        if self.everyone:
+            return True
+        if str(user.id) in self.ids:
+            return True
+        return bool(user.username) and user.username.lower() in self.usernames  # type: ignore[union-attr]
+
+
+def _mentions_bot(message: Message, me: BotIdentity) -> bool:
+    text = message.text or message.caption or ""
+    for ent in message.entities or message.caption_entities or []:
+        if ent.type == "mention":
+            mention = ent.extract_from(text)
+            if mention.lstrip("@").lower() == me.username.lower():
+                return True
+        elif ent.type == "text_mention" and ent.user is not None and ent.user.id == me.id:
+            return True
+    return False
+
+
+def _command_for_bot(message: Message, me: BotIdentity) -> bool:
+    text = (message.text or "").strip()
+    if parse_command(text) is None:
+        return False
+    head = text.split()[0]
+    return "@" not in head or head.split("@", 1)[1].lower() == me.username.lower()
+
+
+def addressed(message: Message, me: BotIdentity) -> bool:
+    """Whether a group message is meant for the bot (``group_policy = "mention"``)."""
+    reply = message.reply_to_message
+    if reply is not None and reply.from_user is not None and reply.from_user.id == me.id:
+        # a reply to the bot; but in a forum, every message "replies" to the topic's first message
+        if not (message.is_topic_message and reply.message_id == message.message_thread_id):
+            return True
+    return _mentions_bot(message, me) or _command_for_bot(message, me)
+
+
+def _strip_mention(text: str, me: BotIdentity) -> str:
+    if not me.username:
+        return text
+    return re.sub(rf"@{re.escape(me.username)}\b", "", text, flags=re.IGNORECASE).strip()
+
+
+def media_items(message: Message) -> list[MediaItem]:
+    caption = message.caption
+    items: list[MediaItem] = []
+    if message.photo:
+        best = max(message.photo, key=lambda p: p.width * p.height)
+        items.append(MediaItem(kind="photo", file_id=best.file_id, mime_type="image/jpeg", size=best.file_size,
+                               file_name=f"{best.width}x{best.height}", caption=caption))
+    for kind, obj in (("document", message.document), ("audio", message.audio), ("video", message.video),
+                      ("audio", message.voice)):
+        if obj is not None:
+            items.append(MediaItem(kind=kind, file_id=obj.file_id, mime_type=getattr(obj, "mime_type", None),
+                                   file_name=getattr(obj, "file_name", None), size=obj.file_size, caption=caption))
+    return items
+
+
+def describe_media(items: list[MediaItem]) -> str:
+    lines = []
+    for item in items:
+        bits = [b for b in (item.file_name, item.mime_type) if b]
+        if item.size:
+            bits.append(f"{item.size} bytes")
+        detail = f" ({', '.join(bits)})" if bits else ""
+        lines.append(f"[The user attached a {item.kind}{detail}; the bridge does not download attachments, "
+                     "so its content is not available.]")
+    return "\n".join(lines)
+
+
+def sender_name(user: User) -> str:
+    name = " ".join(p for p in (user.first_name, user.last_name) if p)
+    return name or (f"@{user.username}" if user.username else str(user.id))
+
+
+def normalize(message: Message, me: BotIdentity, *, allow: AllowList, group_policy: str) -> InboundEnvelope | None:
+    """The envelope for ``message``, or None when it must not reach core (unauthorised, not addressed,
+    nothing to answer)."""
+    user = message.from_user
+    chat = message.chat
+    if user is None or user.is_bot or chat.type == "channel":
+        return None
+    if not allow.allows(user):
+        return None
+    if chat.type in GROUP_TYPES:
+        if group_policy == "off" or (group_policy == "mention" and not addressed(message, me)):
+            return None
+    text = message.text if message.text is not None else (message.caption or "")
+    if chat.type in GROUP_TYPES:
+        text = _strip_mention(text, me)
+    media = media_items(message)
+    if media:
+        text = f"{text}\n\n{describe_media(media)}" if text else describe_media(media)
+    if not text.strip():
+        return None
+    thread = ThreadRef(thread_id=str(message.message_thread_id)) \
+        if message.is_topic_message and message.message_thread_id else None
+    reply_to = None
+    reply = message.reply_to_message
+    if reply is not None and not (thread is not None and reply.message_id == message.message_thread_id):
+        reply_to = ReplyTo(message_id=str(reply.message_id), text=reply.text or reply.caption,
+                           sender_id=str(reply.from_user.id) if reply.from_user else None)
+    return InboundEnvelope(
+        channel=CHANNEL, chat_id=str(chat.id), sender_id=str(user.id), content=text,
+        sender_name=sender_name(user), media=tuple(media), reply_to=reply_to, thread=thread,
+        event_id=f"{chat.id}:{message.message_id}",
+        channel_context=ChannelContext(data={"chat_type": chat.type, "message_id": message.message_id}))

@@ -1,0 +1,276 @@
+"""TelegramChannel: the ChannelPort core talks to, and the runtime the bridge starts and stops.
+
+Receiving: long polling with the update offset kept in the store (``telegram/offset``), so a restart
+neither replays nor loses updates; or a webhook on the web server's ``/telegram/webhook`` with the
+secret-token header checked in constant time, answered 200 at once and processed in a supervised task.
+Either way each update goes through the adapter (authorize, normalise) and ``ChatCore.submit``; core's
+durable dedupe on "<chat_id>:<message_id>" makes a re-delivered update harmless.
+
+The polling loop is ours rather than aiogram's Dispatcher because the offset must be persisted only after
+an update was handed to core, and the Dispatcher keeps its offset in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aiogram import Bot
+from aiogram.methods import (
+    AnswerCallbackQuery,
+    DeleteWebhook,
+    GetMe,
+    GetUpdates,
+    SendMessage,
+    SetMyCommands,
+    SetWebhook,
+)
+from aiogram.types import BotCommand, ReplyParameters, Update
+from aiohttp import web
+
+from channels.common.errors import PlatformError
+from channels.common.splitter import split_text
+from channels.common.throttle import ChatThrottle
+from channels.telegram import render
+from channels.telegram.adapter import CHANNEL, AllowList, BotIdentity, normalize
+from channels.telegram.client import TelegramClient
+from channels.telegram.sink import Destination, TelegramSink, entities
+from core.envelope import TurnTarget
+from core.router import COMMANDS, RouterClosedError
+from core.runtime import ChatCore
+
+log = logging.getLogger(__name__)
+
+WEBHOOK_PATH = "/telegram/webhook"
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+OFFSET_KEY = "offset"
+ALLOWED_UPDATES = ("message", "edited_message", "callback_query")
+
+
+@dataclass(frozen=True, slots=True)
+class TelegramSettings:
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_url: str = ""
+    webhook_secret: str = ""
+    allow_from: tuple[str, ...] = ("*",)
+    group_policy: str = "mention"
+    edit_interval: float = 1.0
+    stream_transport: Literal["auto", "edit", "draft"] = "auto"
+    first_chars: int = 24
+    """Nothing is posted before the answer has this many characters..."""
+    first_delay: float = 1.0
+    """...or this many seconds have passed since the turn began."""
+    poll_timeout: int = 25
+    poll_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class TelegramChannel:
+    name = CHANNEL
+
+    def __init__(self, core: ChatCore, bot: Bot, settings: TelegramSettings, *,
+                 throttle: ChatThrottle | None = None, client: TelegramClient | None = None,
+                 limit: int = render.MESSAGE_LIMIT) -> None:
+        self.core = core
+        self.bot = bot
+        self.settings = settings
+        self.throttle = throttle or ChatThrottle(settings.edit_interval)
+        self.client = client or TelegramClient(bot, self.throttle)
+        self.limit = limit
+        self.allow = AllowList(settings.allow_from)
+        self.me: BotIdentity | None = None
+        self.drafts_rejected = False
+        self._state = "stopped"
+        self._poller: asyncio.Task[None] | None = None
+        self._receiving = False
+        self.ready = asyncio.Event()
+        self._plain_progress: OrderedDict[tuple[str, int | None, str], int] = OrderedDict()
+
+    # ---- ChannelPort ---------------------------------------------------------------------------
+
+    async def open_sink(self, target: TurnTarget) -> TelegramSink:
+        dest = Destination.of(target)
+        transport = self.settings.stream_transport
+        draft = dest.chat_type == "private" and transport != "edit" and not self.drafts_rejected
+        sink = TelegramSink(self, target, dest, draft=draft)
+        try:
+            await sink.typing()
+        except PlatformError as exc:
+            if not exc.transient:  # blocked, kicked, chat gone: live delivery cannot work here
+                raise
+        return sink
+
+    async def send_plain(self, target: TurnTarget, text: str) -> None:
+        """One ordinary message (split if long, Markdown rendered as entities, plain if rejected).
+
+        Waits out the chat's 429 pause first. When the caller retries after a failure part-way through a
+        split message, the parts that were already sent are not sent again."""
+        dest = Destination.of(target)
+        key = (dest.key, dest.thread_id, text)
+        done = self._plain_progress.get(key, 0)
+        chunks = split_text(text, self.limit) if text.strip() else []
+        for i, chunk in enumerate(chunks[done:], start=done):
+            await self.throttle.wait_unpaused(dest.key)
+            part = render.format_markdown(chunk, self.limit)
+            reply = ReplyParameters(message_id=dest.reply_to_message_id, allow_sending_without_reply=True) \
+                if dest.reply_to_message_id and i == 0 else None
+            try:
+                try:
+                    await self.client.call(SendMessage(
+                        chat_id=dest.chat_id, text=part.text, entities=entities(part), parse_mode=None,
+                        message_thread_id=dest.thread_id, reply_parameters=reply), chat=dest.key)
+                except PlatformError as exc:
+                    if exc.kind != "format":
+                        raise
+                    await self.client.call(SendMessage(
+                        chat_id=dest.chat_id, text=chunk, parse_mode=None, message_thread_id=dest.thread_id,
+                        reply_parameters=reply), chat=dest.key)
+            except PlatformError:
+                self._remember(key, i)
+                raise
+        self._plain_progress.pop(key, None)
+
+    def _remember(self, key: tuple[str, int | None, str], sent: int) -> None:
+        if sent:
+            self._plain_progress[key] = sent
+            while len(self._plain_progress) > 256:
+                self._plain_progress.popitem(last=False)
+
+    # ---- ChannelRuntime ------------------------------------------------------------------------
+
+    def state(self) -> str:
+        return self._state
+
+    async def start(self) -> None:
+        """Begin receiving. Set-up calls that fail (Telegram unreachable, bad token) are retried in the
+        background with backoff, so the rest of the bridge starts regardless; /healthz shows "error"."""
+        self._receiving = True
+        self._state = "starting"
+        self._poller = self.core.supervisor.spawn("telegram:receive", self._receive())
+
+    async def _setup(self) -> None:
+        me = await self.client.call(GetMe())
+        assert me is not None
+        self.me = BotIdentity(me.id, me.username or "")
+        await self.client.call(SetMyCommands(commands=[
+            BotCommand(command=name, description=text) for name, text in COMMANDS.items()]))
+        if self.settings.mode == "webhook":
+            await self.client.call(SetWebhook(
+                url=self.settings.webhook_url, secret_token=self.settings.webhook_secret,
+                allowed_updates=list(ALLOWED_UPDATES)))
+        else:  # getUpdates answers 409 while a webhook is set
+            await self.client.call(DeleteWebhook(drop_pending_updates=False))
+
+    async def _receive(self) -> None:
+        failures = 0
+        while self._receiving:
+            try:
+                await self._setup()
+                break
+            except PlatformError as exc:
+                delay = self._backoff(exc, failures)
+                failures += 1
+                self._state = "error"
+                log.error("Telegram set-up failed (%s); retrying in %.0fs", exc, delay)
+                await asyncio.sleep(delay)
+        self._state = self.settings.mode
+        self.ready.set()
+        if self.settings.mode == "polling":
+            await self._poll()
+
+    def _backoff(self, exc: PlatformError, failures: int) -> float:
+        delays = self.settings.poll_backoff
+        return exc.retry_after or delays[min(failures, len(delays) - 1)]
+
+    async def stop(self) -> None:
+        self._receiving = False
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.cancel()
+            with contextlib.suppress(BaseException):
+                await poller
+        if self.settings.mode == "webhook" and self.ready.is_set():
+            try:
+                await self.client.call(DeleteWebhook(drop_pending_updates=False))
+            except PlatformError as exc:
+                log.warning("could not delete the Telegram webhook: %s", exc)
+        self._state = "stopped"
+
+    async def close(self) -> None:
+        await self.bot.session.close()
+
+    # ---- receiving -----------------------------------------------------------------------------
+
+    async def _poll(self) -> None:
+        stored = await self.core.store.get_channel_state(CHANNEL, OFFSET_KEY)
+        offset = int(stored) if stored else None
+        failures = 0
+        timeout = self.settings.poll_timeout
+        while self._receiving:
+            try:
+                updates = await self.client.call(
+                    GetUpdates(offset=offset, timeout=timeout,
+                               allowed_updates=list(ALLOWED_UPDATES)),
+                    request_timeout=timeout + 10)
+            except PlatformError as exc:
+                delay = self._backoff(exc, failures)
+                failures += 1
+                self._state = "error" if failures > 2 else "polling"
+                log.warning("Telegram getUpdates failed (%s); retrying in %.0fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
+            self._state = "polling"
+            if not updates:
+                continue
+            for update in updates:
+                if not await self.handle_update(update):
+                    return  # shutting down: leave the offset so the update is fetched again
+                offset = update.update_id + 1
+                # persisted per update: a crash re-fetches at most the one update being handled, and
+                # core's dedupe drops it
+                await self.core.store.set_channel_state(CHANNEL, OFFSET_KEY, str(offset))
+
+    async def handle_update(self, update: Update) -> bool:
+        """Hand one update to core. False when core no longer accepts input (shutting down)."""
+        if update.callback_query is not None:
+            # Approval buttons are not in this build; answer so the client stops its spinner.
+            with contextlib.suppress(PlatformError):
+                await self.client.call(AnswerCallbackQuery(callback_query_id=update.callback_query.id))
+            return True
+        message = update.message
+        if message is None or self.me is None:
+            return True  # edited messages and other update kinds are ignored (see adapter)
+        envelope = normalize(message, self.me, allow=self.allow, group_policy=self.settings.group_policy)
+        if envelope is None:
+            return True
+        try:
+            await self.core.submit(envelope)
+        except RouterClosedError:
+            return False
+        return True
+
+    async def webhook(self, request: web.Request) -> web.Response:
+        expected = self.settings.webhook_secret
+        given = request.headers.get(SECRET_HEADER, "")
+        if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+            return web.Response(status=401)
+        if not self._receiving:
+            return web.Response(status=503)  # Telegram delivers it again later
+        try:
+            data: Any = await request.json()
+            update = Update.model_validate(data, context={"bot": self.bot})
+        except Exception:
+            return web.Response(status=400)
+        try:
+            self.core.supervisor.spawn(f"telegram:update:{update.update_id}", self.handle_update(update))
+        except Exception:
+            return web.Response(status=503)
+        return web.Response(status=200)  # fast: the work happens in the task
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post(WEBHOOK_PATH, self.webhook)

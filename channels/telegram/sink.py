@@ -1,0 +1,219 @@
+"""TelegramSink: one turn's live reply in one chat (or forum topic).
+
+Streaming: nothing is posted until the answer has ``first_chars`` characters or ``first_delay`` seconds
+have passed (a typing action shows meanwhile); then the reply is reconciled into messages at most once
+per ``edit_interval`` per chat, always from the newest snapshot. In private chats the unfinished tail can
+stream as a ``sendMessageDraft`` preview instead of edits (``stream_transport``); a rejected draft falls
+back to edits for good. The final reconcile renders Markdown into entities (plain text if Telegram
+rejects them), freezes nothing and leaves the chat showing the whole answer exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aiogram.methods import DeleteMessage, EditMessageText, SendChatAction, SendMessage, SendMessageDraft
+from aiogram.types import MessageEntity, ReplyParameters
+
+from channels.common.errors import PlatformError
+from channels.common.ledger import Part
+from channels.common.reconciler import Reconciler
+from channels.common.splitter import utf16_len
+from channels.telegram import render
+from core.channel import SinkError
+from core.envelope import TurnTarget
+from core.snapshot import TurnSnapshot
+
+if TYPE_CHECKING:
+    from channels.telegram.channel import TelegramChannel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """Where a turn's messages go: the chat, its forum topic, and the user message to reply to."""
+
+    chat_id: int
+    thread_id: int | None
+    chat_type: str
+    reply_to_message_id: int | None
+
+    @property
+    def key(self) -> str:
+        return str(self.chat_id)
+
+    @classmethod
+    def of(cls, target: TurnTarget) -> Destination:
+        data = target.channel_context.data
+        thread = target.thread.thread_id if target.thread else None
+        chat_type = str(data.get("chat_type") or ("private" if int(target.chat_id) > 0 else "supergroup"))
+        reply_to = data.get("message_id") if chat_type != "private" else None
+        return cls(int(target.chat_id), int(thread) if thread else None, chat_type,
+                   int(reply_to) if reply_to else None)
+
+
+def entities(part: Part) -> list[MessageEntity] | None:
+    return [MessageEntity(**dict(e)) for e in part.formatting] or None
+
+
+class MessageOps:
+    """The reconciler's three calls, as Bot API methods for one destination."""
+
+    def __init__(self, channel: TelegramChannel, dest: Destination) -> None:
+        self._client = channel.client
+        self._dest = dest
+        self._replied = False
+
+    async def send(self, part: Part) -> str:
+        d = self._dest
+        reply = None
+        if d.reply_to_message_id and not self._replied:
+            reply = ReplyParameters(message_id=d.reply_to_message_id, allow_sending_without_reply=True)
+        msg = await self._client.call(SendMessage(
+            chat_id=d.chat_id, text=part.text, entities=entities(part), message_thread_id=d.thread_id,
+            reply_parameters=reply, parse_mode=None, link_preview_options=None), chat=d.key)
+        assert msg is not None
+        self._replied = True
+        return str(msg.message_id)
+
+    async def edit(self, message_id: str, part: Part) -> None:
+        d = self._dest
+        await self._client.call(EditMessageText(
+            chat_id=d.chat_id, message_id=int(message_id), text=part.text, entities=entities(part),
+            parse_mode=None), chat=d.key)
+
+    async def delete(self, message_id: str) -> None:
+        try:
+            await self._client.call(DeleteMessage(chat_id=self._dest.chat_id, message_id=int(message_id)),
+                                    chat=self._dest.key)
+        except PlatformError as exc:
+            if exc.kind != "not_found":  # already gone is what we wanted
+                raise
+
+
+class TelegramSink:
+    def __init__(self, channel: TelegramChannel, target: TurnTarget, dest: Destination, *, draft: bool) -> None:
+        self.channel = channel
+        self.target = target
+        self.dest = dest
+        self.draft = draft
+        self.draft_id = secrets.randbelow(2**31 - 2) + 1
+        self.reconciler = Reconciler(MessageOps(channel, dest))
+        self._clock = channel.throttle.clock
+        self._opened = self._clock.now()
+        self._typing_at = -1e9
+        self._lock = asyncio.Lock()
+        self._plain_final = False
+        self.aborted = False
+
+    @property
+    def ledger(self):  # type: ignore[no-untyped-def]
+        return self.reconciler.ledger
+
+    # ---- TurnSink ------------------------------------------------------------------------------
+
+    async def typing(self) -> None:
+        """Show "typing…" (lasts about 5 s on Telegram; repeated while nothing is visible)."""
+        if self.channel.throttle.paused_for(self.dest.key) > 0:
+            return
+        self._typing_at = self._clock.now()
+        await self.channel.client.call(SendChatAction(chat_id=self.dest.chat_id, action="typing",
+                                                      message_thread_id=self.dest.thread_id), chat=self.dest.key)
+
+    async def update(self, snapshot: TurnSnapshot) -> None:
+        if self.aborted:
+            return
+        parts = render.stream_parts(snapshot.text, self.channel.limit)
+        settings = self.channel.settings
+        if not len(self.ledger) and not self._draft_shown:
+            young = self._clock.now() - self._opened < settings.first_delay
+            if not parts or (young and utf16_len(snapshot.text) < settings.first_chars):
+                if self._clock.now() - self._typing_at > 4.0:
+                    await self._quietly(self.typing())
+                return
+        key = self.dest.key
+        if self.channel.throttle.paused_for(key) > 0:
+            return  # a 429 pauses the chat; a later snapshot or the final repeats the whole state
+        async with self._lock:
+            if not self._stream_pending(parts):
+                return
+            await self.channel.throttle.reserve(key)
+            try:
+                await self._stream(parts)
+            except PlatformError as exc:
+                raise self._sink_error(exc) from None
+
+    async def finish(self, snapshot: TurnSnapshot) -> None:
+        async with self._lock:
+            parts = self._final(snapshot)
+            if not self.reconciler.pending(parts, final=True) and not self._draft_shown:
+                return  # already showing it: finish is idempotent
+            left = self.channel.throttle.paused_for(self.dest.key)
+            if left > 0:  # no call may reach this chat before the 429 pause is over
+                raise SinkError(f"chat paused by a 429 for {left:.1f}s more", transient=True, retry_after=left)
+            await self.channel.throttle.reserve(self.dest.key)
+            try:
+                await self.reconciler.apply(parts, final=True)
+            except PlatformError as exc:
+                if exc.kind != "format":
+                    raise self._sink_error(exc) from None
+                log.warning("Telegram rejected the formatted reply (%s); sending it as plain text", exc)
+                self._plain_final = True
+                try:
+                    await self.reconciler.apply(render.plain_parts(parts), final=True)
+                except PlatformError as exc2:
+                    raise self._sink_error(exc2) from None
+            self._draft_shown = False  # the real messages replace the draft preview
+
+    async def abort(self) -> None:
+        self.aborted = True
+
+    def undelivered(self, snapshot: TurnSnapshot) -> str | None:
+        missing = self.ledger.missing(self._final(snapshot))
+        return "\n\n".join(p.source for p in missing)
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    _draft_shown = False
+
+    def _final(self, snapshot: TurnSnapshot) -> list[Part]:
+        parts = render.final_parts(snapshot, self.channel.limit)
+        return render.plain_parts(parts) if self._plain_final else parts
+
+    def _stream_pending(self, parts: list[Part]) -> bool:
+        if self.draft:
+            return True  # the draft tail changes with every snapshot that reached us
+        return self.reconciler.pending(parts, final=False)
+
+    async def _stream(self, parts: list[Part]) -> None:
+        if self.draft:
+            try:
+                # finished parts become real messages; the unfinished tail streams as a draft preview
+                await self.reconciler.apply(parts[:-1], final=False)
+                d = self.dest
+                await self.channel.client.call(SendMessageDraft(
+                    chat_id=d.chat_id, draft_id=self.draft_id, text=parts[-1].text, message_thread_id=d.thread_id,
+                    parse_mode=None), chat=d.key)
+                self._draft_shown = True
+                return
+            except PlatformError as exc:
+                if exc.transient or exc.kind == "not_found":
+                    raise
+                log.info("sendMessageDraft rejected in chat %s (%s); streaming by edits instead", d.key, exc)
+                self.draft = False
+                self.channel.drafts_rejected = True
+        await self.reconciler.apply(parts, final=False)
+
+    def _sink_error(self, exc: PlatformError) -> SinkError:
+        return SinkError(str(exc), transient=exc.transient, retry_after=exc.retry_after)
+
+    async def _quietly(self, step: object) -> None:
+        try:
+            await step  # type: ignore[misc]
+        except PlatformError as exc:
+            log.debug("typing action failed: %s", exc)

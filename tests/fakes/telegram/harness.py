@@ -1,0 +1,78 @@
+"""A real ChatCore (SQLite, OpenAI SDK against the fake LLM) with the real TelegramChannel, talking
+through the real aiogram client to ``FakeTelegram``. Short intervals, same code paths."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from channels.common.retry import RetryPolicy
+from channels.common.throttle import ChatThrottle, Clock
+from channels.telegram.channel import TelegramChannel, TelegramSettings
+from channels.telegram.client import TelegramClient
+from channels.telegram.factory import make_bot
+from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.telegram.server import FakeTelegram
+from tests.support.harness import Harness, make_harness
+
+TEST_SETTINGS = TelegramSettings(edit_interval=0.1, first_chars=24, first_delay=0.2, poll_timeout=1,
+                                 poll_backoff=(0.05, 0.1), stream_transport="edit")
+
+
+class TelegramHarness:
+    def __init__(self, core_harness: Harness, channel: TelegramChannel, tg: FakeTelegram) -> None:
+        self.h = core_harness
+        self.core = core_harness.core
+        self.channel = channel
+        self.tg = tg
+        self._closed = False
+
+    async def wait_for(self, cond: Callable[[], Any], timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError("condition not reached in time")
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Every queued update fetched and handed over, and the chain idle."""
+        await self.wait_for(lambda: self.consumed(), timeout)
+        await asyncio.sleep(0.05)  # let a just-submitted message reach its session
+        await self.h.settle(timeout)
+
+    def consumed(self) -> bool:
+        """The poller has asked past every queued update (it was handed to core)."""
+        if not self.tg.updates:
+            return True
+        last = max(u["update_id"] for u in self.tg.updates)
+        return any(c.method == "getUpdates" and int(c.params.get("offset") or 0) > last for c in self.tg.calls)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.channel.stop()
+        await self.core.shutdown()
+        await self.channel.close()
+
+
+async def telegram_harness(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, *,
+                           clock: Clock | None = None, core: dict[str, Any] | None = None,
+                           start: bool = True, limit: int = 4096, **settings: Any) -> TelegramHarness:
+    h = await make_harness(tmp_path, fake_openai, **(core or {}))
+    s = dataclasses.replace(TEST_SETTINGS, **settings)
+    bot = make_bot(tg.token, tg.base_url)
+    throttle = ChatThrottle(s.edit_interval, clock=clock)
+    client = TelegramClient(bot, throttle, RetryPolicy(initial_wait=0.01, max_wait=0.05))
+    channel = TelegramChannel(h.core, bot, s, throttle=throttle, client=client, limit=limit)
+    h.core.add_channel(channel)
+    th = TelegramHarness(h, channel, tg)
+    if start:
+        await channel.start()
+        await asyncio.wait_for(channel.ready.wait(), 5)
+    return th

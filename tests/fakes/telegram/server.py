@@ -1,0 +1,391 @@
+"""A protocol-level fake of the Telegram Bot API on 127.0.0.1, driven by the real aiogram client.
+
+Routes ``/bot<token>/<method>`` accept form bodies (aiogram sends forms whose object fields are JSON
+strings) and JSON bodies, and answer with Telegram's envelope: ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error_code": N, "description": "...", "parameters": {"retry_after": S}}``.
+
+What it checks like Telegram does: the token (401), message length in UTF-16 code units (4096), empty
+text, entity offsets and lengths against the text, "message is not modified", "message to edit/delete
+not found", drafts only in private chats, getUpdates 409 while a webhook is set. getUpdates has real
+offset semantics (updates below the offset are confirmed and forgotten) and long polling.
+
+It keeps what every chat shows (``Shown`` messages by id, with text and entities, deleted ones marked),
+every call (``calls``, with a monotonic timestamp), and per-method, per-call faults (``fail``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+LIMIT = 4096
+_INT_FIELDS = {"chat_id", "message_id", "message_thread_id", "offset", "limit", "timeout", "draft_id",
+               "max_connections"}
+_JSON_FIELDS = {"entities", "reply_parameters", "commands", "allowed_updates", "reply_markup",
+                "link_preview_options", "scope"}
+
+
+def utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+@dataclass
+class Shown:
+    message_id: int
+    chat_id: int
+    text: str
+    entities: list[dict[str, Any]]
+    thread_id: int | None = None
+    reply_to: int | None = None
+    deleted: bool = False
+    edits: int = 0
+    from_bot: bool = True
+
+
+@dataclass
+class Call:
+    method: str
+    params: dict[str, Any]
+    at: float
+    status: int = 200
+
+    @property
+    def chat_id(self) -> int | None:
+        value = self.params.get("chat_id")
+        return int(value) if value is not None else None
+
+
+@dataclass
+class Fault:
+    method: str
+    status: int = 400
+    description: str = "Bad Request"
+    retry_after: int | None = None
+    times: int = 1
+    when: Callable[[dict[str, Any]], bool] | None = None
+    apply_first: bool = False
+    """Carry the call out, then answer with the error (a response lost after the work was done)."""
+    hang: float = 0.0
+
+
+@dataclass
+class FakeTelegram:
+    token: str = "123456:TEST-secret-token-0123456789"
+    bot_id: int = 123456
+    username: str = "chatbridge_test_bot"
+    drafts_supported: bool = True
+    calls: list[Call] = field(default_factory=list)
+    chats: dict[int, dict[int, Shown]] = field(default_factory=dict)
+    drafts: dict[int, tuple[int, str]] = field(default_factory=dict)
+    draft_calls: int = 0
+    commands: list[dict[str, Any]] = field(default_factory=list)
+    webhook: dict[str, Any] | None = None
+    faults: list[Fault] = field(default_factory=list)
+    base_url: str = ""
+    updates: list[dict[str, Any]] = field(default_factory=list)
+    _update_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1001))
+    _message_ids: dict[int, itertools.count[int]] = field(default_factory=dict)
+    _new_update: asyncio.Event = field(default_factory=asyncio.Event)
+    _runner: web.AppRunner | None = None
+    _closing: asyncio.Event = field(default_factory=asyncio.Event)
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> FakeTelegram:
+        app = web.Application()
+        app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = int(self._runner.addresses[0][1])
+        self.base_url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        self._closing.set()
+        self._new_update.set()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> FakeTelegram:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ---- driving it from a test --------------------------------------------------------------------
+
+    def fail(self, method: str, **kw: Any) -> Fault:
+        fault = Fault(method, **kw)
+        self.faults.append(fault)
+        return fault
+
+    def user_message(self, text: str | None = None, *, chat_id: int = 555, user_id: int = 777,
+                     username: str | None = "alice", chat_type: str = "private", thread_id: int | None = None,
+                     entities: list[dict[str, Any]] | None = None, reply_to: dict[str, Any] | None = None,
+                     caption: str | None = None, photo: bool = False, document: dict[str, Any] | None = None,
+                     edited: bool = False, message_id: int | None = None, is_forum: bool = False,
+                     enqueue: bool = True) -> dict[str, Any]:
+        """Build (and by default queue for getUpdates) an update carrying a user's message."""
+        mid = message_id if message_id is not None else next(self._ids(chat_id))
+        chat: dict[str, Any] = {"id": chat_id, "type": chat_type}
+        if chat_type == "private":
+            chat["first_name"] = "Alice"
+        else:
+            chat["title"] = "Test group"
+            if is_forum or thread_id is not None:
+                chat["is_forum"] = True
+        user = {"id": user_id, "is_bot": False, "first_name": "Alice"}
+        if username:
+            user["username"] = username
+        message: dict[str, Any] = {"message_id": mid, "date": int(time.time()), "chat": chat, "from": user}
+        if text is not None:
+            message["text"] = text
+        if entities:
+            message["entities" if text is not None else "caption_entities"] = entities
+        if caption is not None:
+            message["caption"] = caption
+        if photo:
+            message["photo"] = [
+                {"file_id": "small", "file_unique_id": "s", "width": 90, "height": 90, "file_size": 1000},
+                {"file_id": "big", "file_unique_id": "b", "width": 1280, "height": 960, "file_size": 90000}]
+        if document:
+            message["document"] = {"file_unique_id": "d", **document}
+        if thread_id is not None:
+            message["message_thread_id"] = thread_id
+            message["is_topic_message"] = True
+        if reply_to is not None:
+            message["reply_to_message"] = reply_to
+        update = {"update_id": next(self._update_ids), "edited_message" if edited else "message": message}
+        if enqueue:
+            self.updates.append(update)
+            self._new_update.set()
+        return update
+
+    def bot_message(self, chat_id: int, message_id: int) -> dict[str, Any]:
+        """A message of the bot as Telegram embeds it in ``reply_to_message``."""
+        shown = self.chats[chat_id][message_id]
+        return {"message_id": message_id, "date": int(time.time()), "chat": {"id": chat_id, "type": "group"},
+                "from": {"id": self.bot_id, "is_bot": True, "first_name": "Bot", "username": self.username},
+                "text": shown.text}
+
+    def messages(self, chat_id: int, *, thread_id: int | None = None, any_thread: bool = True) -> list[Shown]:
+        """The bot's messages a user of ``chat_id`` sees now, oldest first."""
+        return [m for m in self.chats.get(chat_id, {}).values()
+                if not m.deleted and m.from_bot and (any_thread or m.thread_id == thread_id)]
+
+    def visible(self, chat_id: int) -> list[str]:
+        return [m.text for m in self.messages(chat_id)]
+
+    def calls_to(self, chat_id: int, *methods: str) -> list[Call]:
+        return [c for c in self.calls if c.chat_id == chat_id and (not methods or c.method in methods)]
+
+    def count(self, method: str) -> int:
+        return sum(1 for c in self.calls if c.method == method)
+
+    # ---- the protocol ------------------------------------------------------------------------------
+
+    def _ids(self, chat_id: int) -> itertools.count[int]:
+        return self._message_ids.setdefault(chat_id, itertools.count(1))
+
+    @staticmethod
+    def _error(code: int, description: str, retry_after: int | None = None) -> web.Response:
+        body: dict[str, Any] = {"ok": False, "error_code": code, "description": description}
+        if retry_after is not None:
+            body["parameters"] = {"retry_after": retry_after}
+        return web.json_response(body, status=code)
+
+    async def _params(self, request: web.Request) -> dict[str, Any]:
+        if request.content_type == "application/json":
+            raw = await request.json()
+            return dict(raw)
+        form = await request.post() if request.method == "POST" else request.query
+        params: dict[str, Any] = {}
+        for key, value in form.items():
+            text = str(value)
+            if key in _INT_FIELDS:
+                params[key] = int(text)
+            elif key in _JSON_FIELDS:
+                params[key] = json.loads(text)
+            elif text in ("true", "false"):
+                params[key] = text == "true"
+            else:
+                params[key] = text
+        return params
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        method = request.match_info["method"]
+        if request.match_info["token"] != self.token:
+            return self._error(401, "Unauthorized")
+        try:
+            params = await self._params(request)
+        except (ValueError, json.JSONDecodeError):
+            return self._error(400, "Bad Request: invalid parameters")
+        call = Call(method, params, time.monotonic())
+        self.calls.append(call)
+        fault = self._fault(method, params)
+        handler = getattr(self, f"_m_{method}", None)
+        if fault is not None:
+            if fault.hang:
+                await asyncio.sleep(fault.hang)
+            if fault.apply_first and handler is not None:
+                await handler(params)
+            call.status = fault.status
+            return self._error(fault.status, fault.description, fault.retry_after)
+        if handler is None:
+            call.status = 404
+            return self._error(404, "Not Found")
+        try:
+            result = await handler(params)
+        except _ApiError as exc:
+            call.status = exc.code
+            return self._error(exc.code, exc.description)
+        return web.json_response({"ok": True, "result": result})
+
+    def _fault(self, method: str, params: dict[str, Any]) -> Fault | None:
+        for fault in self.faults:
+            if fault.method == method and fault.times > 0 and (fault.when is None or fault.when(params)):
+                fault.times -= 1
+                return fault
+        return None
+
+    # ---- methods -----------------------------------------------------------------------------------
+
+    async def _m_getMe(self, p: dict[str, Any]) -> dict[str, Any]:
+        return {"id": self.bot_id, "is_bot": True, "first_name": "Bot", "username": self.username,
+                "can_join_groups": True, "can_read_all_group_messages": False, "supports_inline_queries": False}
+
+    async def _m_setMyCommands(self, p: dict[str, Any]) -> bool:
+        self.commands = list(p.get("commands") or [])
+        return True
+
+    async def _m_setWebhook(self, p: dict[str, Any]) -> bool:
+        if not str(p.get("url", "")).strip():
+            raise _ApiError(400, "Bad Request: bad webhook: URL is empty")
+        self.webhook = p
+        return True
+
+    async def _m_deleteWebhook(self, p: dict[str, Any]) -> bool:
+        self.webhook = None
+        return True
+
+    async def _m_getUpdates(self, p: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.webhook is not None:
+            raise _ApiError(409, "Conflict: can't use getUpdates method while webhook is active; use "
+                                 "deleteWebhook to delete the webhook first")
+        offset = int(p.get("offset") or 0)
+        if offset:
+            self.updates = [u for u in self.updates if u["update_id"] >= offset]  # confirmed: forgotten
+        limit = int(p.get("limit") or 100)
+        deadline = time.monotonic() + float(p.get("timeout") or 0)
+        while True:
+            ready = [u for u in self.updates if u["update_id"] >= offset][:limit]
+            if ready or self._closing.is_set():
+                return ready
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            self._new_update.clear()
+            try:
+                await asyncio.wait_for(self._new_update.wait(), left)
+            except TimeoutError:
+                return []
+
+    async def _m_sendChatAction(self, p: dict[str, Any]) -> bool:
+        self._chat(p)
+        return True
+
+    async def _m_answerCallbackQuery(self, p: dict[str, Any]) -> bool:
+        return True
+
+    def _chat(self, p: dict[str, Any]) -> int:
+        if "chat_id" not in p:
+            raise _ApiError(400, "Bad Request: chat_id is empty")
+        return int(p["chat_id"])
+
+    def _check_text(self, p: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+        text = str(p.get("text") or "")
+        if "parse_mode" in p:
+            raise _ApiError(400, "Bad Request: the fake expects entities, not parse_mode")
+        if not text.strip():
+            raise _ApiError(400, "Bad Request: message text is empty")
+        size = utf16_len(text)
+        if size > LIMIT:
+            raise _ApiError(400, "Bad Request: message is too long")
+        entities = list(p.get("entities") or [])
+        for ent in entities:
+            off, length = int(ent.get("offset", -1)), int(ent.get("length", 0))
+            if off < 0 or length <= 0 or off + length > size:
+                raise _ApiError(400, f"Bad Request: can't parse entities: entity at offset {off} with length "
+                                     f"{length} is out of the text of {size} UTF-16 code units")
+        return text, entities
+
+    async def _m_sendMessage(self, p: dict[str, Any]) -> dict[str, Any]:
+        chat_id = self._chat(p)
+        text, entities = self._check_text(p)
+        mid = next(self._ids(chat_id))
+        reply = (p.get("reply_parameters") or {}).get("message_id")
+        thread = p.get("message_thread_id")
+        self.chats.setdefault(chat_id, {})[mid] = Shown(mid, chat_id, text, entities, thread, reply)
+        self.drafts.pop(chat_id, None)  # a real message replaces the draft preview
+        result: dict[str, Any] = {"message_id": mid, "date": int(time.time()), "text": text,
+                                  "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
+                                  "from": {"id": self.bot_id, "is_bot": True, "first_name": "Bot"}}
+        if entities:
+            result["entities"] = entities
+        if thread is not None:
+            result["message_thread_id"] = thread
+        return result
+
+    async def _m_editMessageText(self, p: dict[str, Any]) -> dict[str, Any]:
+        chat_id = self._chat(p)
+        shown = self.chats.get(chat_id, {}).get(int(p.get("message_id") or 0))
+        if shown is None or shown.deleted:
+            raise _ApiError(400, "Bad Request: message to edit not found")
+        text, entities = self._check_text(p)
+        if text == shown.text and entities == shown.entities:
+            raise _ApiError(400, "Bad Request: message is not modified: specified new message content and reply "
+                                 "markup are exactly the same as a current content and reply markup of the message")
+        shown.text, shown.entities = text, entities
+        shown.edits += 1
+        return {"message_id": shown.message_id, "date": int(time.time()), "text": text,
+                "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"}}
+
+    async def _m_deleteMessage(self, p: dict[str, Any]) -> bool:
+        chat_id = self._chat(p)
+        shown = self.chats.get(chat_id, {}).get(int(p.get("message_id") or 0))
+        if shown is None or shown.deleted:
+            raise _ApiError(400, "Bad Request: message to delete not found")
+        shown.deleted = True
+        return True
+
+    async def _m_sendMessageDraft(self, p: dict[str, Any]) -> bool:
+        if not self.drafts_supported:
+            raise _ApiError(404, "Not Found")
+        chat_id = self._chat(p)
+        if chat_id < 0:
+            raise _ApiError(400, "Bad Request: drafts can be sent only to private chats")
+        if not int(p.get("draft_id") or 0):
+            raise _ApiError(400, "Bad Request: draft_id must be non-zero")
+        text = str(p.get("text") or "")
+        if utf16_len(text) > LIMIT:
+            raise _ApiError(400, "Bad Request: message is too long")
+        self.drafts[chat_id] = (int(p["draft_id"]), text)
+        self.draft_calls += 1
+        return True
+
+
+class _ApiError(Exception):
+    def __init__(self, code: int, description: str) -> None:
+        super().__init__(description)
+        self.code = code
+        self.description = description

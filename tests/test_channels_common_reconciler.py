@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import pytest
+
+from channels.common.errors import PlatformError
+from channels.common.ledger import Ledger, Part
+from channels.common.reconciler import Reconciler
+
+
+class Ops:
+    """A platform double that records calls and can fail the next ones."""
+
+    def __init__(self) -> None:
+        self.shown: dict[str, Part] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.fail: list[PlatformError] = []
+        self._ids = 0
+
+    def _maybe_fail(self) -> None:
+        if self.fail:
+            raise self.fail.pop(0)
+
+    async def send(self, part: Part) -> str:
+        self._maybe_fail()
+        self._ids += 1
+        mid = str(self._ids)
+        self.shown[mid] = part
+        self.calls.append(("send", part.text))
+        return mid
+
+    async def edit(self, message_id: str, part: Part) -> None:
+        self._maybe_fail()
+        self.shown[message_id] = part
+        self.calls.append(("edit", part.text))
+
+    async def delete(self, message_id: str) -> None:
+        self._maybe_fail()
+        del self.shown[message_id]
+        self.calls.append(("delete", message_id))
+
+
+def parts(*texts: str) -> list[Part]:
+    return [Part.plain(t) for t in texts]
+
+
+async def test_fewest_calls_edit_changed_send_missing_skip_equal():
+    ops = Ops()
+    r = Reconciler(ops)
+    await r.apply(parts("a"), final=False)
+    await r.apply(parts("a"), final=False)
+    await r.apply(parts("ab"), final=False)
+    await r.apply(parts("abc", "d"), final=False)
+    assert ops.calls == [("send", "a"), ("edit", "ab"), ("edit", "abc"), ("send", "d")]
+
+
+async def test_frozen_parts_are_untouched_while_streaming_but_final_reconciles_all():
+    ops = Ops()
+    r = Reconciler(ops)
+    await r.apply(parts("one", "tw"), final=False)
+    assert r.ledger.entries[0].frozen
+    await r.apply(parts("ONE", "two"), final=False)
+    assert ops.calls[-1] == ("edit", "two") and ops.shown["1"].text == "one"
+    await r.apply([Part("ONE", "one", (("bold",),)), Part.plain("two")], final=True)
+    assert ops.shown["1"].text == "ONE"
+
+
+async def test_surplus_parts_are_deleted():
+    ops = Ops()
+    r = Reconciler(ops)
+    await r.apply(parts("a", "b", "c"), final=True)
+    await r.apply(parts("a"), final=True)
+    assert list(ops.shown) == ["1"] and len(r.ledger) == 1
+
+
+async def test_ledger_changes_only_on_success_and_a_retry_repeats_the_target_state():
+    ops = Ops()
+    r = Reconciler(ops)
+    await r.apply(parts("a"), final=False)
+    ops.fail = [PlatformError("503", kind="transient")]
+    with pytest.raises(PlatformError):
+        await r.apply(parts("a", "b"), final=True)
+    assert len(r.ledger) == 1
+    await r.apply(parts("a", "b"), final=True)
+    assert [p.text for p in ops.shown.values()] == ["a", "b"]  # no duplicate "b"
+
+
+async def test_not_found_marks_the_entry_gone_and_missing_reports_it():
+    ops = Ops()
+    r = Reconciler(ops)
+    await r.apply(parts("first", "sec"), final=False)
+    ops.fail = [PlatformError("gone", kind="not_found")]
+    final = [Part("FIRST", "first", ("b",)), Part.plain("second")]
+    with pytest.raises(PlatformError):
+        await r.apply(final, final=True)
+    assert r.ledger.entries[0].gone
+    assert [p.source for p in r.ledger.missing(final)] == ["first", "second"]
+
+
+def test_missing_accepts_the_plain_source_of_a_frozen_part():
+    ledger = Ledger()
+    ledger.accepted_send("1", Part.plain("**x** done"))
+    ledger.accepted_send("2", Part.plain("partial"))
+    final = [Part("x done", "**x** done", ("bold",)), Part("partial and rest", "partial and rest")]
+    assert [p.text for p in ledger.missing(final)] == ["partial and rest"]

@@ -1,0 +1,226 @@
+"""DESIGN.md §2 delivery rules and the seed 001 §15 fallback matrix, on Telegram.
+
+Each test drives the real chain (SQLite, the OpenAI SDK against the fake LLM) and the real Telegram
+channel (aiogram) against the fake Bot API, and asserts what the chat shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from telegramify_markdown import convert
+
+from channels.common.splitter import open_fence, utf16_len
+from tests.fakes.openai_server import Text
+from tests.fakes.telegram import FakeTelegram
+from tests.fakes.telegram.harness import telegram_harness
+
+CHAT = 555
+ANSWER = "The capital of France is **Paris**, a city on the Seine."
+SHOWN = "The capital of France is Paris, a city on the Seine."
+
+
+@pytest.fixture
+async def tg():
+    async with FakeTelegram() as fake:
+        yield fake
+
+
+def final_edits(tg: FakeTelegram) -> list:
+    return [c for c in tg.calls if c.method == "editMessageText" and c.params.get("entities")]
+
+
+async def test_success_shows_the_answer_once_formatted_and_sends_no_fallback(tmp_path, fake_openai, tg):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.user_message("capital of France?")
+        await t.settle()
+        [msg] = tg.messages(CHAT)
+        assert msg.text == SHOWN
+        assert msg.entities == [{"type": "bold", "offset": 25, "length": 5}]
+        assert tg.count("sendMessage") == 1  # one live message, no plain fallback
+        assert tg.count("sendChatAction") >= 1  # typing while the model thinks
+    finally:
+        await t.close()
+
+
+async def test_open_failure_sends_exactly_one_plain_reply(tmp_path, fake_openai, tg):
+    fake_openai.script(Text(ANSWER))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.fail("sendChatAction", status=403, description="Forbidden: bot was blocked by the user")
+        tg.user_message("capital of France?")
+        await t.settle()
+        assert tg.visible(CHAT) == [SHOWN]
+        assert tg.count("sendMessage") == 1 and tg.count("editMessageText") == 0
+    finally:
+        await t.close()
+
+
+async def test_final_edit_not_found_falls_back_exactly_once(tmp_path, fake_openai, tg):
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, hold=hold, hold_after=30))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.user_message("capital of France?")
+        await t.wait_for(lambda: tg.messages(CHAT))
+        tg.messages(CHAT)[0].deleted = True  # the user deletes the preview
+        hold.set()
+        await t.settle()
+        assert tg.visible(CHAT) == [SHOWN]  # the fallback, once
+        assert tg.count("sendMessage") == 2
+    finally:
+        await t.close()
+
+
+async def test_final_edit_failing_permanently_falls_back_once(tmp_path, fake_openai, tg):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.fail("editMessageText", description="Bad Request: message to edit not found",
+                when=lambda p: bool(p.get("entities")))
+        tg.user_message("capital of France?")
+        await t.settle()
+        texts = tg.visible(CHAT)
+        assert texts.count(SHOWN) == 1 and len(final_edits(tg)) == 1  # permanent: not retried
+        assert sum(1 for c in tg.calls if c.method == "sendMessage") == 2
+    finally:
+        await t.close()
+
+
+async def test_transient_final_failures_then_success_send_no_fallback(tmp_path, fake_openai, tg):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        # more 502s than the client's own retries: the core's finish retry takes over
+        tg.fail("editMessageText", status=502, description="Bad Gateway", times=4,
+                when=lambda p: bool(p.get("entities")))
+        tg.user_message("capital of France?")
+        await t.settle()
+        assert tg.visible(CHAT) == [SHOWN]
+        assert tg.count("sendMessage") == 1
+        assert len(final_edits(tg)) == 5
+    finally:
+        await t.close()
+
+
+async def test_message_is_not_modified_counts_as_success(tmp_path, fake_openai, tg):
+    fake_openai.script(Text("plain answer without any markup at all"))
+    t = await telegram_harness(tmp_path, fake_openai, tg, first_chars=1, first_delay=0.0)
+    try:
+        tg.fail("editMessageText", description="Bad Request: message is not modified: specified new message "
+                "content and reply markup are exactly the same", times=5)
+        tg.user_message("hi")
+        await t.settle()
+        assert tg.count("sendMessage") == 1  # no fallback
+    finally:
+        await t.close()
+
+
+async def test_stop_produces_exactly_one_terminal_message(tmp_path, fake_openai, tg):
+    hold = asyncio.Event()
+    fake_openai.script(Text("Partial answer that goes on and on", hold=hold, hold_after=30))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.user_message("tell me a story")
+        await t.wait_for(lambda: tg.messages(CHAT))
+        tg.user_message("/stop")
+        await t.settle()
+        hold.set()
+        assert tg.visible(CHAT) == ["Partial answer that goes on an\n\n⏹ Stopped."]
+        assert tg.count("sendMessage") == 1
+    finally:
+        await t.close()
+
+
+async def test_rate_limit_on_the_final_edit_pauses_the_chat_then_shows_the_answer_once(
+        tmp_path, fake_openai, tg):
+    # retry_after is scaled down from 30 s to 1 s (Telegram's unit is whole seconds); the code path is the
+    # same: the sink reports the remaining pause to core, which waits it out before finishing again.
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"sink_finish_retry_delay": 0.01})
+    try:
+        tg.fail("editMessageText", status=429, description="Too Many Requests: retry after 1", retry_after=1,
+                when=lambda p: bool(p.get("entities")))
+        tg.user_message("capital of France?")
+        await t.settle()
+        assert tg.visible(CHAT) == [SHOWN]
+        assert tg.count("sendMessage") == 1
+        limited = next(c for c in tg.calls if c.status == 429)
+        after = [c for c in tg.calls_to(CHAT) if c.at > limited.at]
+        assert after and all(c.at - limited.at >= 1.0 for c in after)
+    finally:
+        await t.close()
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+async def test_a_10000_character_reply_with_code_arrives_complete_across_messages(tmp_path, fake_openai, tg):
+    blocks = []
+    i = 0
+    while sum(len(b) for b in blocks) < 10_000:
+        blocks.append(f"Section {i}: " + "Some explanatory prose about the code. " * 6)
+        blocks.append("```python\n" + "\n".join(f"value_{i}_{j} = compute({j}, 'é😀')" for j in range(40)) + "\n```")
+        i += 1
+    answer = "\n\n".join(blocks)
+    assert len(answer) >= 10_000
+    fake_openai.script(Text(answer, chunk_size=400, delay=0.005))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.user_message("write a lot")
+        await t.settle()
+        shown = tg.messages(CHAT)
+        assert len(shown) >= 3
+        for msg in shown:
+            assert utf16_len(msg.text) <= 4096
+            assert open_fence(msg.text) is None
+        # every word of the answer is visible exactly once, in order (the fake validated every entity)
+        assert _squash("".join(m.text for m in shown)) == _squash(convert(answer)[0])
+        assert all(any(e["type"] == "pre" for e in m.entities) for m in shown)
+    finally:
+        await t.close()
+
+
+async def test_streamed_text_that_outgrows_a_message_freezes_it_and_continues_in_a_new_one(
+        tmp_path, fake_openai, tg):
+    # plain words: the final rendering equals the streamed text, so a frozen message needs no final edit
+    paragraphs = [f"Paragraph {i} " + " ".join(["word"] * 60) for i in range(8)]
+    answer = "\n\n".join(paragraphs)
+    fake_openai.script(Text(answer, chunk_size=40, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg, limit=1000)
+    try:
+        tg.user_message("go")
+        await t.settle()
+        shown = tg.messages(CHAT)
+        assert len(shown) >= 3 and all(len(m.text) <= 1000 for m in shown)
+        assert _squash("".join(m.text for m in shown)) == _squash(answer)
+        # a frozen message was never edited after its successor appeared
+        first_send_of_second = next(c for c in tg.calls if c.method == "sendMessage"
+                                    and c.params["text"].startswith(shown[1].text[:20]))
+        later_edits_of_first = [c for c in tg.calls if c.method == "editMessageText" and c.at > first_send_of_second.at
+                                and c.params["message_id"] == shown[0].message_id]
+        assert later_edits_of_first == []
+    finally:
+        await t.close()
+
+
+async def test_split_reply_fallback_resends_only_the_missing_part(tmp_path, fake_openai, tg):
+    answer = "\n\n".join(f"Part {i} " + "text " * 150 for i in range(3))
+    fake_openai.script(Text(answer, chunk_size=60, delay=0.005))
+    t = await telegram_harness(tmp_path, fake_openai, tg, limit=1000)
+    try:
+        tg.fail("sendMessage", description="Bad Request: message thread not found",
+                when=lambda p: p["text"].startswith("Part 2") and len(p["text"]) > 700)
+        tg.user_message("go")
+        await t.settle()
+        texts = tg.visible(CHAT)
+        assert _squash("".join(texts)) == _squash(answer)
+        for i in range(3):  # every part visible exactly once: finished parts were not resent
+            assert sum(x.startswith(f"Part {i}") and len(x) > 700 for x in texts) == 1, texts
+    finally:
+        await t.close()
