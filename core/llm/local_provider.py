@@ -89,6 +89,10 @@ class LocalProvider:
         self._turn = asyncio.Lock()
         self._llama: Any = None
         self._closed = False
+        self.generations = 0
+        """Generations started (one per ``stream`` call that reached the model)."""
+        self.stopped_early = 0
+        """Generations the model thread abandoned because the consumer went away (/stop, shutdown)."""
 
     # ---- model -----------------------------------------------------------------------------------
 
@@ -145,6 +149,7 @@ class LocalProvider:
         completion = 0
         try:
             llama = self._load()
+            self.generations += 1
             chunks: Iterator[dict[str, Any]] = llama.create_chat_completion(
                 messages=[_message(m) for m in request.messages],
                 stream=True,
@@ -170,7 +175,7 @@ class LocalProvider:
             prompt = max(0, int(getattr(llama, "n_tokens", 0)) - completion)
             put("end", (prompt, completion, finish or "stop"))
         except _Stop:
-            return
+            self.stopped_early += 1
         except ValueError as exc:
             kind = (ProviderErrorKind.CONTEXT_OVERFLOW if "context window" in str(exc)
                     else ProviderErrorKind.BAD_REQUEST)
