@@ -347,3 +347,63 @@ async def test_health_reports_the_web_channel_and_close_ends_open_streams(chat, 
     with pytest.raises(EOFError):
         await sse.next()
     assert chat.runtime.state() == "closed"
+
+
+def test_run_refuses_a_non_loopback_bind_without_a_token(tmp_path, capsys):
+    from bridge.cli import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[llm]\nprovider = "local"\n[web]\nhost = "0.0.0.0"\n')
+    assert main(["run", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "web.auth_token" in err and "loopback" in err
+
+
+async def test_run_app_serves_the_page_and_api_with_the_token(tmp_path, fake_openai):
+    import socket
+
+    from bridge.app import run_app
+    from bridge.config import load_config
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"""
+[bridge]
+data_dir = "{tmp_path / 'data'}"
+[llm]
+provider = "openai"
+model = "fake"
+base_url = "{fake_openai.base_url}"
+[web]
+port = {port}
+auth_token = "tok-123"
+""")
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_app(load_config(cfg), config_path=str(cfg), stop=stop))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(200):
+                try:
+                    async with http.get(f"{base}/healthz") as resp:
+                        assert (await resp.json())["channels"] == {"web": "serving"}
+                        break
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.02)
+            async with http.post(f"{base}/api/sessions") as resp:
+                assert resp.status == 401
+            auth = {"Authorization": "Bearer tok-123"}
+            async with http.post(f"{base}/api/sessions", headers=auth) as resp:
+                sid = (await resp.json())["id"]
+            sse = await open_stream(http, base, sid, headers=auth)
+            await sse.next()
+            async with http.post(f"{base}/api/sessions/{sid}/messages", json={"text": "hi"}, headers=auth) as resp:
+                assert resp.status == 202
+            committed = await sse.until(lambda e: e.name == "turn_committed")
+            assert [m["content"] for m in committed.data["messages"]] == ["hi", "ok"]
+            sse.resp.close()
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 15) == 0
