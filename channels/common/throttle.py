@@ -96,6 +96,11 @@ class ChatThrottle:
             # re-check after sleeping: another caller may have taken the slot, or a 429 extended the pause
             await self.clock.sleep(slot - now)
 
+    async def wait_for_slot(self, chat: str) -> None:
+        """Wait until the chat's next slot is free, without taking it."""
+        while (left := self.delay(chat)) > 0:
+            await self.clock.sleep(left)
+
     async def wait_unpaused(self, chat: str) -> None:
         """Wait out a 429 pause only (plain sends are not paced by the edit interval)."""
         while (left := self.paused_for(chat)) > 0:

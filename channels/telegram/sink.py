@@ -1,16 +1,18 @@
 """TelegramSink: one turn's live reply in one chat (or forum topic).
 
 Streaming: nothing is posted until the answer has ``first_chars`` characters or ``first_delay`` seconds
-have passed (a typing action shows meanwhile); then the reply is reconciled into messages at most once
-per ``edit_interval`` per chat, always from the newest snapshot. In private chats the unfinished tail can
-stream as a ``sendMessageDraft`` preview instead of edits (``stream_transport``); a rejected draft falls
-back to edits for good. The final reconcile renders Markdown into entities (plain text if Telegram
-rejects them), freezes nothing and leaves the chat showing the whole answer exactly once.
+have passed (a typing action shows meanwhile); then a flush task reconciles the newest snapshot into
+messages, one call per ``edit_interval`` per chat at most (latest wins; ``update`` never waits). In
+private chats the unfinished tail can stream as a ``sendMessageDraft`` preview instead of edits
+(``stream_transport``); a rejected draft falls back to edits for good. The final reconcile renders
+Markdown into entities (plain text if Telegram rejects them) and leaves the chat showing the whole
+answer exactly once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from dataclasses import dataclass
@@ -62,10 +64,13 @@ def entities(part: Part) -> list[MessageEntity] | None:
 
 
 class MessageOps:
-    """The reconciler's three calls, as Bot API methods for one destination."""
+    """The reconciler's three calls, as Bot API methods for one destination. Each call takes its own slot
+    of the chat's pace (``edit_interval``), so a step that freezes one message and starts the next costs
+    two slots, and no two calls reach a chat closer together than the interval."""
 
     def __init__(self, channel: TelegramChannel, dest: Destination) -> None:
         self._client = channel.client
+        self._throttle = channel.throttle
         self._dest = dest
         self._replied = False
 
@@ -74,6 +79,7 @@ class MessageOps:
         reply = None
         if d.reply_to_message_id and not self._replied:
             reply = ReplyParameters(message_id=d.reply_to_message_id, allow_sending_without_reply=True)
+        await self._throttle.reserve(d.key)
         msg = await self._client.call(SendMessage(
             chat_id=d.chat_id, text=part.text, entities=entities(part), message_thread_id=d.thread_id,
             reply_parameters=reply, parse_mode=None, link_preview_options=None), chat=d.key)
@@ -83,11 +89,13 @@ class MessageOps:
 
     async def edit(self, message_id: str, part: Part) -> None:
         d = self._dest
+        await self._throttle.reserve(d.key)
         await self._client.call(EditMessageText(
             chat_id=d.chat_id, message_id=int(message_id), text=part.text, entities=entities(part),
             parse_mode=None), chat=d.key)
 
     async def delete(self, message_id: str) -> None:
+        await self._throttle.reserve(self._dest.key)
         try:
             await self._client.call(DeleteMessage(chat_id=self._dest.chat_id, message_id=int(message_id)),
                                     chat=self._dest.key)
@@ -109,6 +117,9 @@ class TelegramSink:
         self._typing_at = -1e9
         self._lock = asyncio.Lock()
         self._plain_final = False
+        self._pending: list[Part] | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._finishing = False
         self.aborted = False
 
     @property
@@ -126,7 +137,8 @@ class TelegramSink:
                                                       message_thread_id=self.dest.thread_id), chat=self.dest.key)
 
     async def update(self, snapshot: TurnSnapshot) -> None:
-        if self.aborted:
+        """Note the newest state and make sure a flush is on its way; never waits for the chat's pace."""
+        if self.aborted or self._finishing:
             return
         parts = render.stream_parts(snapshot.text, self.channel.limit)
         settings = self.channel.settings
@@ -136,19 +148,43 @@ class TelegramSink:
                 if self._clock.now() - self._typing_at > 4.0:
                     await self._quietly(self.typing())
                 return
-        key = self.dest.key
-        if self.channel.throttle.paused_for(key) > 0:
-            return  # a 429 pauses the chat; a later snapshot or the final repeats the whole state
-        async with self._lock:
-            if not self._stream_pending(parts):
-                return
-            await self.channel.throttle.reserve(key)
+        self._pending = parts
+        if self._flusher is None or self._flusher.done():
             try:
-                await self._stream(parts)
-            except PlatformError as exc:
-                raise self._sink_error(exc) from None
+                self._flusher = self.channel.core.supervisor.spawn(
+                    f"telegram:flush:{snapshot.turn_id}", self._flush())
+            except Exception:  # shutting down: the final reconcile still repeats the whole state
+                self._flusher = None
+
+    async def _flush(self) -> None:
+        """Show the newest pending parts whenever the chat's pace allows (latest wins)."""
+        key = self.dest.key
+        throttle = self.channel.throttle
+        while self._pending is not None and not self._finishing:
+            if throttle.paused_for(key) > 0:
+                return  # a 429 pauses the chat; a later snapshot or the final repeats the whole state
+            await throttle.wait_for_slot(key)
+            parts, self._pending = self._pending, None
+            if parts is None or self._finishing:
+                return
+            async with self._lock:
+                if not self._stream_pending(parts):
+                    continue
+                try:
+                    await self._stream(parts)
+                except PlatformError as exc:
+                    log.info("live update in chat %s failed (the final repeats it): %s", key, exc)
 
     async def finish(self, snapshot: TurnSnapshot) -> None:
+        self._finishing = True
+        flusher = self._flusher
+        if flusher is not None and not flusher.done():
+            if self._lock.locked():
+                await asyncio.shield(flusher)  # a call in flight: let it land, so the ledger stays true
+            else:
+                flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await flusher
         async with self._lock:
             parts = self._final(snapshot)
             if not self.reconciler.pending(parts, final=True) and not self._draft_shown:
@@ -156,7 +192,6 @@ class TelegramSink:
             left = self.channel.throttle.paused_for(self.dest.key)
             if left > 0:  # no call may reach this chat before the 429 pause is over
                 raise SinkError(f"chat paused by a 429 for {left:.1f}s more", transient=True, retry_after=left)
-            await self.channel.throttle.reserve(self.dest.key)
             try:
                 await self.reconciler.apply(parts, final=True)
             except PlatformError as exc:
@@ -172,6 +207,9 @@ class TelegramSink:
 
     async def abort(self) -> None:
         self.aborted = True
+        flusher = self._flusher
+        if flusher is not None and not flusher.done():
+            flusher.cancel()
 
     def undelivered(self, snapshot: TurnSnapshot) -> str | None:
         missing = self.ledger.missing(self._final(snapshot))
@@ -196,6 +234,7 @@ class TelegramSink:
                 # finished parts become real messages; the unfinished tail streams as a draft preview
                 await self.reconciler.apply(parts[:-1], final=False)
                 d = self.dest
+                await self.channel.throttle.reserve(d.key)
                 await self.channel.client.call(SendMessageDraft(
                     chat_id=d.chat_id, draft_id=self.draft_id, text=parts[-1].text, message_thread_id=d.thread_id,
                     parse_mode=None), chat=d.key)
@@ -204,7 +243,7 @@ class TelegramSink:
             except PlatformError as exc:
                 if exc.transient or exc.kind == "not_found":
                     raise
-                log.info("sendMessageDraft rejected in chat %s (%s); streaming by edits instead", d.key, exc)
+                log.info("sendMessageDraft rejected in chat %s (%s); streaming by edits instead", self.dest.key, exc)
                 self.draft = False
                 self.channel.drafts_rejected = True
         await self.reconciler.apply(parts, final=False)
