@@ -407,3 +407,20 @@ auth_token = "tok-123"
     finally:
         stop.set()
         assert await asyncio.wait_for(task, 15) == 0
+
+
+async def test_an_idle_stream_carries_heartbeat_comments(tmp_path, fake_openai, http):
+    chat = await start_web_chat(tmp_path, fake_openai)
+    chat.runtime.server.heartbeat = 0.05
+    try:
+        sid = await new_session(http, chat.base_url)
+        sse = await open_stream(http, chat.base_url, sid)
+        await sse.next()
+        received = b""
+        async with asyncio.timeout(10):
+            while b": keep-alive\n\n" not in received:
+                received += await sse.resp.content.readany()
+        assert b"event:" not in received  # comments only, no made-up events
+        sse.resp.close()
+    finally:
+        await chat.close()

@@ -223,6 +223,14 @@
     });
     on("turn", applyTurn);
     on("turn_committed", (d) => {
+      // Core commits a turn before it shows its terminal state, and one turn runs at a time per session:
+      // this delta closes the live turn, whether it is applied now, held, or leads to a full fetch.
+      if (app.live && d.session_id === app.session) {
+        app.live.committed = true;
+        if (app.live.client_id) app.pending.delete(app.live.client_id);
+        settleLive();
+        renderLive();
+      }
       // While a full fetch is on its way, deltas wait for it (older ones then count as duplicates).
       if (app.mirror.fetchPending && d.session_id === app.mirror.openSession) { app.held.push(d); return; }
       applyCommitted(d);
@@ -240,7 +248,6 @@
     if (r === "needs_full_fetch") { fullFetch(); }
     if (r === "applied") {
       dropCommittedPending(d.messages);
-      if (app.live) { app.live.committed = true; if (app.live.client_id) app.pending.delete(app.live.client_id); settleLive(); }
       renderHistory();
     }
   }
