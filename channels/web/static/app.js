@@ -11,20 +11,22 @@
   function escapeHtml(s) { return String(s).replace(/[&<>"']/g, (c) => ESC[c]); }
 
   function renderInline(text) {
-    // `text` is raw; every piece that reaches the output goes through escapeHtml.
-    const codes = [];
-    let s = text.replace(/`([^`\n]+)`/g, (_, code) => { codes.push(code); return "\u0000" + (codes.length - 1) + "\u0000"; });
-    s = escapeHtml(s);
+    // `text` is raw; every piece that reaches the output goes through escapeHtml. Code spans and links are
+    // set aside as placeholders first, so emphasis never reaches inside them.
+    const held = [];
+    const hold = (html) => { held.push(html); return "\u0000" + (held.length - 1) + "\u0000"; };
+    let s = text.replace(/\u0000/g, "");
+    s = s.replace(/`([^`\n]+)`/g, (_, code) => hold("<code>" + escapeHtml(code) + "</code>"));
     s = s.replace(/\[([^\]\n]+)\]\(([^)\s]+)\)/g, (m, label, url) => {
-      // url is already escaped (no quotes or angle brackets survive); only these schemes become links
-      if (!/^(https?:\/\/|mailto:)/i.test(url)) return m;
-      return '<a href="' + url + '" target="_blank" rel="noopener noreferrer nofollow">' + label + "</a>";
+      if (!/^(https?:\/\/|mailto:)/i.test(url)) return m; // only these schemes become links
+      return hold('<a href="' + escapeHtml(url) + '" target="_blank" rel="noopener noreferrer nofollow">' +
+                  escapeHtml(label) + "</a>");
     });
+    s = escapeHtml(s);
     s = s.replace(/\*\*([^*\n]+)\*\*/g, "<strong>$1</strong>");
     s = s.replace(/(^|[^*\w])\*([^*\n]+)\*(?!\w)/g, "$1<em>$2</em>");
     s = s.replace(/(^|[^_\w])_([^_\n]+)_(?!\w)/g, "$1<em>$2</em>");
-    s = s.replace(/\u0000(\d+)\u0000/g, (_, i) => "<code>" + escapeHtml(codes[Number(i)]) + "</code>");
-    return s;
+    return s.replace(/\u0000(\d+)\u0000/g, (_, i) => held[Number(i)]);
   }
 
   function renderMarkdown(src) {
