@@ -1,0 +1,68 @@
+"""`chatbridge run` with Telegram enabled: the factory wires the channel, /healthz reports it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from bridge.app import run_app
+from bridge.config import load_config
+from tests.fakes.telegram import FakeTelegram
+from tests.test_app import free_port, write_config
+
+
+async def test_run_with_telegram_polls_and_reports_health(tmp_path, fake_openai):
+    port = free_port()
+    async with FakeTelegram() as tg:
+        config = load_config(write_config(tmp_path, f"""
+[bridge]
+data_dir = "{tmp_path / 'data'}"
+[llm]
+provider = "openai"
+model = "fake"
+base_url = "{fake_openai.base_url}"
+[web]
+port = {port}
+[channels.telegram]
+enabled = true
+token = "{tg.token}"
+api_base = "{tg.base_url}"
+"""))
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_app(config, config_path=None, stop=stop))
+        try:
+            async with aiohttp.ClientSession() as http:
+                for _ in range(300):
+                    try:
+                        async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                            body = await resp.json()
+                            if body["channels"].get("telegram") == "polling":
+                                break
+                    except aiohttp.ClientConnectionError:
+                        pass
+                    await asyncio.sleep(0.02)
+                else:
+                    raise AssertionError("telegram did not start polling")
+            assert tg.count("getUpdates") >= 1
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(task, 20) == 0
+
+
+async def test_webhook_mode_without_url_refuses_to_start(tmp_path, capsys, fake_openai):
+    config = load_config(write_config(tmp_path, f"""
+[bridge]
+data_dir = "{tmp_path / 'data'}"
+[llm]
+provider = "openai"
+model = "fake"
+base_url = "{fake_openai.base_url}"
+[channels.telegram]
+enabled = true
+token = "123:abc"
+mode = "webhook"
+"""))
+    assert await run_app(config, config_path=None) == 3
+    err = capsys.readouterr().err
+    assert "webhook_url" in err and "123:abc" not in err
