@@ -14,10 +14,9 @@ import asyncio
 import logging
 import uuid
 
-from core.channel import ChannelRegistry
 from core.committer import TurnCommitter
 from core.controller import TurnController
-from core.delivery import DeliveryError, DeliveryHandle, DeliveryStartError, TurnDeliveryService
+from core.delivery import DeliveryError, DeliveryHandle, DeliveryStartError, PlainSender, TurnDeliveryService
 from core.envelope import InboundEnvelope, TurnTarget
 from core.events import EventBus, TurnStarted
 from core.failures import TurnFailure, TurnFailureKind, TurnFailurePresenter
@@ -30,28 +29,6 @@ from core.store import Store, TurnState
 from core.title import TitleService
 
 log = logging.getLogger(__name__)
-
-
-class PlainSender:
-    """Sends one ordinary message through a channel: bounded in time, retried at most once (a send whose
-    outcome is unknown must not be repeated more than that)."""
-
-    def __init__(self, channels: ChannelRegistry, settings: CoreSettings) -> None:
-        self._channels = channels
-        self._settings = settings
-
-    async def send(self, target: TurnTarget, text: str) -> bool:
-        channel = self._channels.get(target.channel)
-        if channel is None:
-            log.error("cannot reply in %s: no channel %r", target.session_key, target.channel)
-            return False
-        for attempt in (1, 2):
-            try:
-                await asyncio.wait_for(channel.send_plain(target, text), self._settings.plain_send_timeout)
-                return True
-            except Exception as exc:
-                log.warning("plain send to %s failed (attempt %d): %s", target.session_key, attempt, exc)
-        return False
 
 
 class ConversationExecutor:
@@ -170,4 +147,4 @@ class ConversationExecutor:
             log.warning("could not close turn record %s: %s", turn_id, exc)
 
 
-__all__ = ["ConversationExecutor", "PlainSender", "Stale"]
+__all__ = ["ConversationExecutor", "Stale"]

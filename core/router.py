@@ -12,8 +12,8 @@ import re
 from collections.abc import Awaitable, Callable
 from enum import Enum
 
+from core.delivery import PlainSender
 from core.envelope import InboundEnvelope
-from core.executor import PlainSender
 from core.failures import TurnFailurePresenter
 from core.session import Admission, SessionManager
 from core.settings import CoreSettings

@@ -6,10 +6,10 @@ import logging
 
 from core.channel import ChannelPort, ChannelRegistry
 from core.committer import TurnCommitter
-from core.delivery import TurnDeliveryService
+from core.delivery import PlainSender, TurnDeliveryService
 from core.envelope import InboundEnvelope, TurnTarget
 from core.events import EventBus, SessionTitleChanged
-from core.executor import ConversationExecutor, PlainSender
+from core.executor import ConversationExecutor
 from core.failures import TurnFailurePresenter
 from core.input_builder import TurnInputBuilder
 from core.llm.provider import LLMProvider

@@ -224,3 +224,38 @@ async def test_split_reply_fallback_resends_only_the_missing_part(tmp_path, fake
             assert sum(x.startswith(f"Part {i}") and len(x) > 700 for x in texts) == 1, texts
     finally:
         await t.close()
+
+
+async def test_a_429_pause_longer_than_the_delivery_wait_is_waited_out_not_given_up(tmp_path, fake_openai, tg):
+    # The pause (1 s) outlasts the core's delivery wait (0.3 s): the wait stretches with the pause, so the
+    # final edit lands and no plain fallback is sent.
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg,
+                               core={"sink_finish_retry_delay": 0.01, "delivery_wait_timeout": 0.3})
+    try:
+        tg.fail("editMessageText", status=429, description="Too Many Requests: retry after 1", retry_after=1,
+                when=lambda p: bool(p.get("entities")))
+        tg.user_message("capital of France?")
+        await t.settle()
+        assert tg.visible(CHAT) == [SHOWN]
+        assert tg.count("sendMessage") == 1
+    finally:
+        await t.close()
+
+
+async def test_the_plain_fallback_waits_out_a_429_pause_longer_than_one_send_may_take(tmp_path, fake_openai, tg):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"plain_send_timeout": 0.3})
+    try:
+        tg.fail("editMessageText", status=400, description="Bad Request: message to edit not found",
+                when=lambda p: bool(p.get("entities")), times=10)
+        tg.fail("sendMessage", status=429, description="Too Many Requests: retry after 1", retry_after=1,
+                when=lambda p: bool(p.get("entities")))
+        tg.user_message("capital of France?")
+        await t.settle(timeout=15)
+        assert tg.visible(CHAT).count(SHOWN) == 1
+        limited = next(c for c in tg.calls if c.status == 429)
+        delivered = [c for c in tg.calls_to(CHAT) if c.at > limited.at and c.status == 200]
+        assert delivered and all(c.at - limited.at >= 1.0 for c in delivered)
+    finally:
+        await t.close()

@@ -40,6 +40,7 @@ from channels.telegram import render
 from channels.telegram.adapter import CHANNEL, AllowList, BotIdentity, normalize
 from channels.telegram.client import TelegramClient
 from channels.telegram.sink import Destination, TelegramSink, entities
+from core.channel import SinkError
 from core.envelope import TurnTarget
 from core.router import COMMANDS, RouterClosedError
 from core.runtime import ChatCore
@@ -107,14 +108,18 @@ class TelegramChannel:
     async def send_plain(self, target: TurnTarget, text: str) -> None:
         """One ordinary message (split if long, Markdown rendered as entities, plain if rejected).
 
-        Waits out the chat's 429 pause first. When the caller retries after a failure part-way through a
-        split message, the parts that were already sent are not sent again."""
+        A chat under a 429 pause raises SinkError with the pause left (core waits it out and retries, however
+        long). When the caller retries after a failure part-way through a split message, the parts that
+        were already sent are not sent again."""
         dest = Destination.of(target)
         key = (dest.key, dest.thread_id, text)
         done = self._plain_progress.get(key, 0)
         chunks = split_text(text, self.limit) if text.strip() else []
         for i, chunk in enumerate(chunks[done:], start=done):
-            await self.throttle.wait_unpaused(dest.key)
+            left = self.throttle.paused_for(dest.key)
+            if left > 0:
+                self._remember(key, i)
+                raise SinkError(f"chat paused by a 429 for {left:.1f}s more", transient=True, retry_after=left)
             part = render.format_markdown(chunk, self.limit)
             reply = ReplyParameters(message_id=dest.reply_to_message_id, allow_sending_without_reply=True) \
                 if dest.reply_to_message_id and i == 0 else None
@@ -129,9 +134,10 @@ class TelegramChannel:
                     await self.client.call(SendMessage(
                         chat_id=dest.chat_id, text=chunk, parse_mode=None, message_thread_id=dest.thread_id,
                         reply_parameters=reply), chat=dest.key)
-            except PlatformError:
+            except PlatformError as exc:
                 self._remember(key, i)
-                raise
+                # core's PlainSender decides about retries: transient ones, and 429 pauses however long
+                raise SinkError(str(exc), transient=exc.transient, retry_after=exc.retry_after) from None
         self._plain_progress.pop(key, None)
 
     def _remember(self, key: tuple[str, int | None, str], sent: int) -> None:
