@@ -71,4 +71,5 @@ class ChatMessage(BaseModel):
             "kind": self.source.kind,
             "tool_calls": [tc.model_dump() for tc in self.tool_calls],
             "tool_call_id": self.tool_call_id,
+            "turn_id": self.source.turn_id,
         }

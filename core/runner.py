@@ -9,12 +9,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from core.controller import TurnController
 from core.failures import TurnFailure, TurnFailureKind
 from core.input_builder import PreparedTurnInput, TurnInputBuilder
-from core.llm.provider import LLMProvider, LLMRequest, ProviderError, ProviderErrorKind, TextDelta
+from core.llm.provider import (
+    LLMProvider,
+    LLMRequest,
+    ProviderError,
+    ProviderErrorKind,
+    ProviderEvent,
+    TextDelta,
+)
 from core.llm.retry import retry_policy
 from core.settings import CoreSettings
 from core.store import Store
@@ -110,7 +118,7 @@ class TurnRunner:
             with attempt:
                 attempt_no += 1
                 parts: list[str] = []
-                async for event in self._provider.stream(request):
+                async for event in _bounded(self._provider.stream(request), self._settings.request_timeout):
                     if isinstance(event, TextDelta) and event.text:
                         parts.append(event.text)
                         controller.append_text(event.text)
@@ -125,3 +133,21 @@ class TurnRunner:
             await self._store.append_trace(snap.session_key, snap.turn_id, kind, dict(payload))
         except Exception as exc:  # tracing never breaks a turn
             log.warning("trace write failed: %s", exc)
+
+
+async def _bounded(stream: AsyncIterator[ProviderEvent], timeout: float) -> AsyncIterator[ProviderEvent]:
+    """Every provider gets the same bound: no event within ``timeout`` is a TIMEOUT (then the ladder)."""
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(timeout):
+                    event = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise ProviderError(ProviderErrorKind.TIMEOUT, f"no model output within {timeout:g}s") from None
+            yield event
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()

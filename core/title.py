@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 
 TITLE_PROMPT = ("Give this conversation a short title of at most six words, in the user's language. "
                 "Answer with the title only: no quotes, no punctuation at the end.")
-MAX_TITLE_CHARS = 80
+MAX_TITLE_CHARS = 60
+MAX_TITLE_WORDS = 8
 TITLE_RETRY_DELAYS = (1.0, 3.0)
 
 
@@ -64,4 +65,9 @@ def clean_title(raw: str) -> str:
     line = line.strip("\"'“”‘’`*# ").rstrip(".。!！")
     if line.lower().startswith("title:"):
         line = line[6:].strip()
-    return line[:MAX_TITLE_CHARS]
+    words = line.split()
+    if len(words) > MAX_TITLE_WORDS:  # small models ramble; a title is a handful of words
+        line = " ".join(words[:MAX_TITLE_WORDS]) + "…"
+    if len(line) > MAX_TITLE_CHARS:
+        line = line[:MAX_TITLE_CHARS].rsplit(" ", 1)[0] + "…"
+    return line

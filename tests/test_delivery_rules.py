@@ -231,3 +231,48 @@ async def test_an_unexpected_provider_error_still_ends_the_turn_with_one_notice(
     assert "could not be started" in shown and "sk-internal" not in shown
     assert h.platform.plain("c1") == []
     await h.core.shutdown()
+
+
+async def test_platform_pauses_on_the_final_update_are_waited_out_beyond_the_delivery_wait(tmp_path, fake_openai):
+    fake_openai.script(Text(ANSWER))
+    h = await make_harness(tmp_path, fake_openai, delivery_wait_timeout=0.2, sink_finish_attempts=2)
+    h.channel.finish_pauses, h.channel.pause_seconds = 3, 0.15  # 0.45 s of pauses, more than the wait
+    await h.say("hi")
+    await h.settle()
+    assert h.platform.visible("c1") == [ANSWER]
+    assert h.platform.plain("c1") == []
+    assert h.channel.sinks[0].finish_calls == 4  # pauses do not use up the two attempts
+    await h.core.shutdown()
+
+
+async def test_a_plain_fallback_waits_out_platform_pauses(tmp_path, fake_openai):
+    fake_openai.script(Text(ANSWER))
+    h = await make_harness(tmp_path, fake_openai)
+    h.channel.fail_open = True
+    h.channel.plain_pauses, h.channel.pause_seconds = 4, 0.05
+    await h.say("hi")
+    await h.settle()
+    assert h.platform.plain("c1") == [ANSWER]
+    await h.core.shutdown()
+
+
+async def test_a_provider_that_stops_producing_events_times_out_through_the_ladder(tmp_path, fake_openai):
+    import asyncio as _asyncio
+
+    from core.llm.provider import TextDelta
+
+    h = await make_harness(tmp_path, fake_openai, request_timeout=0.2)
+    calls = []
+
+    async def silent_stream(request):
+        calls.append(request)
+        yield TextDelta("thinking")
+        await _asyncio.sleep(3600)  # a local model wedged mid-answer
+
+    h.core.provider.stream = silent_stream  # type: ignore[method-assign]
+    await h.say("hi")
+    await h.settle(timeout=15)
+    assert len(calls) == 3  # first try and the test ladder's two retries
+    [shown] = h.platform.visible("c1")
+    assert "did not answer in time" in shown
+    await h.core.shutdown()

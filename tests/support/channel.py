@@ -86,6 +86,9 @@ class TestSink:
             await asyncio.sleep(3600)
         if ch.finish_fail_permanent:
             raise SinkError("message to edit not found", transient=False)
+        if ch.finish_pauses > 0:
+            ch.finish_pauses -= 1
+            raise SinkError("429: retry later", transient=True, retry_after=ch.pause_seconds)
         if ch.finish_fail_transient > 0:
             ch.finish_fail_transient -= 1
             raise SinkError("503 from platform", transient=True)
@@ -112,6 +115,9 @@ class TestChannel:
         self.hang_finish = False
         self.update_delay = 0.0
         self.plain_fail = False
+        self.finish_pauses = 0
+        self.plain_pauses = 0
+        self.pause_seconds = 0.0
 
     async def open_sink(self, target: TurnTarget) -> TestSink:
         if self.hang_open:
@@ -123,6 +129,9 @@ class TestChannel:
         return sink
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
+        if self.plain_pauses > 0:
+            self.plain_pauses -= 1
+            raise SinkError("429: retry later", transient=True, retry_after=self.pause_seconds)
         if self.plain_fail:
             raise SinkError("plain send failed", transient=False)
         self.platform.send(target.chat_id, text, "plain")
