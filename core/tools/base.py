@@ -1,0 +1,76 @@
+"""The Tool protocol and the registry the agent loop draws from.
+
+A tool has a spec the model sees, an optional approval policy of its own, and an async ``run`` that
+returns text. Raising from ``run`` is allowed: the agent loop turns it into a failed tool output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from core.llm.provider import LLMToolSpec
+
+ApprovalPolicy = Literal["auto", "ask", "deny"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a tool may know about the call it serves."""
+
+    session_key: str
+    turn_id: str
+    call_id: str
+
+
+class Tool(Protocol):
+    @property
+    def spec(self) -> LLMToolSpec:
+        """Name, description and JSON-schema parameters, as offered to the model."""
+        ...
+
+    @property
+    def approval(self) -> ApprovalPolicy | None:
+        """This tool's own policy; None means the operator's default (``[agent].approval``)."""
+        ...
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> str: ...
+
+
+class ToolRegistry:
+    def __init__(self, default_policy: ApprovalPolicy = "ask",
+                 overrides: dict[str, ApprovalPolicy] | None = None) -> None:
+        self._tools: dict[str, Tool] = {}
+        self._default = default_policy
+        self._overrides = dict(overrides or {})
+
+    def add(self, tool: Tool) -> None:
+        name = tool.spec.name
+        if name in self._tools:
+            raise ValueError(f"tool {name!r} registered twice")
+        self._tools[name] = tool
+
+    def extend(self, tools: Iterable[Tool]) -> None:
+        for tool in tools:
+            self.add(tool)
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def specs(self) -> tuple[LLMToolSpec, ...]:
+        """What the model is offered: every tool whose policy is not ``deny``."""
+        return tuple(t.spec for name, t in sorted(self._tools.items()) if self.policy(name) != "deny")
+
+    def policy(self, name: str) -> ApprovalPolicy:
+        """Operator override for this tool, else the tool's own policy, else the default.
+        An unknown tool is denied."""
+        if name in self._overrides:
+            return self._overrides[name]
+        tool = self._tools.get(name)
+        if tool is None:
+            return "deny"
+        return tool.approval or self._default
