@@ -1,0 +1,225 @@
+"""MCP client: real MCP servers (tests/mcp_servers/echo_server.py, written with the SDK) over stdio and
+streamable HTTP, started from config, their tools listed, called, failing and timing out."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from core.tools.base import ToolContext, ToolRegistry
+from core.tools.mcp import McpManager, McpServerConfig, McpToolError, McpToolSource, result_text
+
+ECHO_SERVER = Path(__file__).parent / "mcp_servers" / "echo_server.py"
+CTX = ToolContext(session_key="s", turn_id="t", call_id="c")
+
+
+def echo_config(name: str = "echo", **kw: object) -> McpServerConfig:
+    return McpServerConfig(name=name, command=sys.executable, args=(str(ECHO_SERVER),), **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def echo() -> AsyncIterator[McpManager]:
+    manager = McpManager()
+    failures = await manager.start([echo_config(call_timeout=1.0)])
+    assert failures == []
+    try:
+        yield manager
+    finally:
+        await manager.aclose()
+
+
+def tool(manager: McpManager, name: str):  # type: ignore[no-untyped-def]
+    found = [t for t in manager.tools() if t.spec.name == name]
+    assert found, f"no tool {name} in {[t.spec.name for t in manager.tools()]}"
+    return found[0]
+
+
+# ---- stdio -----------------------------------------------------------------------------------------------
+
+
+async def test_stdio_lists_prefixed_tools_with_schemas(echo: McpManager) -> None:
+    names = sorted(t.spec.name for t in echo.tools())
+    assert names == ["echo__add", "echo__echo", "echo__env", "echo__fail", "echo__sleep"]
+    add = tool(echo, "echo__add")
+    assert add.spec.description == "Add two integers."
+    assert add.spec.parameters["type"] == "object"
+    assert set(add.spec.parameters["properties"]) == {"a", "b"}
+    assert sorted(add.spec.parameters["required"]) == ["a", "b"]
+    assert add.approval == "ask"
+    [status] = echo.statuses
+    assert status.ok and status.name == "echo" and "echo__add" in status.tools
+
+
+async def test_call_returns_the_tool_text(echo: McpManager) -> None:
+    assert await tool(echo, "echo__echo").run({"text": "hello, MCP"}, CTX) == "hello, MCP"
+    assert await tool(echo, "echo__add").run({"a": 2, "b": 40}, CTX) == "42"
+
+
+async def test_concurrent_calls_are_served_side_by_side(echo: McpManager) -> None:
+    texts = await asyncio.gather(*(tool(echo, "echo__echo").run({"text": f"n{i}"}, CTX) for i in range(5)))
+    assert texts == [f"n{i}" for i in range(5)]
+
+
+async def test_error_result_raises(echo: McpManager) -> None:
+    with pytest.raises(McpToolError, match="this tool always fails"):
+        await tool(echo, "echo__fail").run({}, CTX)
+    # The server is still usable afterwards.
+    assert await tool(echo, "echo__echo").run({"text": "still here"}, CTX) == "still here"
+
+
+async def test_call_timeout_raises_and_the_server_keeps_working(echo: McpManager) -> None:
+    with pytest.raises(McpToolError, match=r"echo__sleep timed out after 1s \(call_timeout_seconds\)"):
+        await tool(echo, "echo__sleep").run({"seconds": 30}, CTX)
+    assert await tool(echo, "echo__echo").run({"text": "after"}, CTX) == "after"
+
+
+async def test_env_reaches_the_server_process() -> None:
+    manager = McpManager()
+    assert await manager.start([echo_config(env={"ECHO_TOKEN": "tok-123"})]) == []
+    try:
+        assert await tool(manager, "echo__env").run({"name": "ECHO_TOKEN"}, CTX) == "tok-123"
+    finally:
+        await manager.aclose()
+
+
+async def test_missing_command_is_reported_and_the_others_work(tmp_path: Path) -> None:
+    manager = McpManager()
+    broken = McpServerConfig(name="broken", command=str(tmp_path / "no-such-server"),
+                             env={"API_TOKEN": "secret-in-env-42"})
+    exits = McpServerConfig(name="exits", command=sys.executable, args=("-c", "raise SystemExit(3)"))
+    failures = await manager.start([broken, echo_config(), exits])
+    try:
+        assert len(failures) == 2
+        assert failures[0].startswith("broken: command not found: ")
+        assert "no-such-server" in failures[0]
+        assert failures[1].startswith("exits: the server closed the connection")
+        assert not any("secret-in-env-42" in f for f in failures)
+        assert {t.spec.name.split("__")[0] for t in manager.tools()} == {"echo"}
+        assert [s.ok for s in manager.statuses] == [False, True, False]
+        assert await tool(manager, "echo__echo").run({"text": "ok"}, CTX) == "ok"
+    finally:
+        await manager.aclose()
+
+
+async def test_startup_timeout_is_reported() -> None:
+    # A process that never speaks MCP: it reads stdin and says nothing.
+    silent = McpServerConfig(name="silent", command=sys.executable,
+                             args=("-c", "import sys; sys.stdin.read()"),
+                             startup_timeout=0.5)
+    manager = McpManager()
+    failures = await manager.start([silent])
+    await manager.aclose()
+    assert failures == ["silent: no answer within 0.5s (startup_timeout_seconds)"]
+    assert manager.tools() == []
+
+
+async def test_closed_source_refuses_calls() -> None:
+    source = McpToolSource(echo_config())
+    tools = await source.start()
+    echo_tool = next(t for t in tools if t.remote_name == "echo")
+    await source.aclose()
+    assert not source.connected
+    with pytest.raises(McpToolError, match="not connected"):
+        await echo_tool.run({"text": "x"}, CTX)
+
+
+async def test_policy_and_registry() -> None:
+    manager = McpManager()
+    assert await manager.start([echo_config(approval="auto")]) == []
+    try:
+        registry = ToolRegistry(default_policy="ask", overrides={"echo__fail": "deny"})
+        registry.extend(manager.tools())
+        assert registry.policy("echo__echo") == "auto"
+        assert "echo__fail" not in [s.name for s in registry.specs()]
+    finally:
+        await manager.aclose()
+
+
+def test_config_checks_and_secret_scrubbing() -> None:
+    with pytest.raises(ValueError, match="exactly one of command and url"):
+        McpServerConfig(name="x")
+    with pytest.raises(ValueError, match="exactly one of command and url"):
+        McpServerConfig(name="x", command="a", url="http://h/mcp")
+    with pytest.raises(ValueError, match="letters, digits"):
+        McpServerConfig(name="bad name", command="a")
+    cfg = McpServerConfig(name="h", url="https://user:pw-777@example.test:8443/mcp?key=qs-secret")
+    assert cfg.target() == "https://example.test:8443/mcp"
+    assert cfg.scrub("x key=qs-secret pw-777") == "x *** ***"
+
+
+def test_result_text_describes_non_text_blocks() -> None:
+    from mcp.types import CallToolResult, EmbeddedResource, ImageContent, TextContent, TextResourceContents
+
+    result = CallToolResult(content=[
+        TextContent(text="first"),
+        ImageContent(data="aGVsbG8h", mime_type="image/png"),
+        EmbeddedResource(resource=TextResourceContents(uri="file:///a.txt", text="inside")),
+        TextContent(text="last"),
+    ])
+    assert result_text(result) == "first\n[image image/png, about 6 bytes, not shown]\ninside\nlast"
+    assert result_text(CallToolResult(content=[], structured_content={"n": 1})) == '{"n": 1}'
+
+
+# ---- streamable HTTP -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    proc = subprocess.Popen([sys.executable, str(ECHO_SERVER), "--http"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "PORT <n>" once it listens, or "" if it died
+        if not line.startswith("PORT "):
+            pytest.skip(f"the mcp SDK could not serve streamable HTTP here (server said {line!r})")
+        yield f"http://127.0.0.1:{int(line.split()[1])}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def test_streamable_http_lists_and_calls(http_server: str) -> None:
+    manager = McpManager()
+    failures = await manager.start([McpServerConfig(name="web", url=http_server, approval="deny")])
+    try:
+        assert failures == []
+        assert "web__echo" in [t.spec.name for t in manager.tools()]
+        assert tool(manager, "web__echo").approval == "deny"
+        assert await tool(manager, "web__add").run({"a": 1, "b": 2}, CTX) == "3"
+        with pytest.raises(McpToolError, match="always fails"):
+            await tool(manager, "web__fail").run({}, CTX)
+    finally:
+        await manager.aclose()
+
+
+async def test_http_refused_connection_is_reported() -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    manager = McpManager()
+    failures = await manager.start([McpServerConfig(name="gone", url=f"http://127.0.0.1:{port}/mcp?token=qs-9",
+                                                    startup_timeout=5)])
+    await manager.aclose()
+    assert len(failures) == 1
+    assert failures[0].startswith("gone: ")
+    assert "qs-9" not in failures[0]
+
+
+async def test_a_cancelled_caller_cancels_its_request(echo: McpManager) -> None:
+    call = asyncio.create_task(tool(echo, "echo__sleep").run({"seconds": 30}, CTX))
+    await asyncio.sleep(0.2)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert await tool(echo, "echo__echo").run({"text": "next"}, CTX) == "next"
