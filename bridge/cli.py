@@ -2,7 +2,8 @@
 
 Without ``-c FILE``, ``run`` and ``check`` use ``$CHATBRIDGE_CONFIG`` if set, else ``./chatbridge.toml`` if it
 exists (what ``chatbridge init`` writes), else the embedded default (web chat on 127.0.0.1:8765, local model).
-Exit codes: 0 ok, 1 operational failure (e.g. ``init`` would overwrite), 2 bad usage or invalid config.
+Exit codes: 0 ok, 1 operational failure (e.g. ``init`` would overwrite, an MCP server that ``check`` could
+not start), 2 bad usage or invalid config.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="start the bridge")
     run.add_argument("-c", "--config", metavar="FILE", help="the TOML config file")
 
-    check = commands.add_parser("check", help="validate the config and print it with secrets masked")
+    check = commands.add_parser("check", help="validate the config and print it with secrets masked; "
+                               "start each MCP server and list its tools (exit 1 if one fails)")
     check.add_argument("-c", "--config", metavar="FILE", help="the TOML config file")
 
     init = commands.add_parser("init", help="write a commented config template")
@@ -79,6 +81,13 @@ def _check(option: str | None) -> int:
         return EXIT_CONFIG
     print(json.dumps(config.masked_dump(), indent=2, ensure_ascii=False))
     print(f"config OK: {path or EMBEDDED_DEFAULT}")
+    if config.agent.mcp_servers:
+        from bridge.mcp import check_mcp_servers
+
+        lines, ok = asyncio.run(check_mcp_servers(config))
+        print("\n".join(lines), flush=True)
+        if not ok:
+            return EXIT_FAILURE
     return EXIT_OK
 
 

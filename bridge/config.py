@@ -20,9 +20,9 @@ import ipaddress
 import os
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -113,7 +113,9 @@ class _Section(BaseModel):
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         fields = type(self).model_fields
         for name, value in super().__repr_args__():
-            if name in fields and _is_secret(fields[name]) and value:
+            if name in fields and _is_secret(fields[name]) and isinstance(value, dict):
+                yield name, {key: "***" if item else "" for key, item in value.items()}
+            elif name in fields and _is_secret(fields[name]) and value:
                 yield name, "***"
             else:
                 yield name, value
@@ -157,6 +159,29 @@ class LLMConfig(_Section):
         return self.base_url or LLM_DEFAULT_BASE_URLS.get(self.provider, "")
 
 
+MCP_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _mcp_name(value: Any) -> Any:
+    if isinstance(value, str) and not MCP_NAME.match(value):
+        raise PydanticCustomError("mcp_name", "expected letters, digits, '_' or '-' (it prefixes the tool names)")
+    return value
+
+
+class McpServerEntry(_Section):
+    """One ``[[agent.mcp_servers]]`` entry: ``command`` (stdio) or ``url`` (streamable HTTP)."""
+
+    name: Annotated[str, BeforeValidator(_mcp_name)]
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict, json_schema_extra={"secret": True})
+    """Every value is treated as a secret (masked, redacted from logs)."""
+    url: str | None = None
+    approval: Literal["ask", "auto", "deny"] = "ask"
+    startup_timeout_seconds: PositiveFloat = 20.0
+    call_timeout_seconds: PositiveFloat = 60.0
+
+
 class AgentConfig(_Section):
     system_prompt: str = "You are a helpful assistant."
     max_turns: Annotated[Int, Field(ge=1)] = 20
@@ -164,6 +189,7 @@ class AgentConfig(_Section):
     queue_capacity: Annotated[Int, Field(ge=1)] = 32
     session_idle_seconds: PositiveFloat = 300.0
     titles: bool = True
+    mcp_servers: list[McpServerEntry] = Field(default_factory=list)
 
 
 class WebConfig(_Section):
@@ -277,6 +303,14 @@ def _iter_secrets(model: BaseModel, loc: Loc = ()) -> Iterator[tuple[Loc, str, s
         value = getattr(model, name)
         if isinstance(value, BaseModel):
             yield from _iter_secrets(value, (*loc, name))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    yield from _iter_secrets(item, (*loc, name, i))
+        elif _is_secret(info) and isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, str):
+                    yield (*loc, name, key), key, item
         elif _is_secret(info) and isinstance(value, str):
             yield (*loc, name), name, value
 
@@ -287,12 +321,15 @@ def _masked(model: BaseModel, secrets: list[str]) -> dict[str, Any]:
         value = getattr(model, name)
         if isinstance(value, BaseModel):
             out[name] = _masked(value, secrets)
+        elif _is_secret(info) and isinstance(value, dict):
+            out[name] = {key: "***" if item else "" for key, item in value.items()}
         elif _is_secret(info):
             out[name] = "***" if value else ""
         elif isinstance(value, str):
             out[name] = _scrub(value, secrets)
         elif isinstance(value, list):
-            out[name] = [_scrub(v, secrets) if isinstance(v, str) else v for v in value]
+            out[name] = [_masked(v, secrets) if isinstance(v, BaseModel) else _scrub(v, secrets)
+                         if isinstance(v, str) else v for v in value]
         else:
             out[name] = value
     return out
@@ -415,9 +452,38 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -
             needs_web("feishu", fs.mode)
         url(("channels", "feishu", "domain"), fs.domain)
 
+    _check_mcp_servers(cfg, missing, add)
+
     if not web.enabled and not cfg.enabled_channels():
         add(("web", "enabled"), "nothing would run: the web chat and every channel are disabled")
     return problems
+
+
+def _check_mcp_servers(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
+                       add: Callable[[Loc, str], None]) -> None:
+    seen: dict[str, int] = {}
+    for i, server in enumerate(cfg.agent.mcp_servers):
+        at: Loc = ("agent", "mcp_servers", i)
+        for loc, refs in missing.items():
+            if loc[: len(at)] == at:
+                add(loc, "; ".join(f"environment variable {name} is {state}" for name, state in refs))
+        if server.name in seen:
+            add((*at, "name"), f"duplicate name {server.name!r} (also agent.mcp_servers[{seen[server.name]}])")
+        seen.setdefault(server.name, i)
+        if (server.command is None) == (server.url is None):
+            add(at, "give exactly one of command (a stdio server) and url (a streamable-HTTP server)")
+        elif server.command is not None:
+            if not server.command.strip() and (*at, "command") not in missing:
+                add((*at, "command"), "expected the server's executable (got empty)")
+        else:
+            assert server.url is not None
+            if (*at, "url") not in missing:
+                problem = _url_problem(server.url)
+                if problem:
+                    add((*at, "url"), problem)
+            for key in ("args", "env"):
+                if getattr(server, key):
+                    add((*at, key), "only used with command (a stdio server); this one has url")
 
 
 def _url_host(value: str) -> str | None:
@@ -573,9 +639,14 @@ def dotted(loc: Loc) -> str:
 
 def _model_at(loc: Loc) -> type[BaseModel] | None:
     model: type[BaseModel] = AppConfig
-    for part in loc:
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
         info = model.model_fields.get(part) if isinstance(part, str) else None
         annotation = info.annotation if info else None
+        if get_origin(annotation) is list and parts and isinstance(parts[0], int):
+            parts.pop(0)  # an entry of a list of tables, e.g. agent.mcp_servers[0]
+            annotation = get_args(annotation)[0]
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return None
         model = annotation
@@ -583,6 +654,8 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
 
 
 def _secret_loc(loc: Loc) -> bool:
+    if len(loc) >= 2 and isinstance(loc[-1], str) and _secret_loc(loc[:-1]):
+        return True  # a value inside a secret table (agent.mcp_servers[0].env.TOKEN)
     model = _model_at(loc[:-1])
     info = model.model_fields.get(loc[-1]) if model and loc and isinstance(loc[-1], str) else None
     return info is not None and _is_secret(info)

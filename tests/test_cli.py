@@ -178,6 +178,25 @@ def test_template_shows_every_key_with_a_comment() -> None:
     assert (template.llm.provider, template.llm.base_url) == ("openai", "http://127.0.0.1:11434/v1")
 
 
+def test_template_mcp_example_documents_every_key_and_loads() -> None:
+    from bridge.config import McpServerEntry
+
+    lines = template_text().splitlines()
+    start = lines.index("# [[agent.mcp_servers]]")
+    block: list[str] = []
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        block.append(line.removeprefix("#").removeprefix(" "))
+    for name in McpServerEntry.model_fields:
+        index = next((i for i, line in enumerate(block) if line.startswith(f"{name} = ")), None)
+        assert index is not None, f"agent.mcp_servers.{name} missing from the template example"
+        assert block[index - 1].startswith("#"), f"agent.mcp_servers.{name} has no comment above it"
+    example = "\n".join(line for line in block if not line.startswith("#"))
+    config = AppConfig.model_validate(tomllib.loads("[agent]\n" + example))
+    assert [s.name for s in config.agent.mcp_servers] == ["files", "search"]
+
+
 # ---- run / version -------------------------------------------------------------------------------------
 
 

@@ -338,3 +338,93 @@ def test_urls_are_checked_for_enabled_sections(tmp_path: Path) -> None:
         "llm.base_url: expected an http:// or https:// URL (got 'localhost:11434')",
         "channels.telegram.api_base: expected an http:// or https:// URL (got 'ftp://x')",
     ]
+
+
+# ---- [[agent.mcp_servers]] -----------------------------------------------------------------------------
+
+
+MCP_OK = """
+[[agent.mcp_servers]]
+name = "files"
+command = "npx"
+args = ["-y", "server-filesystem", "/srv"]
+env = { API_TOKEN = "${FILES_TOKEN}", MODE = "ro-literal-77" }
+
+[[agent.mcp_servers]]
+name = "search-2"
+url = "http://127.0.0.1:8931/mcp"
+approval = "auto"
+call_timeout_seconds = 5
+"""
+
+
+def test_mcp_servers_parse_with_defaults(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, MCP_OK), env={"FILES_TOKEN": "tok-env-555"})
+    files, search = cfg.agent.mcp_servers
+    assert (files.name, files.command, files.args, files.url) == ("files", "npx", ["-y", "server-filesystem", "/srv"],
+                                                                  None)
+    assert files.env == {"API_TOKEN": "tok-env-555", "MODE": "ro-literal-77"}
+    assert (files.approval, files.startup_timeout_seconds, files.call_timeout_seconds) == ("ask", 20, 60)
+    assert (search.url, search.approval, search.call_timeout_seconds, search.env) == (
+        "http://127.0.0.1:8931/mcp", "auto", 5, {})
+    assert load_config(None, env={}).agent.mcp_servers == []
+
+
+def test_mcp_env_values_are_secrets(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, MCP_OK), env={"FILES_TOKEN": "tok-env-555"})
+    assert {"tok-env-555", "ro-literal-77"} <= set(cfg.secret_values())
+    dumped = cfg.masked_dump()["agent"]["mcp_servers"][0]
+    assert dumped["env"] == {"API_TOKEN": "***", "MODE": "***"}
+    assert "tok-env-555" not in repr(cfg) and "ro-literal-77" not in repr(cfg)
+    assert "tok-env-555" not in str(cfg.masked_dump())
+
+
+def test_mcp_server_problems_name_their_entry(tmp_path: Path) -> None:
+    found = problems(tmp_path, """
+[[agent.mcp_servers]]
+name = "a"
+command = "x"
+url = "http://127.0.0.1/mcp"
+
+[[agent.mcp_servers]]
+name = "a"
+url = "ftp://example"
+args = ["-v"]
+
+[[agent.mcp_servers]]
+name = "b"
+
+[[agent.mcp_servers]]
+name = "c"
+command = "x"
+env = { TOKEN = "${NOT_SET_ANYWHERE}" }
+""")
+    assert found == [
+        "agent.mcp_servers[0]: give exactly one of command (a stdio server) and url (a streamable-HTTP server)",
+        "agent.mcp_servers[1].name: duplicate name 'a' (also agent.mcp_servers[0])",
+        "agent.mcp_servers[1].url: expected an http:// or https:// URL (got 'ftp://example')",
+        "agent.mcp_servers[1].args: only used with command (a stdio server); this one has url",
+        "agent.mcp_servers[2]: give exactly one of command (a stdio server) and url (a streamable-HTTP server)",
+        "agent.mcp_servers[3].env.TOKEN: environment variable NOT_SET_ANYWHERE is not set",
+    ]
+
+
+def test_mcp_server_field_errors(tmp_path: Path) -> None:
+    found = problems(tmp_path, """
+[[agent.mcp_servers]]
+command = "x"
+
+[[agent.mcp_servers]]
+name = "has space"
+command = "x"
+aproval = "auto"
+startup_timeout_seconds = 0
+env = { TOKEN = 12345678 }
+""")
+    assert "agent.mcp_servers[0].name: required key is missing" in found
+    assert ("agent.mcp_servers[1].name: expected letters, digits, '_' or '-' (it prefixes the tool names) "
+            "(got 'has space')") in found
+    assert "agent.mcp_servers[1].aproval: unknown key (did you mean 'approval'?)" in found
+    assert "agent.mcp_servers[1].startup_timeout_seconds: expected a value > 0 (got 0)" in found
+    assert "agent.mcp_servers[1].env.TOKEN: expected a string" in found
+    assert not any("12345678" in line for line in found)

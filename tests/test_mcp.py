@@ -223,3 +223,53 @@ async def test_a_cancelled_caller_cancels_its_request(echo: McpManager) -> None:
     with pytest.raises(asyncio.CancelledError):
         await call
     assert await tool(echo, "echo__echo").run({"text": "next"}, CTX) == "next"
+
+
+# ---- chatbridge check ------------------------------------------------------------------------------------
+
+
+def _toml_str(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def test_check_lists_tools_and_fails_for_a_broken_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from bridge.cli import main
+
+    monkeypatch.setenv("ECHO_SECRET", "env-secret-31337")
+    path = tmp_path / "c.toml"
+    path.write_text(f"""
+[[agent.mcp_servers]]
+name = "echo"
+command = {_toml_str(sys.executable)}
+args = [{_toml_str(str(ECHO_SERVER))}]
+env = {{ TOKEN = "${{ECHO_SECRET}}", OTHER = "literal-secret-4242" }}
+
+[[agent.mcp_servers]]
+name = "broken"
+command = {_toml_str(str(tmp_path / "bin" / "no-such-mcp-server"))}
+env = {{ TOKEN = "${{ECHO_SECRET}}" }}
+""")
+    assert main(["check", "-c", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert "config OK" in out
+    assert "  echo (" in out and "OK, 5 tools: echo__echo, echo__add, echo__fail, echo__sleep, echo__env" in out
+    assert "  broken (" in out and "FAILED: command not found:" in out
+    assert "1 of 2 MCP servers failed to start" in out
+    for secret in ("env-secret-31337", "literal-secret-4242"):
+        assert secret not in out and secret not in err
+
+
+def test_check_ok_when_every_server_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bridge.cli import main
+
+    path = tmp_path / "c.toml"
+    path.write_text(f"""
+[[agent.mcp_servers]]
+name = "one"
+command = {_toml_str(sys.executable)}
+args = [{_toml_str(str(ECHO_SERVER))}]
+""")
+    assert main(["check", "-c", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "one__echo" in out and "all 1 MCP servers started" in out
