@@ -44,7 +44,7 @@ def tool(manager: McpManager, name: str):  # type: ignore[no-untyped-def]
 
 async def test_stdio_lists_prefixed_tools_with_schemas(echo: McpManager) -> None:
     names = sorted(t.spec.name for t in echo.tools())
-    assert names == ["echo__add", "echo__echo", "echo__env", "echo__fail", "echo__sleep"]
+    assert names == ["echo__add", "echo__crash", "echo__echo", "echo__env", "echo__fail", "echo__sleep"]
     add = tool(echo, "echo__add")
     assert add.spec.description == "Add two integers."
     assert add.spec.parameters["type"] == "object"
@@ -253,7 +253,8 @@ env = {{ TOKEN = "${{ECHO_SECRET}}" }}
     assert main(["check", "-c", str(path)]) == 1
     out, err = capsys.readouterr()
     assert "config OK" in out
-    assert "  echo (" in out and "OK, 5 tools: echo__echo, echo__add, echo__fail, echo__sleep, echo__env" in out
+    assert "  echo (" in out
+    assert "OK, 6 tools: echo__echo, echo__add, echo__fail, echo__crash, echo__sleep, echo__env" in out
     assert "  broken (" in out and "FAILED: command not found:" in out
     assert "1 of 2 MCP servers failed to start" in out
     for secret in ("env-secret-31337", "literal-secret-4242"):
@@ -273,3 +274,16 @@ args = [{_toml_str(str(ECHO_SERVER))}]
     assert main(["check", "-c", str(path)]) == 0
     out = capsys.readouterr().out
     assert "one__echo" in out and "all 1 MCP servers started" in out
+
+
+async def test_a_server_that_dies_fails_its_calls_without_waiting_for_the_timeout() -> None:
+    manager = McpManager()
+    assert await manager.start([echo_config(call_timeout=30.0)]) == []
+    try:
+        with pytest.raises(McpToolError) as info:
+            await tool(manager, "echo__crash").run({}, CTX)
+        assert "timed out" not in str(info.value)
+        with pytest.raises(McpToolError, match="not connected"):
+            await tool(manager, "echo__echo").run({"text": "x"}, CTX)
+    finally:
+        await manager.aclose()

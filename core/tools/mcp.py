@@ -314,6 +314,11 @@ class McpToolSource:
                 else:
                     _settle(call.future, text)
             except Exception as exc:
+                if _connection_closed(exc) and self._closed_reason is None:
+                    # The server is gone (it exited, or the HTTP session ended): later calls fail at once.
+                    self._closed_reason = self.describe_failure(exc)
+                    log.warning("MCP server %s disconnected: %s", self.config.name, self._closed_reason)
+                    self._queue.put_nowait(None)
                 _settle(call.future, exc=self._call_error(call.name, exc))
             finally:
                 _settle(call.future, exc=McpToolError(f"MCP server {self.config.name!r} is closing"))
@@ -340,6 +345,8 @@ class McpToolSource:
 
     def describe_failure(self, exc: BaseException) -> str:
         """One short line for the operator: what went wrong, without secrets."""
+        from mcp import MCPError
+
         leaf = _leaf(exc)
         cfg = self.config
         if isinstance(leaf, FileNotFoundError) and cfg.command is not None:
@@ -348,9 +355,9 @@ class McpToolSource:
             text = f"command not executable: {cfg.command}"
         elif isinstance(leaf, OSError) and cfg.command is not None:
             text = f"cannot start {cfg.command}: {leaf.strerror or leaf}"
-        elif type(leaf).__name__ == "MCPError":
-            message = str(getattr(leaf, "message", "") or leaf)
-            if message.lower() == "connection closed":
+        elif isinstance(leaf, MCPError):
+            message = leaf.message or str(leaf)
+            if _connection_closed(leaf):
                 text = ("the server closed the connection (did it exit? its own error output goes to "
                         "chatbridge's stderr)" if cfg.command is not None else "the server closed the connection")
             else:
@@ -381,6 +388,13 @@ def _leaf(exc: BaseException) -> BaseException:
         inner = [e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)]
         exc = (inner or list(exc.exceptions))[0]
     return exc
+
+
+def _connection_closed(exc: BaseException) -> bool:
+    from mcp import MCPError
+
+    leaf = _leaf(exc)
+    return isinstance(leaf, MCPError) and leaf.message.lower() == "connection closed"
 
 
 def _is_connect_error(exc: BaseException) -> bool:

@@ -36,6 +36,12 @@ def fail() -> str:
 
 
 @server.tool()
+def crash() -> str:
+    """End the server process at once, without answering."""
+    os._exit(1)
+
+
+@server.tool()
 async def sleep(seconds: float) -> str:
     """Sleep, then say so."""
     await asyncio.sleep(seconds)
