@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from core.agent.compaction import summary_message
 from core.events import EventBus, TurnCommitted
 from core.failures import TurnFailure, TurnFailureKind
-from core.messages import MessageSource, NewMessage
+from core.messages import MessageSource, NewMessage, ToolCall
 from core.runner import Cancelled, Completed, Failed, Stale, TurnRunOutcome
 from core.store import CommitResult, StaleStateError, Store, TurnState
 
@@ -34,17 +35,9 @@ class TurnCommitter:
 
     async def commit(self, key: str, turn_id: str, outcome: TurnRunOutcome, *, base_generation: int,
                      base_state_version: int) -> CommitOutcome:
-        if isinstance(outcome, Completed):
-            msgs = [NewMessage(role="assistant", content=outcome.text,
-                               source=MessageSource(kind="assistant", turn_id=turn_id))]
-            expect_gen: int | None = base_generation
-        elif isinstance(outcome, (Cancelled, Failed)):
-            partial = outcome.partial
-            msgs = [NewMessage(role="assistant", content=partial,
-                               source=MessageSource(kind="partial", turn_id=turn_id))] if partial else []
-            expect_gen = None  # /stop moves the generation; the partial the user saw is still kept
-        else:
-            msgs, expect_gen = [], None
+        msgs = turn_messages(outcome, turn_id)
+        # /stop moves the generation; the partial the user saw is still kept
+        expect_gen: int | None = base_generation if isinstance(outcome, Completed) else None
         try:
             try:
                 result = await self._store.commit_turn(key, msgs, expect_generation=expect_gen,
@@ -65,6 +58,41 @@ class TurnCommitter:
             return CommitOutcome(Failed(failure, partial=""), None)
         self._events.publish(TurnCommitted(key, result.history_revision, result.messages))
         return CommitOutcome(outcome, result)
+
+
+def turn_messages(outcome: TurnRunOutcome, turn_id: str) -> list[NewMessage]:
+    """What a turn persists, in order: its compaction summary, then per model request either the
+    assistant's tool calls followed by one result per call (call order), or its text; a max_turns notice
+    last. A cancelled or failed turn keeps what the user saw (text as "partial"); a tool call it did not
+    finish gets a synthetic result saying so (the note the next context sees)."""
+    if isinstance(outcome, Stale):
+        return []
+    msgs: list[NewMessage] = []
+    if outcome.summary is not None:
+        msgs.append(summary_message(outcome.summary, turn_id))
+    completed = isinstance(outcome, Completed)
+    if not outcome.rounds:
+        text = outcome.text if isinstance(outcome, Completed) else outcome.partial
+        if completed or text:
+            msgs.append(NewMessage(role="assistant", content=text, source=MessageSource(
+                kind="assistant" if completed else "partial", turn_id=turn_id)))
+        return msgs
+    for i, rnd in enumerate(outcome.rounds):
+        if rnd.calls:
+            msgs.append(NewMessage(
+                role="assistant", content=rnd.text,
+                tool_calls=tuple(ToolCall(id=c.call_id, name=c.name, arguments=c.arguments) for c in rnd.calls),
+                source=MessageSource(kind="assistant", turn_id=turn_id)))
+            msgs.extend(NewMessage(role="tool", content=rnd.output_for(c.call_id), tool_call_id=c.call_id,
+                                   source=MessageSource(kind="tool", turn_id=turn_id, extra={"name": c.name}))
+                        for c in rnd.calls)
+        elif rnd.text or (completed and i == len(outcome.rounds) - 1):
+            msgs.append(NewMessage(role="assistant", content=rnd.text, source=MessageSource(
+                kind="assistant" if completed else "partial", turn_id=turn_id)))
+    if isinstance(outcome, Completed) and outcome.notice:
+        msgs.append(NewMessage(role="assistant", content=outcome.notice,
+                               source=MessageSource(kind="notice", turn_id=turn_id)))
+    return msgs
 
 
 def _turn_state(outcome: TurnRunOutcome) -> TurnState:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import uuid
 
+from core.agent.events import trace_payload
 from core.committer import TurnCommitter
 from core.controller import TurnController
 from core.delivery import DeliveryError, DeliveryHandle, DeliveryStartError, PlainSender, TurnDeliveryService
@@ -80,7 +81,7 @@ class ConversationExecutor:
             outcome = Failed(TurnFailure(TurnFailureKind.CONTEXT_PREPARATION, repr(exc)), "")
         else:
             try:
-                outcome = await self._runner.run(prepared, controller, cancel)
+                outcome = await self._runner.run(prepared, controller, cancel, requested_by=envelope.sender_id)
             except Exception as exc:  # the agent could not run at all (e.g. shutting down): still one answer
                 log.exception("running the turn in %s failed", key)
                 outcome = Failed(TurnFailure(TurnFailureKind.AGENT_CREATION, repr(exc)), controller.text)
@@ -95,6 +96,7 @@ class ConversationExecutor:
 
         # 5. wait for the sink; fall back to one plain message if the terminal content is not visible
         await self._deliver_terminal(target, handle, outcome, terminal)
+        await self._write_trace(key, turn_id, controller)  # after delivery: never delays the reply
 
         # 6. title in the background
         if isinstance(outcome, Completed) and committed.result and committed.result.history_revision == 1:
@@ -138,6 +140,15 @@ class ConversationExecutor:
             return self._presenter.failure(outcome.failure)
         partial = outcome.partial if isinstance(outcome, Cancelled) else terminal.text
         return self._presenter.cancelled(partial)
+
+    async def _write_trace(self, key: str, turn_id: str, controller: TurnController) -> None:
+        """The turn's complete events in stream order (partials skipped), written once per turn."""
+        for event in controller.trace:
+            try:
+                await self._store.append_trace(key, turn_id, event.kind, trace_payload(event))
+            except Exception as exc:  # tracing never breaks a turn
+                log.warning("trace write failed for %s: %s", key, exc)
+                return
 
     async def _record_turn_end(self, turn_id: str, terminal: TurnSnapshot) -> None:
         state: TurnState = terminal.state if terminal.state != "running" else "failed"

@@ -19,6 +19,23 @@ CHARS_PER_TOKEN = 4
 """A deliberately rough estimate; the model's own overflow error is the backstop (one recovery)."""
 
 
+def estimate_tokens(message: ChatMessage | LLMMessage) -> int:
+    """About four characters per token, tool-call arguments included."""
+    chars = len(message.content) + sum(len(tc.name) + len(tc.arguments) for tc in message.tool_calls)
+    return chars // CHARS_PER_TOKEN + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A compaction summary: it stands for every context message with seq <= ``covers_through_seq``."""
+
+    text: str
+    covers_through_seq: int
+
+    def message(self) -> LLMMessage:
+        return LLMMessage("user", f"[Summary of the earlier conversation]\n{self.text}")
+
+
 @dataclass(frozen=True, slots=True)
 class RuntimeContext:
     channel: str
@@ -41,6 +58,11 @@ class PreparedTurnInput:
     budget_chars: int
     runtime: RuntimeContext
     recovered: bool = False
+    history: tuple[ChatMessage, ...] = ()
+    """The context messages after the summary (untrimmed), in seq order."""
+    summary: Summary | None = None
+    context_tokens: int = 0
+    """Estimate of the whole untrimmed context (system prompt, summary, history); compaction reads it."""
 
 
 class TurnInputBuilder:
@@ -55,22 +77,44 @@ class TurnInputBuilder:
     async def recover_after_overflow(self, prev: PreparedTurnInput) -> PreparedTurnInput:
         """The model said the prompt does not fit: rebuild with half the history budget."""
         return await self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars // 2,
-                                 recovered=True)
+                                 recovered=True, summary=prev.summary)
+
+    async def with_summary(self, prev: PreparedTurnInput, summary: Summary) -> PreparedTurnInput:
+        """The same input, starting from a fresh compaction summary (not persisted yet)."""
+        return await self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars,
+                                 recovered=prev.recovered, summary=summary)
 
     async def _build(self, key: str, base_state_version: int, runtime: RuntimeContext, budget: int, *,
-                     recovered: bool) -> PreparedTurnInput:
+                     recovered: bool, summary: Summary | None = None) -> PreparedTurnInput:
         history = await self._store.context_messages(key, limit=self._settings.history_limit)
-        messages = assemble(self._settings.system_prompt, history, runtime, budget)
-        return PreparedTurnInput(key, messages, base_state_version, budget, runtime, recovered)
+        if summary is None:
+            summary = newest_summary(history)
+        covered = summary.covers_through_seq if summary is not None else 0
+        rest = [m for m in history if m.seq > covered and m.source.kind not in ("summary", "notice")]
+        messages = assemble(self._settings.system_prompt, rest, runtime, budget, summary)
+        tokens = (len(self._settings.system_prompt) // CHARS_PER_TOKEN
+                  + (estimate_tokens(summary.message()) if summary is not None else 0)
+                  + sum(estimate_tokens(m) for m in rest))
+        return PreparedTurnInput(key, messages, base_state_version, budget, runtime, recovered,
+                                 tuple(rest), summary, tokens)
+
+
+def newest_summary(history: list[ChatMessage]) -> Summary | None:
+    for m in reversed(history):
+        if m.source.kind == "summary":
+            covers = m.source.extra.get("covers_through_seq")
+            return Summary(m.content, int(covers) if isinstance(covers, int) else m.seq)
+    return None
 
 
 def assemble(system_prompt: str, history: list[ChatMessage], runtime: RuntimeContext,
-             budget_chars: int) -> tuple[LLMMessage, ...]:
-    """System prompt + the newest history that fits ``budget_chars`` + runtime context on the last user
-    message. The newest user message is always kept."""
-    converted = [_to_llm(m) for m in history if m.source.kind != "notice"]
+             budget_chars: int, summary: Summary | None = None) -> tuple[LLMMessage, ...]:
+    """System prompt + the compaction summary (if any) + the newest history that fits ``budget_chars`` +
+    runtime context on the last user message. The newest user message is always kept."""
+    converted = [_to_llm(m) for m in history if m.source.kind not in ("notice", "summary")]
     kept: list[LLMMessage] = []
-    used = len(system_prompt)
+    head = (LLMMessage("system", system_prompt), *((summary.message(),) if summary is not None else ()))
+    used = sum(len(m.content) for m in head)
     for msg in reversed(converted):
         size = len(msg.content) + sum(len(tc.arguments) for tc in msg.tool_calls)
         if kept and used + size > budget_chars:
@@ -86,7 +130,7 @@ def assemble(system_prompt: str, history: list[ChatMessage], runtime: RuntimeCon
             m = kept[i]
             kept[i] = LLMMessage("user", f"{m.content}\n\n{runtime.block()}")
             break
-    return (LLMMessage("system", system_prompt), *kept)
+    return (*head, *kept)
 
 
 def _to_llm(m: ChatMessage) -> LLMMessage:

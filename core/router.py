@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "stop": "stop the reply in progress",
     "new": "start a fresh conversation (earlier messages stay in the history)",
     "help": "list the commands",
+    "compact": "summarize the conversation so far to free the model's context",
 }
 
 _COMMAND_RE = re.compile(r"^/([A-Za-z][A-Za-z0-9_]*)(?:@\S+)?\s*$")
@@ -53,7 +54,8 @@ class RouterClosedError(RuntimeError):
 class IngressRouter:
     def __init__(self, *, store: Store, sessions: SessionManager, plain: PlainSender,
                  presenter: TurnFailurePresenter, supervisor: TaskSupervisor, settings: CoreSettings,
-                 new_context: Callable[[str], Awaitable[None]]) -> None:
+                 new_context: Callable[[str], Awaitable[None]],
+                 compact: Callable[[str], Awaitable[str]] | None = None) -> None:
         self._store = store
         self._sessions = sessions
         self._plain = plain
@@ -61,6 +63,7 @@ class IngressRouter:
         self._supervisor = supervisor
         self._settings = settings
         self._new_context = new_context
+        self._compact = compact
         self._closed = False
 
     def close(self) -> None:
@@ -105,5 +108,7 @@ class IngressRouter:
             await self._sessions.stop(key)
             await self._new_context(key)
             await self._plain.send(target, self._presenter.new_context())
+        elif command == "compact" and self._compact is not None:
+            await self._plain.send(target, await self._compact(key))
         elif command == "help":
             await self._plain.send(target, self._presenter.help(COMMANDS))

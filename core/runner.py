@@ -1,7 +1,9 @@
-"""TurnRunner: runs the model for one prepared turn, racing it against the turn's cancel signal.
+"""TurnRunner: runs the agent loop for one prepared turn, racing it against the turn's cancel signal.
 
-It feeds the TurnController (the only source of snapshots) and returns a typed TurnRunOutcome; it never
-talks to a channel and never persists the answer (that is the committer's job).
+It feeds the TurnController (the only source of snapshots) with turn events and returns a typed
+TurnRunOutcome carrying the rounds to persist; it never talks to a channel and never persists (that is
+the committer's job). Abort (/stop, shutdown) cancels the stream and running tools, denies pending
+approvals, and emits the abort event last.
 """
 
 from __future__ import annotations
@@ -9,24 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from core.agent.approvals import ApprovalBroker
+from core.agent.compaction import Compactor
+from core.agent.events import Abort, ApprovalDecided
+from core.agent.loop import AgentLoop, Round
 from core.controller import TurnController
 from core.failures import TurnFailure, TurnFailureKind
-from core.input_builder import PreparedTurnInput, TurnInputBuilder
-from core.llm.provider import (
-    LLMProvider,
-    LLMRequest,
-    ProviderError,
-    ProviderErrorKind,
-    ProviderEvent,
-    TextDelta,
-)
-from core.llm.retry import retry_policy
+from core.input_builder import PreparedTurnInput, Summary, TurnInputBuilder
+from core.llm.provider import LLMMessage, LLMProvider, ProviderError
 from core.settings import CoreSettings
 from core.store import Store
 from core.supervisor import TaskSupervisor
+from core.tools.base import ToolRegistry
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +32,26 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Completed:
     text: str
+    """The visible answer (every request's text, and a max_turns notice if one ended the loop)."""
+    rounds: tuple[Round, ...] = ()
+    notice: str | None = None
+    summary: Summary | None = None
+    """A compaction summary made for this turn (persisted with it)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Cancelled:
     partial: str
+    rounds: tuple[Round, ...] = ()
+    summary: Summary | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Failed:
     failure: TurnFailure
     partial: str
+    rounds: tuple[Round, ...] = ()
+    summary: Summary | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,20 +62,33 @@ class Stale:
 TurnRunOutcome = Completed | Cancelled | Failed | Stale
 
 
+class _RecoveryFailed(Exception):
+    """Rebuilding the input after a context overflow failed."""
+
+
 class TurnRunner:
     def __init__(self, provider: LLMProvider, builder: TurnInputBuilder, store: Store,
-                 supervisor: TaskSupervisor, settings: CoreSettings) -> None:
+                 supervisor: TaskSupervisor, settings: CoreSettings, *, tools: ToolRegistry | None = None,
+                 broker: ApprovalBroker | None = None, compactor: Compactor | None = None) -> None:
         self._provider = provider
         self._builder = builder
         self._store = store
         self._supervisor = supervisor
         self._settings = settings
+        self._tools = tools or ToolRegistry()
+        self._broker = broker or ApprovalBroker()
+        self._compactor = compactor
 
-    async def run(self, prepared: PreparedTurnInput, controller: TurnController,
-                  cancel: asyncio.Event) -> TurnRunOutcome:
-        turn_id = controller.snapshot.turn_id
-        work = self._supervisor.spawn(f"turn:{turn_id}:model", self._run_model(prepared, controller))
-        stop = self._supervisor.spawn(f"turn:{turn_id}:cancel-watch", cancel.wait())
+    async def run(self, prepared: PreparedTurnInput, controller: TurnController, cancel: asyncio.Event,
+                  *, requested_by: str | None = None) -> TurnRunOutcome:
+        snap = controller.snapshot
+        loop = AgentLoop(provider=self._provider, tools=self._tools, broker=self._broker,
+                         settings=self._settings, session_key=snap.session_key, turn_id=snap.turn_id,
+                         requested_by=requested_by, emit=controller.apply, spawn=self._supervisor.spawn)
+        compaction: list[Summary] = []
+        work = self._supervisor.spawn(f"turn:{snap.turn_id}:loop",
+                                      self._run_loop(loop, prepared, controller, compaction))
+        stop = self._supervisor.spawn(f"turn:{snap.turn_id}:cancel-watch", cancel.wait())
         try:
             await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -78,76 +98,44 @@ class TurnRunner:
                 with contextlib.suppress(BaseException):
                     await work
         if work.cancelled() or cancel.is_set():
-            return Cancelled(controller.text)
+            self._abort(controller)
+            return Cancelled(controller.text, tuple(loop.rounds), compaction[0] if compaction else None)
         return work.result()
 
-    async def _run_model(self, prepared: PreparedTurnInput, controller: TurnController) -> TurnRunOutcome:
-        recovered = False
-        while True:
+    @staticmethod
+    def _abort(controller: TurnController) -> None:
+        for pending in controller.snapshot.approvals:
+            controller.apply(ApprovalDecided(pending.call_id, "deny", "abort"))
+        controller.apply(Abort("stop"))
+
+    async def _run_loop(self, loop: AgentLoop, prepared: PreparedTurnInput, controller: TurnController,
+                        compaction: list[Summary]) -> TurnRunOutcome:
+        summary: Summary | None = None
+        if self._compactor is not None:
+            prepared, summary = await self._compactor.maybe_compact(prepared, controller.apply)
+            if summary is not None:
+                compaction.append(summary)
+        current = prepared
+
+        async def recover() -> tuple[LLMMessage, ...]:
+            nonlocal current
             try:
-                text = await self._request(prepared, controller)
-                return Completed(text)
-            except ProviderError as exc:
-                if exc.kind is ProviderErrorKind.CONTEXT_OVERFLOW and not recovered:
-                    recovered = True
-                    controller.reset_text("")
-                    log.info("context overflow in %s; rebuilding the input once", prepared.session_key)
-                    try:
-                        prepared = await self._builder.recover_after_overflow(prepared)
-                    except Exception as build_exc:
-                        return Failed(TurnFailure(TurnFailureKind.CONTEXT_PREPARATION, repr(build_exc)),
-                                      controller.text)
-                    continue
-                log.warning("model request failed for %s: %s", prepared.session_key, exc)
-                return Failed(TurnFailure(TurnFailureKind.PROVIDER, str(exc), exc.kind), controller.text)
+                current = await self._builder.recover_after_overflow(current)
+            except Exception as exc:
+                raise _RecoveryFailed(repr(exc)) from exc
+            return current.messages
 
-    async def _request(self, prepared: PreparedTurnInput, controller: TurnController) -> str:
-        """One model request through the retry ladder. A retried attempt starts its text over."""
-        start_text = controller.text
-        attempt_no = 0
-
-        async def on_retry(err: ProviderError, attempt: int, sleep: float) -> None:
-            controller.reset_text(start_text)
-            await self._trace(controller, "request_end",
-                              {"status": err.kind.value, "attempt": attempt, "retry_in": sleep})
-
-        request = LLMRequest(messages=prepared.messages, max_tokens=self._settings.max_output_tokens,
-                             temperature=self._settings.temperature)
-        text = ""
-        async for attempt in retry_policy(self._settings.retry_delays, on_retry=on_retry):
-            with attempt:
-                attempt_no += 1
-                parts: list[str] = []
-                async for event in _bounded(self._provider.stream(request), self._settings.request_timeout):
-                    if isinstance(event, TextDelta) and event.text:
-                        parts.append(event.text)
-                        controller.append_text(event.text)
-                text = "".join(parts)
-        if attempt_no > 1:  # a clean first attempt needs no trace; retries are worth keeping
-            await self._trace(controller, "request_end", {"status": "completed", "attempt": attempt_no})
-        return text
-
-    async def _trace(self, controller: TurnController, kind: str, payload: dict[str, object]) -> None:
-        snap = controller.snapshot
         try:
-            await self._store.append_trace(snap.session_key, snap.turn_id, kind, dict(payload))
-        except Exception as exc:  # tracing never breaks a turn
-            log.warning("trace write failed: %s", exc)
-
-
-async def _bounded(stream: AsyncIterator[ProviderEvent], timeout: float) -> AsyncIterator[ProviderEvent]:
-    """Every provider gets the same bound: no event within ``timeout`` is a TIMEOUT (then the ladder)."""
-    try:
-        while True:
-            try:
-                async with asyncio.timeout(timeout):
-                    event = await anext(stream)
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                raise ProviderError(ProviderErrorKind.TIMEOUT, f"no model output within {timeout:g}s") from None
-            yield event
-    finally:
-        close = getattr(stream, "aclose", None)
-        if close is not None:
-            await close()
+            await loop.run(prepared.messages, recover)
+        except ProviderError as exc:
+            log.warning("model request failed for %s: %s", prepared.session_key, exc)
+            return Failed(TurnFailure(TurnFailureKind.PROVIDER, str(exc), exc.kind), controller.text,
+                          tuple(loop.rounds), summary)
+        except _RecoveryFailed as exc:
+            return Failed(TurnFailure(TurnFailureKind.CONTEXT_PREPARATION, str(exc)), controller.text,
+                          tuple(loop.rounds), summary)
+        except Exception as exc:  # the agent could not run (a provider bug, shutting down): still one answer
+            log.exception("agent loop failed for %s", prepared.session_key)
+            return Failed(TurnFailure(TurnFailureKind.AGENT_CREATION, repr(exc)), controller.text,
+                          tuple(loop.rounds), summary)
+        return Completed(controller.text, tuple(loop.rounds), loop.notice, summary)

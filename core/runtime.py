@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
+from core.agent.approvals import ApprovalBroker
+from core.agent.compaction import Compactor, summary_message
 from core.channel import ChannelPort, ChannelRegistry
 from core.committer import TurnCommitter
 from core.delivery import PlainSender, TurnDeliveryService
 from core.envelope import InboundEnvelope, TurnTarget
-from core.events import EventBus, SessionTitleChanged
+from core.events import EventBus, SessionTitleChanged, TurnCommitted
 from core.executor import ConversationExecutor
 from core.failures import TurnFailurePresenter
-from core.input_builder import TurnInputBuilder
-from core.llm.provider import LLMProvider
+from core.input_builder import RuntimeContext, Summary, TurnInputBuilder
+from core.llm.provider import LLMProvider, ProviderError
 from core.messages import ChatMessage
 from core.router import IngressRouter, RouterClosedError, SubmitResult
 from core.runner import TurnRunner
 from core.session import SessionManager
 from core.settings import CoreSettings
-from core.store import SessionRecord, Store
+from core.store import SessionRecord, StaleStateError, Store
 from core.supervisor import TaskSupervisor
 from core.title import TitleService
+from core.tools.base import ToolRegistry
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +33,7 @@ __all__ = ["ChatCore", "RouterClosedError", "SubmitResult"]
 
 class ChatCore:
     def __init__(self, *, store: Store, provider: LLMProvider, settings: CoreSettings | None = None,
-                 presenter: TurnFailurePresenter | None = None) -> None:
+                 presenter: TurnFailurePresenter | None = None, tools: ToolRegistry | None = None) -> None:
         self.settings = settings or CoreSettings()
         self.store = store
         self.provider = provider
@@ -39,10 +43,15 @@ class ChatCore:
         self.events = EventBus()
         s = self.settings
         self._plain = PlainSender(self.channels, s)
+        self.tools = tools or ToolRegistry()
+        self.approvals = ApprovalBroker()
         builder = TurnInputBuilder(store, s)
+        self._builder = builder
+        self._compactor = Compactor(provider, builder, s)
         self.executor = ConversationExecutor(
             store=store, builder=builder,
-            runner=TurnRunner(provider, builder, store, self.supervisor, s),
+            runner=TurnRunner(provider, builder, store, self.supervisor, s, tools=self.tools,
+                              broker=self.approvals, compactor=self._compactor),
             committer=TurnCommitter(store, self.events),
             delivery=TurnDeliveryService(self.channels, self.supervisor, s),
             plain=self._plain, presenter=self.presenter,
@@ -51,7 +60,7 @@ class ChatCore:
         self.sessions = SessionManager(store, self.executor, self.supervisor, s, on_unserved=self._unserved)
         self.router = IngressRouter(store=store, sessions=self.sessions, plain=self._plain,
                                     presenter=self.presenter, supervisor=self.supervisor, settings=s,
-                                    new_context=self._new_context)
+                                    new_context=self._new_context, compact=self.compact)
         self._started = False
 
     def add_channel(self, channel: ChannelPort) -> None:
@@ -75,6 +84,41 @@ class ChatCore:
 
     async def stop(self, key: str) -> bool:
         return await self.sessions.stop(key)
+
+    def decide(self, session_key: str, tool_call_id: str, decision: Literal["allow", "deny"],
+               decided_by: str | None = None) -> bool:
+        """Answer a pending approval (snapshot.approvals) of ``session_key``. Returns False when there is no
+        such pending approval (already decided, timed out, or the turn ended). Who may decide is the
+        channel's call: ApprovalRequest.requested_by names the sender of the turn's message."""
+        if decision not in ("allow", "deny"):
+            raise ValueError(f"decision must be 'allow' or 'deny', not {decision!r}")
+        return self.approvals.decide(session_key, tool_call_id, decision, decided_by)
+
+    async def compact(self, key: str) -> str:
+        """/compact: summarize the session's context now (not while a reply is being written)."""
+        if self.sessions.is_running(key):
+            return "A reply is being written; try /compact again when it is done."
+        record = await self.store.get_session(key)
+        if record is None:
+            return "Nothing to compact yet."
+        prepared = await self._builder.prepare(key, record.state_version, RuntimeContext(channel=""))
+        messages = list(prepared.history)
+        if len(messages) < 2:
+            return "Nothing to compact yet."
+        try:
+            text, _ = await self._compactor.summarize(prepared.summary, messages)
+        except ProviderError as exc:
+            log.warning("compaction of %s failed: %s", key, exc)
+            return "The conversation could not be compacted right now; please try again later."
+        summary = Summary(text, messages[-1].seq)
+        try:
+            result = await self.store.commit_turn(key, [summary_message(summary, None)],
+                                                  expect_generation=record.generation,
+                                                  expect_state_version=record.state_version)
+        except StaleStateError:
+            return "The conversation moved on while compacting; try /compact again."
+        self.events.publish(TurnCommitted(key, result.history_revision, result.messages))
+        return f"Compacted {len(messages)} messages into a summary; the conversation continues from it."
 
     async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
         return await self.store.history(key, limit=limit)

@@ -11,6 +11,11 @@ DEFAULT_RETRY_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 30.0)
 class CoreSettings:
     system_prompt: str = "You are a helpful assistant."
     max_turns: int = 20
+    """Model requests per user message (each round of tool calls costs one)."""
+    approval_timeout: float = 600.0
+    """A tool call nobody approves within this many seconds is denied."""
+    compaction_threshold: float = 0.75
+    """Compact the context (an LLM summary) when its estimate passes this share of context_window."""
     queue_capacity: int = 32
     session_idle_seconds: float = 300.0
     """A session worker with nothing to do for this long exits; the session then costs only its row."""

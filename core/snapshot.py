@@ -22,6 +22,8 @@ class ApprovalRequest:
     call_id: str
     tool_name: str
     arguments_summary: str
+    requested_by: str | None = None
+    """The sender of the turn's message; a channel may let only them (or admins) decide."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,7 +123,7 @@ async def test_captions_and_media_are_described_to_the_model_and_edits_are_ignor
 async def test_commands_are_registered_and_help_answers(tmp_path, fake_openai, tg):
     t = await telegram_harness(tmp_path, fake_openai, tg)
     try:
-        assert [c["command"] for c in tg.commands] == ["stop", "new", "help"]
+        assert [c["command"] for c in tg.commands] == ["stop", "new", "help", "compact"]
         tg.user_message(f"/help@{tg.username}")
         await t.settle()
         [shown] = tg.visible(555)

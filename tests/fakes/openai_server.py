@@ -66,6 +66,10 @@ class ToolCalls:
     ids: list[str] | None = None
     delay: float = 0.0
     usage: tuple[int, int] | None = None
+    reasoning: str = ""
+    """Streamed first, as ``reasoning_content`` deltas."""
+    hold: asyncio.Event | None = None
+    """When set, the reply waits for this event after the last tool-call fragment, before finishing."""
 
 
 @dataclass
@@ -361,6 +365,8 @@ class FakeOpenAI:
                 await send_text(reply.text, reply.chunk_size, reply.delay)
             await finish(reply.finish_reason, reply.usage, reply.reasoning + reply.text)
         elif isinstance(reply, ToolCalls):
+            for piece in _pieces(reply.reasoning, 8):
+                await send({"reasoning_content": piece})
             await send_text(reply.text, 8, reply.delay)
             ids = reply.ids or [f"call_{request_no}_{i}" for i in range(len(reply.calls))]
             streams: list[list[dict[str, Any]]] = []
@@ -386,6 +392,9 @@ class FakeOpenAI:
                 if reply.delay:
                     await asyncio.sleep(reply.delay)
                 await send({"tool_calls": [tool_delta]})
+            if reply.hold is not None and not await self._wait(reply.hold, None):
+                await resp.write_eof()
+                return resp
             completion = reply.text + "".join(n + a for n, a in reply.calls)
             await finish("tool_calls", reply.usage, completion)
         elif isinstance(reply, Hang):

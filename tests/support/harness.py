@@ -14,6 +14,7 @@ from core.runtime import ChatCore
 from core.settings import CoreSettings
 from core.sqlite_store import SqliteStore
 from core.store import Store
+from core.tools.base import ToolRegistry
 from tests.fakes.openai_server import FakeOpenAI
 from tests.support.channel import TestChannel
 
@@ -72,12 +73,12 @@ class Harness:
 
 
 async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None = None,
-                       **settings: Any) -> Harness:
+                       tools: ToolRegistry | None = None, **settings: Any) -> Harness:
     s = dataclasses.replace(FAST, **settings)
     store = store or SqliteStore(tmp_path / "chat.db")
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key=API_KEY,
                               request_timeout=s.request_timeout)
-    core = ChatCore(store=store, provider=provider, settings=s)
+    core = ChatCore(store=store, provider=provider, settings=s, tools=tools)
     channel = TestChannel()
     core.add_channel(channel)
     await core.start()

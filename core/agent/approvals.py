@@ -1,0 +1,130 @@
+"""Approvals: one decision at a time, in tool-call order.
+
+``ApprovalBroker`` (one per ChatCore) holds the pending "ask" decisions so a channel can answer them
+through ``ChatCore.decide``. ``ApprovalGate`` (one per model request) takes each complete tool call in
+call order: policy ``auto`` allows it at once, ``deny`` (and unknown tools) block it with a synthetic
+output, ``ask`` publishes an approval request and waits for the user, the approval timeout, or abort.
+While an earlier call waits, later ones queue behind it; the LLM stream never waits for a decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from collections.abc import Callable
+
+from core.agent.events import ApprovalDecided, ApprovalRequested, CompleteToolCall, Decision, ToolOutput, TurnEvent
+from core.agent.merge_queue import MergeQueue
+from core.tools.base import ApprovalPolicy, ToolRegistry
+
+DENIED_BY_USER = "Tool call denied by user."
+DENIED_BY_POLICY = "Tool call denied by policy."
+DENIED_BY_TIMEOUT = "Tool call denied: nobody approved it in time."
+
+Verdict = tuple[Decision, str | None]
+
+
+class ApprovalBroker:
+    """Pending approvals of every session, keyed by (session key, tool call id)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[str, str], asyncio.Future[Verdict]] = {}
+
+    def open(self, session_key: str, call_id: str) -> asyncio.Future[Verdict]:
+        fut: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self._pending[(session_key, call_id)] = fut
+        return fut
+
+    def close(self, session_key: str, call_id: str) -> None:
+        self._pending.pop((session_key, call_id), None)
+
+    def decide(self, session_key: str, call_id: str, decision: Decision, decided_by: str | None) -> bool:
+        """Resolve a pending approval; False when there is none (already decided, timed out, aborted)."""
+        fut = self._pending.pop((session_key, call_id), None)
+        if fut is None or fut.done():
+            return False
+        fut.set_result((decision, decided_by))
+        return True
+
+    def pending(self, session_key: str) -> list[str]:
+        return [call_id for (key, call_id) in self._pending if key == session_key]
+
+
+def summarize_arguments(arguments: str, limit: int = 200) -> str:
+    """A short, readable one-line form of a call's JSON arguments (for buttons and tool activity)."""
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        text = arguments
+    else:
+        if isinstance(parsed, dict):
+            text = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in parsed.items())
+        else:
+            text = json.dumps(parsed, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class ApprovalGate:
+    def __init__(self, *, queue: MergeQueue[TurnEvent], tools: ToolRegistry, broker: ApprovalBroker,
+                 session_key: str, requested_by: str | None, timeout: float,
+                 start_tool: Callable[[CompleteToolCall], None]) -> None:
+        self._queue = queue
+        self._tools = tools
+        self._broker = broker
+        self._key = session_key
+        self._requested_by = requested_by
+        self._timeout = timeout
+        self._start_tool = start_tool
+        self._backlog: deque[CompleteToolCall] = deque()
+        self._busy = False
+
+    def submit(self, call: CompleteToolCall) -> None:
+        """Take a complete tool call (called in call order by the stream driver)."""
+        policy = self._tools.policy(call.name)
+        if not self._busy and policy != "ask":
+            self._settle(call, policy, None)  # nothing waits ahead of it: decide now, in stream order
+            return
+        self._backlog.append(call)
+        if not self._busy:
+            self._busy = True
+            self._queue.add_producer(f"approvals:{call.call_id}", self._work())
+
+    async def _work(self) -> None:
+        try:
+            while self._backlog:
+                call = self._backlog.popleft()
+                policy = self._tools.policy(call.name)
+                if policy == "ask":
+                    await self._ask(call)
+                else:
+                    self._settle(call, policy, None)
+        finally:
+            self._busy = False
+
+    async def _ask(self, call: CompleteToolCall) -> None:
+        self._queue.push(ApprovalRequested(call.call_id, call.name, summarize_arguments(call.arguments),
+                                           self._requested_by))
+        fut = self._broker.open(self._key, call.call_id)
+        try:
+            decision, decided_by = await asyncio.wait_for(fut, self._timeout)
+        except TimeoutError:
+            self._queue.push(ApprovalDecided(call.call_id, "deny", "timeout"))
+            self._queue.push(ToolOutput(call.call_id, call.name, DENIED_BY_TIMEOUT, "denied"))
+            return
+        finally:
+            self._broker.close(self._key, call.call_id)
+        self._queue.push(ApprovalDecided(call.call_id, decision, "user", decided_by))
+        if decision == "allow":
+            self._start_tool(call)
+        else:
+            self._queue.push(ToolOutput(call.call_id, call.name, DENIED_BY_USER, "denied"))
+
+    def _settle(self, call: CompleteToolCall, policy: ApprovalPolicy, decided_by: str | None) -> None:
+        if policy == "auto":
+            self._queue.push(ApprovalDecided(call.call_id, "allow", "policy", decided_by))
+            self._start_tool(call)
+        else:
+            self._queue.push(ApprovalDecided(call.call_id, "deny", "policy", decided_by))
+            self._queue.push(ToolOutput(call.call_id, call.name, DENIED_BY_POLICY, "denied"))

@@ -1,0 +1,95 @@
+"""Compaction: when a session's context nears the model's window, an LLM summary replaces its older part.
+
+The summary request runs on the old context; its output is never streamed to the user (only the
+compaction_begin / token_usage / compaction_end events are on the turn's stream). The summary is
+persisted with the turn (a message with source kind "summary" and ``extra.covers_through_seq``);
+TurnInputBuilder then starts every context from the newest summary plus the messages after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from core.agent.events import CompactionBegin, CompactionEnd, TokenUsage, TurnEvent
+from core.input_builder import PreparedTurnInput, Summary, TurnInputBuilder, estimate_tokens
+from core.llm.provider import LLMMessage, LLMProvider, LLMRequest, ProviderError, TextDelta, Usage
+from core.llm.retry import retry_policy
+from core.messages import ChatMessage, MessageSource, NewMessage
+from core.settings import CoreSettings
+
+SUMMARY_PROMPT = (
+    "You compress conversations. Summarize the conversation below so that it can replace it as context: "
+    "keep facts, decisions, names, numbers, open questions and what the user wants. Write plain prose, "
+    "at most a few paragraphs; do not address the user.")
+
+
+class Compactor:
+    def __init__(self, provider: LLMProvider, builder: TurnInputBuilder, settings: CoreSettings) -> None:
+        self._provider = provider
+        self._builder = builder
+        self._settings = settings
+
+    def needed(self, prepared: PreparedTurnInput) -> bool:
+        return prepared.context_tokens > self._settings.compaction_threshold * self._settings.context_window
+
+    async def maybe_compact(self, prepared: PreparedTurnInput,
+                            emit: Callable[[TurnEvent], None]) -> tuple[PreparedTurnInput, Summary | None]:
+        """Compact when the context is near the window: returns the input to use and the summary to commit."""
+        if not self.needed(prepared):
+            return prepared, None
+        history = list(prepared.history)
+        last_user = max((i for i, m in enumerate(history) if m.role == "user"), default=None)
+        older = history[:last_user] if last_user is not None else []
+        if not older:
+            return prepared, None
+        emit(CompactionBegin(len(older)))
+        try:
+            text, usage = await self.summarize(prepared.summary, older)
+        except ProviderError:
+            emit(CompactionEnd("failed"))
+            return prepared, None  # the builder's trimming still keeps the request inside the window
+        if usage is not None:
+            emit(TokenUsage(usage.prompt_tokens, usage.completion_tokens))
+        summary = Summary(text, older[-1].seq)
+        emit(CompactionEnd("completed"))
+        return await self._builder.with_summary(prepared, summary), summary
+
+    async def summarize(self, previous: Summary | None, messages: list[ChatMessage]) -> tuple[str, Usage | None]:
+        lines = [f"[Earlier summary]\n{previous.text}"] if previous is not None else []
+        for m in messages:
+            if m.role == "tool":
+                lines.append(f"tool result ({m.tool_call_id}): {m.content[:2000]}")
+            elif m.tool_calls:
+                calls = "; ".join(f"{tc.name}({tc.arguments})" for tc in m.tool_calls)
+                lines.append(f"{m.role}: {m.content}\n(called tools: {calls})")
+            else:
+                lines.append(f"{m.role}: {m.content}")
+        request = LLMRequest(messages=(LLMMessage("system", SUMMARY_PROMPT), LLMMessage("user", "\n\n".join(lines))),
+                             max_tokens=self._settings.max_output_tokens)
+        usage: Usage | None = None
+        text = ""
+        async for attempt in retry_policy(self._settings.retry_delays):
+            with attempt:
+                parts: list[str] = []
+                stream = self._provider.stream(request)
+                try:
+                    async for event in stream:
+                        if isinstance(event, TextDelta):
+                            parts.append(event.text)
+                        elif isinstance(event, Usage):
+                            usage = event
+                finally:
+                    close = getattr(stream, "aclose", None)
+                    if close is not None:
+                        await close()
+                text = "".join(parts).strip()
+        return text, usage
+
+
+def summary_message(summary: Summary, turn_id: str | None) -> NewMessage:
+    return NewMessage(role="assistant", content=summary.text,
+                      source=MessageSource(kind="summary", turn_id=turn_id,
+                                           extra={"covers_through_seq": summary.covers_through_seq}))
+
+
+__all__ = ["Compactor", "estimate_tokens", "summary_message"]

@@ -1,0 +1,367 @@
+"""AgentLoop: the model requests and tool rounds of one turn.
+
+Each model request is one round with its own MergeQueue. Producers: the stream driver (one request
+through the retry ladder, assembling provider deltas into partial/complete messages), the approval
+worker, and every allowed tool. The loop is the single consumer: it hands each event, in the queue's
+total order, to ``emit`` (the TurnController and the trace) and records tool outputs as they arrive.
+A round with tool calls ends when its stream, its approvals and its tools are all done; the next
+request then carries the outputs in call order. ``max_turns`` bounds the requests of one user message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from core.agent.approvals import ApprovalBroker, ApprovalGate
+from core.agent.events import (
+    CompleteReasoning,
+    CompleteText,
+    CompleteToolCall,
+    Notice,
+    PartialReasoning,
+    PartialText,
+    PartialToolCall,
+    PartialToolOutput,
+    RequestBegin,
+    RequestEnd,
+    RequestStatus,
+    TokenUsage,
+    ToolOutput,
+    TurnEvent,
+)
+from core.agent.merge_queue import MergeQueue, Spawn
+from core.llm.provider import (
+    LLMMessage,
+    LLMProvider,
+    LLMRequest,
+    LLMToolCall,
+    ProviderError,
+    ProviderErrorKind,
+    ProviderEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+from core.llm.retry import retry_policy
+from core.settings import CoreSettings
+from core.tools.base import ToolContext, ToolRegistry
+
+log = logging.getLogger(__name__)
+
+MAX_TOOL_OUTPUT_CHARS = 16_000
+EMPTY_TOOL_OUTPUT = "[no output]"
+ABORTED_TOOL_OUTPUT = "Tool call aborted: the user stopped the turn before it finished."
+
+
+def normalize_output(text: str, limit: int = MAX_TOOL_OUTPUT_CHARS) -> str:
+    """Empty output becomes '[no output]'; output over ``limit`` keeps its head and says what was cut."""
+    if not text.strip():
+        return EMPTY_TOOL_OUTPUT
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[… {len(text) - limit} more characters truncated]"
+
+
+@dataclass(slots=True)
+class Round:
+    """What one model request produced: its text, its committed tool calls and their outputs."""
+
+    request_no: int
+    text: str = ""
+    calls: list[CompleteToolCall] = field(default_factory=list)
+    outputs: dict[str, ToolOutput] = field(default_factory=dict)
+
+    def output_for(self, call_id: str) -> str:
+        out = self.outputs.get(call_id)
+        return out.output if out is not None else ABORTED_TOOL_OUTPUT
+
+    def messages(self) -> list[LLMMessage]:
+        """The round as model context: the assistant's calls, then one output per call in call order."""
+        if not self.calls:
+            return [LLMMessage("assistant", self.text)] if self.text else []
+        calls = tuple(LLMToolCall(c.call_id, c.name, c.arguments) for c in self.calls)
+        return [LLMMessage("assistant", self.text, calls),
+                *(LLMMessage("tool", self.output_for(c.call_id), tool_call_id=c.call_id) for c in self.calls)]
+
+
+def request_status(err: ProviderError) -> RequestStatus:
+    if err.kind is ProviderErrorKind.TIMEOUT:
+        return "timeout"
+    if err.kind is ProviderErrorKind.MALFORMED:
+        return "malformed"
+    if err.kind is ProviderErrorKind.AUTH:
+        return "auth"
+    return "failed"
+
+
+class AgentLoop:
+    def __init__(self, *, provider: LLMProvider, tools: ToolRegistry, broker: ApprovalBroker,
+                 settings: CoreSettings, session_key: str, turn_id: str, requested_by: str | None,
+                 emit: Callable[[TurnEvent], None], spawn: Spawn | None = None) -> None:
+        self._provider = provider
+        self._tools = tools
+        self._broker = broker
+        self._settings = settings
+        self._key = session_key
+        self._turn_id = turn_id
+        self._requested_by = requested_by
+        self._emit = emit
+        self._spawn = spawn
+        self.rounds: list[Round] = []
+        self.notice: str | None = None
+        """Set when the loop stopped on max_turns (the notice the user saw)."""
+
+    async def run(self, base: tuple[LLMMessage, ...],
+                  recover: Callable[[], Awaitable[tuple[LLMMessage, ...]]] | None = None) -> None:
+        """Run requests until the model answers without tool calls (or max_turns). ProviderError propagates
+        (after at most one overflow recovery through ``recover``, which rebuilds the base context)."""
+        recovered = False
+        while True:
+            request_no = len(self.rounds) + 1
+            messages = base + tuple(m for r in self.rounds for m in r.messages())
+            rnd = Round(request_no)
+            try:
+                await self._request(rnd, messages)
+            except ProviderError as exc:
+                if exc.kind is ProviderErrorKind.CONTEXT_OVERFLOW and not recovered and recover is not None \
+                        and not rnd.calls:
+                    recovered = True
+                    log.info("context overflow in %s; rebuilding the input once", self._key)
+                    base = await recover()
+                    continue
+                if rnd.calls or rnd.text:
+                    self.rounds.append(rnd)
+                raise
+            except BaseException:
+                if rnd.calls or rnd.text:
+                    self.rounds.append(rnd)  # abort: what was committed enters the next context
+                raise
+            self.rounds.append(rnd)
+            if not rnd.calls:
+                return
+            if request_no >= self._settings.max_turns:
+                self.notice = (f"I stopped after {request_no} model requests for this message (the limit is "
+                               f"max_turns = {self._settings.max_turns}). Send another message to continue.")
+                self._emit(Notice(self.notice))
+                return
+
+    # ---- one request ---------------------------------------------------------------------------
+
+    async def _request(self, rnd: Round, messages: tuple[LLMMessage, ...]) -> None:
+        queue: MergeQueue[TurnEvent] = MergeQueue(self._spawn)
+
+        def start_tool(call: CompleteToolCall) -> None:
+            queue.add_producer(f"turn:{self._turn_id}:tool:{call.call_id}", self._execute(call, queue))
+
+        gate = ApprovalGate(queue=queue, tools=self._tools, broker=self._broker, session_key=self._key,
+                            requested_by=self._requested_by, timeout=self._settings.approval_timeout,
+                            start_tool=start_tool)
+        request = LLMRequest(messages=messages, tools=self._tools.specs(),
+                             max_tokens=self._settings.max_output_tokens, temperature=self._settings.temperature)
+        queue.add_producer(f"turn:{self._turn_id}:model", self._drive(rnd, request, queue, gate))
+        try:
+            async for event in queue:
+                if isinstance(event, ToolOutput):
+                    rnd.outputs[event.call_id] = event
+                self._emit(event)
+        finally:
+            await queue.cancel()  # abort or failure: stop the stream, the approvals and running tools
+
+    async def _drive(self, rnd: Round, request: LLMRequest, queue: MergeQueue[TurnEvent],
+                     gate: ApprovalGate) -> None:
+        """The stream producer: one model request through the retry ladder."""
+        attempt_no = 0
+        usage: Usage | None = None
+
+        async def on_retry(err: ProviderError, attempt: int, sleep: float) -> None:
+            queue.push(RequestEnd(request_status(err), attempt, sleep))
+
+        try:
+            async for attempt in retry_policy(self._settings.retry_delays, on_retry=on_retry):
+                with attempt:
+                    attempt_no += 1
+                    rnd.text = ""
+                    queue.push(RequestBegin(rnd.request_no, attempt_no))
+                    asm = _Assembler(queue.push, rnd, gate, f"call_{self._turn_id[:8]}_{rnd.request_no}")
+                    try:
+                        async for event in _bounded(self._provider.stream(request), self._settings.request_timeout):
+                            asm.feed(event)
+                    except ProviderError as err:
+                        asm.abandon()
+                        if rnd.calls and err.retryable:
+                            # Calls already run: keep them, end this request here; the next one continues.
+                            queue.push(RequestEnd(request_status(err), attempt_no))
+                            return
+                        raise
+                    asm.finish()
+                    usage = asm.usage
+        except ProviderError as err:
+            queue.push(RequestEnd(request_status(err), attempt_no))
+            raise
+        if usage is not None:
+            queue.push(TokenUsage(usage.prompt_tokens, usage.completion_tokens))
+        queue.push(RequestEnd("completed", attempt_no))
+
+    async def _execute(self, call: CompleteToolCall, queue: MergeQueue[TurnEvent]) -> None:
+        """A tool producer: runs one allowed call; whatever happens, the call gets exactly one output.
+        Built-in tools return their whole text at once, so the output's fragments come at completion."""
+        status: str = "done"
+        tool = self._tools.get(call.name)
+        try:
+            if tool is None:
+                raise LookupError(f"no tool named {call.name!r}")
+            args = json.loads(call.arguments) if call.arguments.strip() else {}
+            if not isinstance(args, dict):
+                raise ValueError("arguments must be a JSON object")
+            text = await tool.run(args, ToolContext(self._key, self._turn_id, call.call_id))
+            text = normalize_output(str(text))
+        except Exception as exc:
+            status = "failed"
+            text = normalize_output(f"Tool failed: {type(exc).__name__}: {exc}")
+        queue.push(PartialToolOutput("start", call.call_id))
+        queue.push(PartialToolOutput("delta", call.call_id, text))
+        queue.push(PartialToolOutput("stop", call.call_id))
+        queue.push(ToolOutput(call.call_id, call.name, text, "done" if status == "done" else "failed"))
+
+
+@dataclass(slots=True)
+class _CallBuffer:
+    index: int
+    call_id: str
+    name: str
+    arguments: str = ""
+
+
+class _Assembler:
+    """Turns one attempt's provider deltas into partial/complete events. Text and reasoning segments
+    close when another kind of content starts. A tool call completes as soon as its arguments parse as
+    a JSON object (a closed object cannot grow into another valid one), so its approval and execution
+    start while the stream goes on, even when a server interleaves the fragments of parallel calls;
+    anything still open completes when the stream ends."""
+
+    def __init__(self, push: Callable[[TurnEvent], None], rnd: Round, gate: ApprovalGate, id_prefix: str) -> None:
+        self._push = push
+        self._rnd = rnd
+        self._gate = gate
+        self._id_prefix = id_prefix
+        self._segment: str | None = None  # "text" | "reasoning"
+        self._parts: list[str] = []
+        self._calls: dict[int, _CallBuffer] = {}
+        self._done: set[int] = set()
+        self.usage: Usage | None = None
+
+    def feed(self, event: ProviderEvent) -> None:
+        if isinstance(event, TextDelta):
+            if event.text:
+                self._open("text")
+                self._parts.append(event.text)
+                self._rnd.text += event.text
+                self._push(PartialText("delta", event.text))
+        elif isinstance(event, ReasoningDelta):
+            if event.text:
+                self._open("reasoning")
+                self._parts.append(event.text)
+                self._push(PartialReasoning("delta", event.text))
+        elif isinstance(event, ToolCallDelta):
+            self._close_segment()
+            self._tool_delta(event)
+        elif isinstance(event, Usage):
+            self.usage = event
+
+    def finish(self) -> None:
+        self._close_segment()
+        for index in sorted(self._calls):
+            self._complete(index)
+
+    def abandon(self) -> None:
+        """The attempt failed: close open fragments (stop) without a complete message."""
+        if self._segment == "text":
+            self._push(PartialText("stop"))
+        elif self._segment == "reasoning":
+            self._push(PartialReasoning("stop"))
+        self._segment = None
+        for buf in self._calls.values():
+            self._push(PartialToolCall("stop", buf.call_id, buf.name))
+        self._calls.clear()
+
+    def _open(self, kind: str) -> None:
+        if self._segment == kind:
+            return
+        self._close_segment()
+        for index in sorted(self._calls):
+            self._complete(index)
+        self._segment = kind
+        self._parts = []
+        self._push(PartialText("start") if kind == "text" else PartialReasoning("start"))
+
+    def _close_segment(self) -> None:
+        if self._segment is None:
+            return
+        whole = "".join(self._parts)
+        if self._segment == "text":
+            self._push(PartialText("stop"))
+            self._push(CompleteText(whole))
+        else:
+            self._push(PartialReasoning("stop"))
+            self._push(CompleteReasoning(whole))
+        self._segment = None
+        self._parts = []
+
+    def _tool_delta(self, event: ToolCallDelta) -> None:
+        if event.index in self._done:
+            if event.arguments.strip():
+                log.warning("ignoring a fragment for tool call %d after its arguments were complete", event.index)
+            return
+        buf = self._calls.get(event.index)
+        if buf is None:
+            buf = _CallBuffer(event.index, event.id or f"{self._id_prefix}_{event.index}", event.name or "")
+            self._calls[event.index] = buf
+            self._push(PartialToolCall("start", buf.call_id, buf.name))
+        elif event.name and not buf.name:
+            buf.name = event.name
+        if event.arguments:
+            buf.arguments += event.arguments
+            self._push(PartialToolCall("delta", buf.call_id, buf.name, event.arguments))
+            if _is_json_object(buf.arguments):
+                self._complete(event.index)
+
+    def _complete(self, index: int) -> None:
+        buf = self._calls.pop(index)
+        self._done.add(index)
+        self._push(PartialToolCall("stop", buf.call_id, buf.name))
+        call = CompleteToolCall(buf.call_id, buf.name, buf.arguments)
+        self._push(call)
+        self._rnd.calls.append(call)
+        self._gate.submit(call)
+
+
+def _is_json_object(text: str) -> bool:
+    if not text.rstrip().endswith("}"):
+        return False  # cheap pre-check: most fragments end mid-object
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+async def _bounded(stream: AsyncIterator[ProviderEvent], timeout: float) -> AsyncIterator[ProviderEvent]:
+    """Every provider gets the same bound: no event within ``timeout`` is a TIMEOUT (then the ladder)."""
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(timeout):
+                    event = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise ProviderError(ProviderErrorKind.TIMEOUT, f"no model output within {timeout:g}s") from None
+            yield event
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
