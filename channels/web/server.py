@@ -27,6 +27,7 @@ COOKIE = "chatbridge_token"
 SENDER = "web-user"
 MAX_TEXT = 32_000
 MAX_TITLE = 200
+MAX_CALL_ID = 256
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -72,6 +73,7 @@ class WebServer:
         r.add_get("/api/sessions/{id}/history", self.history)
         r.add_get("/api/sessions/{id}/stream", self.stream)
         r.add_post("/api/sessions/{id}/stop", self.stop)
+        r.add_post("/api/sessions/{id}/approvals/{call_id}", self.decide)
 
     # ---- auth -----------------------------------------------------------------------------------
 
@@ -194,6 +196,19 @@ class WebServer:
         sid = self._session_id(request)
         stopped = await self.core.stop(session_key(sid))
         return web.json_response({"stopped": stopped})
+
+    async def decide(self, request: web.Request) -> web.StreamResponse:
+        """Allow or deny a pending tool call of the session's running turn (``approval_request``)."""
+        sid = self._session_id(request)
+        call_id = request.match_info["call_id"]
+        if not call_id or len(call_id) > MAX_CALL_ID:
+            return _error(400, "bad tool call id")
+        decision = (await self._json(request)).get("decision")
+        if decision not in ("allow", "deny"):
+            return _error(400, "'decision' must be \"allow\" or \"deny\"")
+        if not self.core.decide(session_key(sid), call_id, decision, decided_by=SENDER):
+            return _error(404, "no such pending approval (already decided, timed out, or the turn ended)")
+        return web.json_response({"call_id": call_id, "decision": decision})
 
     # ---- SSE ------------------------------------------------------------------------------------
 

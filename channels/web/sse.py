@@ -7,6 +7,9 @@ which is how a ``Last-Event-ID`` from another life of the stream is recognised. 
 kept, bounded by count and by bytes, and replayed to a reconnecting client when its ``Last-Event-ID`` is
 still covered; otherwise the client is told ``resync_required`` and starts from a fresh ``task_state``.
 
+A pending tool approval appears in the ``turn`` events' ``approvals`` list and, once, as an
+``approval_request`` event; a fresh connection's ``task_state`` carries the approvals still pending.
+
 Turn progress is sent as increments: a ``turn`` event carries the text appended since the previous
 ``turn`` event of that turn (``append``), or the whole text when it no longer extends it (``replace``,
 after a retried model request), so an N-character reply costs O(N) bytes on the wire.
@@ -40,7 +43,8 @@ def tool_view(snapshot: TurnSnapshot) -> list[dict[str, str]]:
     return [{"call_id": t.call_id, "name": t.name, "status": t.status, "summary": t.summary} for t in snapshot.tools]
 
 
-def approvals_view(snapshot: TurnSnapshot) -> list[dict[str, str]]:
+def approvals_view(snapshot: TurnSnapshot) -> list[dict[str, Any]]:
+    # requested_by stays out: clients never see internal sender ids (as in history)
     return [{"call_id": a.call_id, "tool_name": a.tool_name, "arguments": a.arguments_summary}
             for a in snapshot.approvals]
 
@@ -55,7 +59,7 @@ class LiveTurn:
     state: str
     text: str
     tools: list[dict[str, str]]
-    approvals: list[dict[str, str]]
+    approvals: list[dict[str, Any]]
     error: str | None
 
     def view(self) -> dict[str, Any]:
@@ -136,6 +140,7 @@ class SessionStream:
             self.live = LiveTurn(snapshot.turn_id, client_id, snapshot.version, snapshot.state, snapshot.text,
                                  tools, approvals, snapshot.error)
             self.append("turn", data)
+            self._announce(snapshot.turn_id, approvals, [])
             return True
         if snapshot.version <= live.version or live.state != "running":
             return False  # an older (or repeated) snapshot: clients already have newer
@@ -151,11 +156,20 @@ class SessionStream:
         if snapshot.error != live.error:
             data["error"] = snapshot.error
         changed = len(data) > 3 or snapshot.state != live.state
+        before = live.approvals
         live.version, live.state, live.text = snapshot.version, snapshot.state, snapshot.text
         live.tools, live.approvals, live.error = tools, approvals, snapshot.error
         if changed:
             self.append("turn", data)
+            self._announce(snapshot.turn_id, approvals, before)
         return changed
+
+    def _announce(self, turn_id: str, approvals: list[dict[str, Any]], before: list[dict[str, Any]]) -> None:
+        """One ``approval_request`` event per approval that was not pending in the previous ``turn`` event."""
+        known = {a["call_id"] for a in before}
+        for a in approvals:
+            if a["call_id"] not in known:
+                self.append("approval_request", {"session_id": self.session_id, "turn_id": turn_id, **a})
 
     def has_terminal(self, turn_id: str) -> bool:
         return self.live is not None and self.live.turn_id == turn_id and self.live.state != "running"
@@ -163,9 +177,10 @@ class SessionStream:
     # ---- connecting -----------------------------------------------------------------------------
 
     def task_state(self, title: str | None = None) -> bytes:
-        """The opening event of a fresh connection: the live turn so far (or none)."""
+        """The opening event of a fresh connection: the live turn so far (or none) and its pending approvals."""
         running = self.live if self.live is not None and self.live.state == "running" else None
-        data: dict[str, Any] = {"session_id": self.session_id, "turn": running.view() if running else None}
+        data: dict[str, Any] = {"session_id": self.session_id, "turn": running.view() if running else None,
+                                "approvals": list(running.approvals) if running else []}
         if title is not None:
             data["title"] = title
         return encode_event("task_state", data, self.last_id())

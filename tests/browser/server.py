@@ -16,10 +16,42 @@ from aiohttp import web
 from channels.web.factory import WebRuntime, build
 from channels.web.sse import StreamHub
 from core.llm.openai_provider import OpenAIProvider
+from core.llm.provider import LLMToolSpec
 from core.runtime import ChatCore
 from core.sqlite_store import SqliteStore
+from core.tools.base import ApprovalPolicy, ToolContext, ToolRegistry
 from tests.fakes.openai_server import FakeOpenAI
 from tests.support.harness import FAST
+
+
+class RecordingTool:
+    """A small test tool: returns ``result`` and records every call's arguments (ask by default)."""
+
+    def __init__(self, name: str = "lookup", result: str = "42 apples",
+                 approval: ApprovalPolicy | None = "ask") -> None:
+        self._spec = LLMToolSpec(name, f"the {name} test tool",
+                                 {"type": "object", "properties": {"query": {"type": "string"}}})
+        self._approval = approval
+        self.result = result
+        self.calls: list[dict[str, Any]] = []
+
+    @property
+    def spec(self) -> LLMToolSpec:
+        return self._spec
+
+    @property
+    def approval(self) -> ApprovalPolicy | None:
+        return self._approval
+
+    async def run(self, arguments: dict[str, Any], context: ToolContext) -> str:
+        self.calls.append(arguments)
+        return self.result
+
+
+def registry(*tools: RecordingTool) -> ToolRegistry:
+    reg = ToolRegistry(default_policy="ask")
+    reg.extend(tools)
+    return reg
 
 
 class WebChat:
@@ -41,11 +73,12 @@ class WebChat:
 
 
 async def start_web_chat(tmp_path: Path, fake: FakeOpenAI, *, auth_token: str = "", hub: StreamHub | None = None,
-                         update_interval: float = 0.05, **settings: Any) -> WebChat:
+                         update_interval: float = 0.05, tools: ToolRegistry | None = None,
+                         **settings: Any) -> WebChat:
     s = dataclasses.replace(FAST, **settings)
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key="sk-test",
                               request_timeout=s.request_timeout)
-    core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s)
+    core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools)
     app = web.Application()
     runtime = build(core, app, auth_token=auth_token, hub=hub, update_interval=update_interval)
     await core.start()
