@@ -47,6 +47,12 @@ def build_provider(config: AppConfig) -> LLMProvider:
     if llm.provider == "openai":
         return OpenAIProvider(model=llm.model, base_url=llm.effective_base_url, api_key=llm.api_key or "none",
                               request_timeout=float(llm.request_timeout))
+    if llm.provider == "anthropic":
+        from core.llm.anthropic_provider import AnthropicProvider
+
+        return AnthropicProvider(model=llm.model, base_url=llm.effective_base_url, api_key=llm.api_key,
+                                 request_timeout=float(llm.request_timeout),
+                                 max_tokens_default=llm.max_output_tokens or 1024)
     if llm.provider == "local":
         return _build_local_provider(config)
     raise StartupError(

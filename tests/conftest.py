@@ -20,3 +20,12 @@ async def fake_openai() -> AsyncIterator[FakeOpenAI]:
     """A started fake OpenAI-compatible server on 127.0.0.1; ``base_url`` ends with ``/v1``."""
     async with FakeOpenAI() as fake:
         yield fake
+
+from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
+
+
+@pytest.fixture
+async def fake_anthropic() -> AsyncIterator[FakeAnthropic]:
+    """A started fake Anthropic Messages API on 127.0.0.1; ``base_url`` has no ``/v1`` (the SDK adds it)."""
+    async with FakeAnthropic() as fake:
+        yield fake
