@@ -21,6 +21,8 @@ from core.llm.provider import LLMProvider
 from core.runtime import ChatCore
 from core.settings import CoreSettings
 from core.sqlite_store import SqliteStore
+from core.tools.base import ToolRegistry
+from core.tools.builtin import CurrentTime, FetchUrl
 
 log = logging.getLogger("chatbridge")
 
@@ -97,6 +99,17 @@ def core_settings_for(config: AppConfig) -> CoreSettings:
     return settings
 
 
+def build_tools(config: AppConfig) -> ToolRegistry:
+    """The registry ChatCore draws tools from: the built-ins, with the operator's approval policy."""
+    agent = config.agent
+    registry = ToolRegistry(default_policy=agent.approval, overrides=dict(agent.tool_approval))
+    registry.add(CurrentTime())
+    if agent.fetch_url.enabled:
+        registry.add(FetchUrl(max_bytes=agent.fetch_url.max_bytes,
+                              timeout_seconds=float(agent.fetch_url.timeout_seconds)))
+    return registry
+
+
 def check_channels(config: AppConfig) -> None:
     missing = [name for name in config.enabled_channels() if factory_for(name) is None]
     if missing:
@@ -137,7 +150,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
 
     data_dir = Path(config.bridge.data_dir)
     core = ChatCore(store=SqliteStore(data_dir / "chatbridge.db"), provider=provider,
-                    settings=core_settings_for(config))
+                    settings=core_settings_for(config), tools=build_tools(config))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

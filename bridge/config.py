@@ -182,6 +182,12 @@ class McpServerEntry(_Section):
     call_timeout_seconds: PositiveFloat = 60.0
 
 
+class FetchUrlConfig(_Section):
+    enabled: bool = False
+    max_bytes: Annotated[Int, Field(ge=1)] = 200_000
+    timeout_seconds: PositiveFloat = 15.0
+
+
 class AgentConfig(_Section):
     system_prompt: str = "You are a helpful assistant."
     max_turns: Annotated[Int, Field(ge=1)] = 20
@@ -189,6 +195,9 @@ class AgentConfig(_Section):
     queue_capacity: Annotated[Int, Field(ge=1)] = 32
     session_idle_seconds: PositiveFloat = 300.0
     titles: bool = True
+    approval_timeout_seconds: PositiveFloat = 600.0
+    tool_approval: dict[str, Literal["ask", "auto", "deny"]] = Field(default_factory=dict)
+    fetch_url: FetchUrlConfig = Field(default_factory=lambda: FetchUrlConfig())
     mcp_servers: list[McpServerEntry] = Field(default_factory=list)
 
 
@@ -285,6 +294,7 @@ class AppConfig(_Section):
         return CoreSettings(
             system_prompt=self.agent.system_prompt,
             max_turns=self.agent.max_turns,
+            approval_timeout=float(self.agent.approval_timeout_seconds),
             queue_capacity=self.agent.queue_capacity,
             session_idle_seconds=float(self.agent.session_idle_seconds),
             context_window=self.llm.context_window,
