@@ -1,23 +1,18 @@
 """The chat page in headless Chromium (Debian's /usr/bin/chromium, driven by Playwright; no browser download)
 against a real web chat: ChatCore + web channel, with the fake OpenAI server as the model.
 
-Screenshots go to test-artifacts/ (gitignored)."""
+Screenshots go to test-artifacts/ (gitignored). The ``browser`` fixture is in conftest.py."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 import pytest
 
+from tests.browser.conftest import ARTIFACTS, CHROMIUM
 from tests.browser.server import start_web_chat
 from tests.fakes.openai_server import Text
-
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"{CHROMIUM} is absent (apt-get install chromium)")
@@ -25,21 +20,6 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
 HOSTILE = ('Safe **bold** and `<b>code</b>` <img src=x onerror="window.__pwned=1">\n'
            '<script>window.__pwned=2</script> [click](javascript:window.__pwned=3) '
            '[ok](https://example.org/?a=1&b="2") "quotes" & <svg onload=window.__pwned=4>')
-
-
-@pytest.fixture
-async def browser(tmp_path):
-    from playwright.async_api import async_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    async with async_playwright() as pw:
-        context = await pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=ARGS,
-            viewport={"width": 1100, "height": 760})
-        try:
-            yield context
-        finally:
-            await context.close()
 
 
 @pytest.fixture

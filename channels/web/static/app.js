@@ -102,6 +102,7 @@
     pending: new Map(),    // client_id → text of a sent message not yet in history
     notices: [],           // {text, after: id of the last history message when it arrived}
     held: [],              // deltas that arrived while a full fetch was on its way
+    decisions: new Map(),  // tool call id → "allow" | "deny" clicked on this page (its buttons stay disabled)
     stream: null,
     feed: null,
     stats: { fullFetches: 0, deltas: { applied: 0, duplicate: 0, needs_full_fetch: 0, marked_unread: 0 } },
@@ -221,9 +222,19 @@
     on("resync_required", () => { fullFetch(); });
     on("task_state", (d) => {
       app.live = d.turn ? Object.assign({ committed: false }, d.turn) : null;
+      if (app.live && d.approvals) app.live.approvals = d.approvals;
       renderLive();
     });
     on("turn", applyTurn);
+    on("approval_request", (d) => {
+      // The turn event before it listed the approval already; this keeps a page that missed it right.
+      const live = app.live;
+      if (!live || live.turn_id !== d.turn_id || live.state !== "running") return;
+      if (!live.approvals.some((a) => a.call_id === d.call_id)) {
+        live.approvals = live.approvals.concat([{ call_id: d.call_id, tool_name: d.tool_name, arguments: d.arguments }]);
+        renderLive();
+      }
+    });
     on("turn_committed", (d) => {
       // Core commits a turn before it shows its terminal state, and one turn runs at a time per session:
       // this delta closes the live turn, whether it is applied now, held, or leads to a full fetch.
@@ -291,8 +302,30 @@
     const div = document.createElement("div");
     div.className = "msg " + m.role + (m.kind === "partial" ? " partial" : "");
     div.dataset.id = m.id;
-    if (m.role === "assistant") div.innerHTML = renderMarkdown(m.content);
-    else div.textContent = m.content;
+    if (m.role === "assistant") {
+      div.innerHTML = renderMarkdown(m.content);
+      if (m.tool_calls && m.tool_calls.length) {
+        if (!m.content) div.classList.add("calls-only");
+        const ul = document.createElement("ul"); ul.className = "tools";
+        for (const c of m.tool_calls) { const li = document.createElement("li"); li.textContent = c.name + " " + argsText(c.arguments); ul.appendChild(li); }
+        div.appendChild(ul);
+      }
+    } else div.textContent = m.content;
+    return div;
+  }
+  function argsText(raw) {
+    let s = String(raw || "");
+    try { const v = JSON.parse(s); s = v && typeof v === "object" && !Array.isArray(v) ? Object.keys(v).map((k) => k + "=" + JSON.stringify(v[k])).join(", ") : JSON.stringify(v); } catch (_) { /* shown as sent */ }
+    return "(" + (s.length > 160 ? s.slice(0, 159) + "…" : s) + ")";
+  }
+  // A tool's result in history: one muted line under the call (a denial reads as such).
+  function toolResultEl(m, name) {
+    const div = document.createElement("div");
+    const denied = /^Tool call denied/.test(m.content);
+    div.className = "tool-result" + (denied ? " denied" : "");
+    div.dataset.id = m.id;
+    const text = m.content.length > 300 ? m.content.slice(0, 299) + "…" : m.content;
+    div.textContent = (name || "tool") + " → " + text;
     return div;
   }
   function noticeEl(text) { const d = document.createElement("div"); d.className = "notice"; d.textContent = text; return d; }
@@ -304,8 +337,11 @@
     const byAfter = new Map();
     for (const n of app.notices) { if (!byAfter.has(n.after)) byAfter.set(n.after, []); byAfter.get(n.after).push(n); }
     for (const n of byAfter.get(null) || []) box.appendChild(noticeEl(n.text));
+    const toolNames = new Map();
     for (const m of app.mirror.messages) {
       if (m.role === "user" || m.role === "assistant") box.appendChild(messageEl(m));
+      if (m.role === "assistant") for (const c of m.tool_calls || []) toolNames.set(c.id, c.name);
+      if (m.role === "tool") box.appendChild(toolResultEl(m, toolNames.get(m.tool_call_id)));
       for (const n of byAfter.get(m.id) || []) box.appendChild(noticeEl(n.text));
     }
     for (const [cid, text] of app.pending) {
@@ -338,10 +374,47 @@
         for (const t of live.tools) { const li = document.createElement("li"); li.className = t.status; li.textContent = t.name + " — " + t.status.replace("_", " ") + (t.summary ? ": " + t.summary : ""); ul.appendChild(li); }
         div.appendChild(ul);
       }
+      for (const a of (running && live.approvals) || []) div.appendChild(approvalEl(a));
       if (live.error) { const e = document.createElement("div"); e.className = "turn-error"; e.textContent = live.error; div.appendChild(e); }
       holder.appendChild(div);
     }
     scrollDown(stick);
+  }
+
+  // approvals: Allow / Deny under the live turn; a click disables both until the turn events move on
+  function approvalEl(a) {
+    const box = document.createElement("div");
+    box.className = "approval";
+    box.dataset.callId = a.call_id;
+    const q = document.createElement("div"); q.className = "q";
+    const name = document.createElement("strong"); name.textContent = a.tool_name;
+    q.append("Run ", name, "?");
+    box.appendChild(q);
+    if (a.arguments) { const args = document.createElement("code"); args.className = "args"; args.textContent = a.arguments; box.appendChild(args); }
+    const chosen = app.decisions.get(a.call_id);
+    const row = document.createElement("div"); row.className = "buttons";
+    for (const [decision, label] of [["allow", "Allow"], ["deny", "Deny"]]) {
+      const b = document.createElement("button");
+      b.type = "button"; b.className = decision; b.textContent = label; b.disabled = !!chosen;
+      b.addEventListener("click", () => decide(a.call_id, decision));
+      row.appendChild(b);
+    }
+    if (chosen) { const s = document.createElement("span"); s.className = "chosen"; s.textContent = chosen === "allow" ? "Allowing…" : "Denying…"; row.appendChild(s); }
+    box.appendChild(row);
+    return box;
+  }
+  async function decide(callId, decision) {
+    if (!app.session || app.decisions.has(callId)) return;
+    const sid = app.session;
+    app.decisions.set(callId, decision);
+    renderLive();
+    try {
+      await api("POST", "/api/sessions/" + sid + "/approvals/" + encodeURIComponent(callId), { decision });
+    } catch (e) {
+      if (app.session !== sid) return;
+      app.decisions.delete(callId);
+      addNotice("⚠️ The " + decision + " was not recorded: " + e.message);
+    }
   }
 
   // sending
@@ -361,7 +434,7 @@
   function openSession(id) {
     app.session = id;
     history.replaceState(null, "", "#" + id);
-    app.live = null; app.pending.clear(); app.notices = []; app.held = [];
+    app.live = null; app.pending.clear(); app.notices = []; app.held = []; app.decisions.clear();
     app.mirror.loadFull(id, null, []);
     app.mirror.revision = null;
     renderHistory();
