@@ -16,6 +16,7 @@ from aiohttp import web
 from bridge.channels import ChannelRuntime, factory_for
 from bridge.config import AppConfig
 from bridge.logs import configure_logging
+from bridge.mcp import start_mcp_servers
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import LLMProvider
 from core.runtime import ChatCore
@@ -148,9 +149,14 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         print(f"chatbridge: {exc}", file=sys.stderr)
         return EXIT_STARTUP
 
+    # MCP servers start before the core, so their tools are in the registry from the first turn; one that
+    # fails is logged and left out, and the rest keep working.
+    mcp = await start_mcp_servers(config)
+    tools = build_tools(config)
+    tools.extend(mcp.tools())
     data_dir = Path(config.bridge.data_dir)
     core = ChatCore(store=SqliteStore(data_dir / "chatbridge.db"), provider=provider,
-                    settings=core_settings_for(config), tools=build_tools(config))
+                    settings=core_settings_for(config), tools=tools)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -164,6 +170,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
     except StartupError as exc:
         print(f"chatbridge: {exc}", file=sys.stderr)
         await core.shutdown()
+        await _quietly(mcp.aclose(), "closing MCP servers")
         return EXIT_STARTUP
     runner: web.AppRunner | None = None
     started: list[ChannelRuntime] = []
@@ -197,6 +204,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
             log.warning("abandoned tasks at shutdown: %s", ", ".join(stragglers))
         for channel in reversed(channels):
             await _quietly(channel.close(), f"closing channel {channel.name}")
+        await _quietly(mcp.aclose(), "closing MCP servers")
         if runner is not None:
             await runner.cleanup()
 

@@ -44,6 +44,6 @@ def configure_logging(level: str, secrets: Iterable[str]) -> SecretRedactor:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    for noisy in ("httpx", "httpcore", "openai", "aiohttp.access"):
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai", "anthropic", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
     return redactor

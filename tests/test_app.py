@@ -96,3 +96,67 @@ def test_redactor_removes_secrets_from_messages_and_tracebacks():
     text = record.getMessage()
     assert "sk-live-123" not in text and "hunter2" not in text
     assert "***" in text and "auth failed" in text
+
+
+async def test_run_offers_mcp_tools_from_the_config_and_survives_a_broken_server(tmp_path, fake_openai, capsys):
+    from pathlib import Path
+
+    from tests.fakes.openai_server import Text, ToolCalls
+
+    echo_server = Path(__file__).parent / "mcp_servers" / "echo_server.py"
+    port = free_port()
+    path = write_config(tmp_path, f"""
+[bridge]
+data_dir = "{tmp_path / 'data'}"
+[llm]
+provider = "openai"
+model = "fake"
+base_url = "{fake_openai.base_url}"
+[agent]
+titles = false
+[web]
+port = {port}
+[[agent.mcp_servers]]
+name = "echo"
+command = "{sys.executable}"
+args = ["{echo_server}"]
+approval = "auto"
+[[agent.mcp_servers]]
+name = "broken"
+command = "{tmp_path / 'no-such-server'}"
+startup_timeout_seconds = 5
+""")
+    fake_openai.script(ToolCalls([("echo__echo", '{"text": "hello from MCP"}')]), Text("The server said hello."))
+    config = load_config(path)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_app(config, config_path=str(path), stop=stop))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(500):
+                try:
+                    async with http.get(f"{base}/healthz") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.05)
+            async with http.post(f"{base}/api/sessions") as resp:
+                sid = (await resp.json())["id"]
+            async with http.post(f"{base}/api/sessions/{sid}/messages", json={"text": "please echo"}) as resp:
+                assert resp.status == 202
+            for _ in range(500):
+                async with http.get(f"{base}/api/sessions/{sid}/history") as resp:
+                    messages = (await resp.json())["messages"]
+                if messages and messages[-1]["content"] == "The server said hello.":
+                    break
+                await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 20) == 0
+    offered = [t["function"]["name"] for t in fake_openai.requests[0]["tools"]]
+    assert "echo__echo" in offered and not any(name.startswith("broken__") for name in offered)
+    tool_results = [m for m in fake_openai.requests[1]["messages"] if m["role"] == "tool"]
+    assert tool_results and "hello from MCP" in tool_results[0]["content"]
+    assert [m["role"] for m in messages][-3:] == ["assistant", "tool", "assistant"]
+    log_text = capsys.readouterr().err
+    assert "MCP server broken" in log_text and "failed to start" in log_text

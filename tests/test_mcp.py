@@ -287,3 +287,77 @@ async def test_a_server_that_dies_fails_its_calls_without_waiting_for_the_timeou
             await tool(manager, "echo__echo").run({"text": "x"}, CTX)
     finally:
         await manager.aclose()
+
+
+# ---- end to end: config → core → model ---------------------------------------------------------------
+
+
+async def test_mcp_tool_from_config_is_approved_through_the_core_and_its_output_reaches_the_model(
+        tmp_path: Path) -> None:
+    from bridge.config import load_config
+    from bridge.mcp import start_mcp_servers
+    from core.llm.openai_provider import OpenAIProvider
+    from core.runtime import ChatCore
+    from core.snapshot import TurnSnapshot
+    from core.sqlite_store import SqliteStore
+    from tests.fakes.openai_server import FakeOpenAI, Text, ToolCalls
+    from tests.support.channel import TestChannel, TestSink
+    from tests.support.harness import API_KEY, FAST
+
+    path = tmp_path / "chatbridge.toml"
+    path.write_text(f"""
+[[agent.mcp_servers]]
+name = "echo"
+command = {_toml_str(sys.executable)}
+args = [{_toml_str(str(ECHO_SERVER))}]
+""")
+    config = load_config(path, env={})
+    assert config.agent.mcp_servers[0].approval == "ask"
+    manager = await start_mcp_servers(config)
+    snapshots: list[TurnSnapshot] = []
+
+    class RecordingSink(TestSink):
+        async def update(self, snapshot: TurnSnapshot) -> None:
+            snapshots.append(snapshot)
+            await super().update(snapshot)
+
+    class RecordingChannel(TestChannel):
+        async def open_sink(self, target):  # type: ignore[no-untyped-def]
+            sink = RecordingSink(self, target)
+            self.sinks.append(sink)
+            return sink
+
+    async with FakeOpenAI() as fake:
+        fake.script(ToolCalls([("echo__echo", '{"text": "hello from MCP"}')], ids=["call_mcp_1"]),
+                    Text("The server said hello."))
+        registry = ToolRegistry(default_policy=config.agent.approval)
+        registry.extend(manager.tools())
+        core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), settings=FAST, tools=registry,
+                        provider=OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key=API_KEY,
+                                                request_timeout=FAST.request_timeout))
+        channel = RecordingChannel()
+        core.add_channel(channel)
+        await core.start()
+        try:
+            await core.submit(channel.envelope("please echo"))
+            for _ in range(500):  # bounded: until the approval is asked for
+                asking = [s for s in snapshots if s.approvals]
+                if asking:
+                    break
+                await asyncio.sleep(0.01)
+            assert asking, "no approval was asked for"
+            [request] = asking[-1].approvals
+            assert (request.call_id, request.tool_name) == ("call_mcp_1", "echo__echo")
+            assert core.decide(asking[-1].session_key, "call_mcp_1", "allow", "u1")
+            for _ in range(500):
+                if len(fake.requests) >= 2 and channel.platform.visible("c1")[-1:] == ["The server said hello."]:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await core.shutdown()
+            await manager.aclose()
+    assert len(fake.requests) == 2
+    offered = [t["function"]["name"] for t in fake.requests[0]["tools"]]
+    assert "echo__echo" in offered
+    tool_messages = [m for m in fake.requests[1]["messages"] if m.get("role") == "tool"]
+    assert [(m["tool_call_id"], m["content"]) for m in tool_messages] == [("call_mcp_1", "hello from MCP")]
