@@ -13,7 +13,8 @@ import httpx2
 import openai
 import pytest
 
-from core.llm.openai_provider import OpenAIProvider, _retry_after
+from core.llm.http_errors import retry_after as _retry_after
+from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import (
     LLMMessage,
     LLMRequest,

@@ -18,11 +18,9 @@ Two things about the SDK (2.x) shape the client set-up:
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import logging
 import re
-import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -32,6 +30,7 @@ import httpx2
 import pydantic
 from anthropic.types import MessageParam, RawMessageStreamEvent, ToolParam
 
+from core.llm.http_errors import Redactor, refused, retry_after
 from core.llm.provider import (
     LLMMessage,
     LLMRequest,
@@ -59,9 +58,7 @@ _CONTEXT_OVERFLOW_MARKERS = (
 # In-stream ``error`` events worth another attempt; any other in-stream error is MALFORMED.
 _TRANSIENT_STREAM_ERRORS = frozenset({"overloaded_error", "api_error", "timeout_error"})
 _STOP_REASONS = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
-_BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
 _API_KEY_HEADER = re.compile(r"(x-api-key['\"]?\s*[:=]\s*['\"]?)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
-_MAX_DETAIL = 500
 
 
 class AnthropicProvider:
@@ -81,7 +78,7 @@ class AnthropicProvider:
         self.base_url = base_url
         self.request_timeout = request_timeout
         self.max_tokens_default = max_tokens_default
-        self._api_key = api_key
+        self._redactor = Redactor(api_key, _API_KEY_HEADER)
         self._warned_temperature = False
         omit = anthropic.omit
         # The key travels in ``x-api-key`` alone (see the module docstring); with no key (a local proxy)
@@ -181,11 +178,7 @@ class AnthropicProvider:
     # ---- errors ----------------------------------------------------------------------------------
 
     def _redact(self, text: str) -> str:
-        if self._api_key:
-            text = text.replace(self._api_key, "***")
-        text = _BEARER.sub(r"\1***", text)
-        text = _API_KEY_HEADER.sub(r"\1***", text)
-        return text if len(text) <= _MAX_DETAIL else text[:_MAX_DETAIL] + "…"
+        return self._redactor(text)
 
     def _error(
         self,
@@ -228,7 +221,7 @@ class AnthropicProvider:
             if status in (401, 403):
                 return self._error(K.AUTH, exc, status=status)
             if status == 429:
-                return self._error(K.RATE_LIMIT, exc, status=status, retry_after=_retry_after(exc.response.headers))
+                return self._error(K.RATE_LIMIT, exc, status=status, retry_after=retry_after(exc.response.headers))
             if status >= 500:  # 529 overloaded included
                 return self._error(K.TRANSIENT, exc, status=status)
             if status == 408:
@@ -240,7 +233,7 @@ class AnthropicProvider:
             return self._error(K.BAD_REQUEST, exc, status=status)
         if isinstance(exc, anthropic.APITimeoutError):
             # The aiohttp transport reports a refused connection as a connect *timeout*; it is not one.
-            return self._error(K.TRANSIENT if _refused(exc) else K.TIMEOUT, exc)
+            return self._error(K.TRANSIENT if refused(exc) else K.TIMEOUT, exc)
         if isinstance(exc, anthropic.APIConnectionError):
             return self._error(K.TRANSIENT, exc)
         if isinstance(exc, anthropic.APIResponseValidationError):
@@ -260,17 +253,6 @@ class AnthropicProvider:
         return None
 
 
-def _refused(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    for _ in range(8):  # a short cause chain; bounded in case of cycles
-        if seen is None:
-            return False
-        if isinstance(seen, ConnectionError):
-            return True
-        if isinstance(getattr(seen, "os_error", None), ConnectionError):  # aiohttp's ClientConnectorError
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 # ---- event assembly ------------------------------------------------------------------------------
@@ -444,24 +426,3 @@ def _is_context_overflow(exc: anthropic.APIError) -> bool:
     text = " ".join(parts).lower()
     return any(marker in text for marker in _CONTEXT_OVERFLOW_MARKERS)
 
-
-def _retry_after(headers: httpx2.Headers) -> float | None:
-    """Seconds from ``retry-after-ms`` / ``retry-after`` (delta-seconds or an HTTP date)."""
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms:
-        try:
-            return max(0.0, float(raw_ms) / 1000.0)
-        except ValueError:
-            pass
-    raw = headers.get("retry-after")
-    if not raw:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when.timestamp() - time.time())

@@ -8,10 +8,7 @@ One ``stream`` call is one HTTP request (the SDK's own retries are disabled: ret
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
-import re
-import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -24,6 +21,7 @@ from openai.types.chat import (
     ChatCompletionToolUnionParam,
 )
 
+from core.llm.http_errors import Redactor, refused, retry_after
 from core.llm.provider import (
     LLMMessage,
     LLMRequest,
@@ -46,8 +44,6 @@ _CONTEXT_OVERFLOW_MARKERS = (
     "prompt is too long",
 )
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
-_BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
-_MAX_DETAIL = 500
 
 
 class OpenAIProvider:
@@ -59,7 +55,7 @@ class OpenAIProvider:
         self.model = model
         self.base_url = base_url
         self.request_timeout = request_timeout
-        self._api_key = api_key
+        self._redactor = Redactor(api_key)
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
             # the SDK refuses an empty key; local servers often need none, so send a placeholder
@@ -155,10 +151,7 @@ class OpenAIProvider:
     # ---- errors ----------------------------------------------------------------------------------
 
     def _redact(self, text: str) -> str:
-        if self._api_key:
-            text = text.replace(self._api_key, "***")
-        text = _BEARER.sub(r"\1***", text)
-        return text if len(text) <= _MAX_DETAIL else text[:_MAX_DETAIL] + "…"
+        return self._redactor(text)
 
     def _error(
         self,
@@ -197,7 +190,7 @@ class OpenAIProvider:
                 return self._error(K.AUTH, exc, status=status)
             if isinstance(exc, openai.RateLimitError) or status == 429:
                 return self._error(
-                    K.RATE_LIMIT, exc, status=status, retry_after=_retry_after(exc.response.headers)
+                    K.RATE_LIMIT, exc, status=status, retry_after=retry_after(exc.response.headers)
                 )
             if status >= 500:
                 return self._error(K.TRANSIENT, exc, status=status)
@@ -210,7 +203,7 @@ class OpenAIProvider:
             return self._error(K.BAD_REQUEST, exc, status=status)
         if isinstance(exc, openai.APITimeoutError):
             # The aiohttp transport reports a refused connection as a connect *timeout*; it is not one.
-            return self._error(K.TRANSIENT if _refused(exc) else K.TIMEOUT, exc)
+            return self._error(K.TRANSIENT if refused(exc) else K.TIMEOUT, exc)
         if isinstance(exc, openai.APIConnectionError):
             return self._error(K.TRANSIENT, exc)
         if isinstance(exc, openai.APIResponseValidationError):
@@ -234,17 +227,6 @@ class OpenAIProvider:
         return None
 
 
-def _refused(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    for _ in range(8):  # a short cause chain; bounded in case of cycles
-        if seen is None:
-            return False
-        if isinstance(seen, ConnectionError):
-            return True
-        if isinstance(getattr(seen, "os_error", None), ConnectionError):  # aiohttp's ClientConnectorError
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 # ---- chunk assembly ------------------------------------------------------------------------------
@@ -331,24 +313,3 @@ def _is_context_overflow(exc: openai.APIError) -> bool:
     text = " ".join(parts).lower()
     return any(marker in text for marker in _CONTEXT_OVERFLOW_MARKERS)
 
-
-def _retry_after(headers: httpx2.Headers) -> float | None:
-    """Seconds from ``retry-after-ms`` / ``retry-after`` (delta-seconds or an HTTP date)."""
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms:
-        try:
-            return max(0.0, float(raw_ms) / 1000.0)
-        except ValueError:
-            pass
-    raw = headers.get("retry-after")
-    if not raw:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when.timestamp() - time.time())

@@ -1,0 +1,63 @@
+"""Helpers the HTTP-based providers share for turning SDK failures into safe ProviderErrors."""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import Mapping
+
+MAX_DETAIL = 500
+_BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+
+
+class Redactor:
+    """Removes the API key (and bearer tokens, and any extra patterns) from text bound for logs."""
+
+    def __init__(self, api_key: str, *patterns: re.Pattern[str]) -> None:
+        self._api_key = api_key
+        self._patterns = (_BEARER, *patterns)
+
+    def __call__(self, text: str) -> str:
+        if self._api_key:
+            text = text.replace(self._api_key, "***")
+        for pattern in self._patterns:
+            text = pattern.sub(r"\1***", text)
+        return text if len(text) <= MAX_DETAIL else text[:MAX_DETAIL] + "…"
+
+
+def refused(exc: BaseException) -> bool:
+    """True when a connection was refused somewhere in ``exc``'s cause chain (some transports report a
+    refused connection as a connect timeout)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short cause chain; bounded in case of cycles
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionError):
+            return True
+        if isinstance(getattr(seen, "os_error", None), ConnectionError):  # aiohttp's ClientConnectorError
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds from ``retry-after-ms`` / ``retry-after`` (delta-seconds or an HTTP date)."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms:
+        try:
+            return max(0.0, float(raw_ms) / 1000.0)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
