@@ -4,7 +4,8 @@ Receiving: long polling with the update offset kept in the store (``telegram/off
 neither replays nor loses updates; or a webhook on the web server's ``/telegram/webhook`` with the
 secret-token header checked in constant time, answered 200 at once and processed in a supervised task.
 Either way each update goes through the adapter (authorize, normalise) and ``ChatCore.submit``; core's
-durable dedupe on "<chat_id>:<message_id>" makes a re-delivered update harmless.
+durable dedupe on "<chat_id>:<message_id>" makes a re-delivered update harmless. A callback query (a press
+on an approval button) goes to ``ApprovalButtons`` instead (see ``channels.telegram.approvals``).
 
 The polling loop is ours rather than aiogram's Dispatcher because the offset must be persisted only after
 an update was handed to core, and the Dispatcher keeps its offset in memory.
@@ -22,7 +23,6 @@ from typing import Any, Literal
 
 from aiogram import Bot
 from aiogram.methods import (
-    AnswerCallbackQuery,
     DeleteWebhook,
     GetMe,
     GetUpdates,
@@ -38,6 +38,7 @@ from channels.common.splitter import split_text
 from channels.common.throttle import ChatThrottle
 from channels.telegram import render
 from channels.telegram.adapter import CHANNEL, AllowList, BotIdentity, normalize
+from channels.telegram.approvals import ApprovalButtons
 from channels.telegram.client import TelegramClient
 from channels.telegram.sink import Destination, TelegramSink, entities
 from core.channel import SinkError
@@ -83,6 +84,7 @@ class TelegramChannel:
         self.client = client or TelegramClient(bot, self.throttle)
         self.limit = limit
         self.allow = AllowList(settings.allow_from)
+        self.approval_buttons = ApprovalButtons(self)
         self.me: BotIdentity | None = None
         self.drafts_rejected = False
         self._state = "stopped"
@@ -244,9 +246,7 @@ class TelegramChannel:
     async def handle_update(self, update: Update) -> bool:
         """Hand one update to core. False when core no longer accepts input (shutting down)."""
         if update.callback_query is not None:
-            # Approval buttons are not in this build; answer so the client stops its spinner.
-            with contextlib.suppress(PlatformError):
-                await self.client.call(AnswerCallbackQuery(callback_query_id=update.callback_query.id))
+            await self.approval_buttons.on_press(update.callback_query)  # always answers the query
             return True
         message = update.message
         if message is None or self.me is None:

@@ -7,6 +7,9 @@ private chats the unfinished tail can stream as a ``sendMessageDraft`` preview i
 (``stream_transport``); a rejected draft falls back to edits for good. The final reconcile renders
 Markdown into entities (plain text if Telegram rejects them) and leaves the chat showing the whole
 answer exactly once.
+
+A pending tool approval in a snapshot is posted at once as its own message with Allow / Deny buttons
+(``channels.telegram.approvals``); one that ends without a press is edited to say so.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiogram.methods import DeleteMessage, EditMessageText, SendChatAction, SendMessage, SendMessageDraft
 from aiogram.types import MessageEntity, ReplyParameters
@@ -26,6 +30,8 @@ from channels.common.ledger import Part
 from channels.common.reconciler import Reconciler
 from channels.common.splitter import utf16_len
 from channels.telegram import render
+from channels.telegram.approvals import PendingApproval, keyboard, request_text
+from core.agent.approvals import DENIED_BY_TIMEOUT
 from core.channel import SinkError
 from core.envelope import TurnTarget
 from core.snapshot import TurnSnapshot
@@ -121,6 +127,7 @@ class TelegramSink:
         self._flusher: asyncio.Task[None] | None = None
         self._finishing = False
         self.aborted = False
+        self._asked: dict[str, tuple[PendingApproval, asyncio.Task[None] | None]] = {}
 
     @property
     def ledger(self):  # type: ignore[no-untyped-def]
@@ -138,6 +145,7 @@ class TelegramSink:
 
     async def update(self, snapshot: TurnSnapshot) -> None:
         """Note the newest state and make sure a flush is on its way; never waits for the chat's pace."""
+        self._sync_approvals(snapshot)
         if self.aborted or self._finishing:
             return
         parts = render.stream_parts(snapshot.text, self.channel.limit)
@@ -177,6 +185,7 @@ class TelegramSink:
 
     async def finish(self, snapshot: TurnSnapshot) -> None:
         self._finishing = True
+        self._sync_approvals(snapshot)  # a terminal snapshot has none pending: the keyboards go
         flusher = self._flusher
         if flusher is not None and not flusher.done():
             if self._lock.locked():
@@ -214,6 +223,52 @@ class TelegramSink:
     def undelivered(self, snapshot: TurnSnapshot) -> str | None:
         missing = self.ledger.missing(self._final(snapshot))
         return "\n\n".join(p.source for p in missing)
+
+    # ---- approvals -----------------------------------------------------------------------------
+
+    def _sync_approvals(self, snapshot: TurnSnapshot) -> None:
+        """Post new pending approvals; mark those that ended without a press. Never waits."""
+        pending = {a.call_id for a in snapshot.approvals}
+        for request in snapshot.approvals:
+            if request.call_id not in self._asked:
+                entry = self.channel.approval_buttons.register(
+                    snapshot.session_key, request.call_id, request.tool_name, request.arguments_summary,
+                    request.requested_by or self.target.sender_id, self.dest.chat_id)
+                self._asked[request.call_id] = (entry, self._spawn(f"telegram:approval:{request.call_id}",
+                                                                   self._post_approval(entry)))
+        for call_id, (entry, posting) in self._asked.items():
+            if call_id not in pending and entry.outcome is None:
+                entry.outcome = "ended"
+                self._spawn(f"telegram:approval-ended:{call_id}",
+                            self._show_ended(entry, posting, _ended_line(snapshot, call_id)))
+
+    async def _post_approval(self, entry: PendingApproval) -> None:
+        d = self.dest
+        reply = ReplyParameters(message_id=d.reply_to_message_id, allow_sending_without_reply=True) \
+            if d.reply_to_message_id else None
+        try:
+            await self.channel.throttle.reserve(d.key)
+            msg = await self.channel.client.call(SendMessage(
+                chat_id=d.chat_id, text=request_text(entry.tool_name, entry.arguments), parse_mode=None,
+                message_thread_id=d.thread_id, reply_parameters=reply, reply_markup=keyboard(entry.ref)),
+                chat=d.key)
+        except PlatformError as exc:
+            log.warning("could not post the approval request for %s in chat %s: %s", entry.tool_name, d.key, exc)
+            return
+        if msg is not None:
+            entry.message_id = msg.message_id
+
+    async def _show_ended(self, entry: PendingApproval, posting: asyncio.Task[None] | None, line: str) -> None:
+        if posting is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(posting)
+        await self.channel.approval_buttons.show_outcome(entry, line)
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+        try:
+            return self.channel.core.supervisor.spawn(name, coro)
+        except Exception:  # shutting down
+            return None
 
     # ---- internals -----------------------------------------------------------------------------
 
@@ -256,3 +311,13 @@ class TelegramSink:
             await step  # type: ignore[misc]
         except PlatformError as exc:
             log.debug("typing action failed: %s", exc)
+
+
+def _ended_line(snapshot: TurnSnapshot, call_id: str) -> str:
+    """How an approval ended without a press on this message, from the tool's status in ``snapshot``."""
+    tool = next((t for t in snapshot.tools if t.call_id == call_id), None)
+    if tool is not None and tool.status == "denied" and tool.summary == DENIED_BY_TIMEOUT:
+        return "⌛ Denied: nobody decided in time."
+    if tool is not None and tool.status in ("running", "done"):
+        return "✅ Allowed."
+    return "⏹ The reply was stopped before a decision."  # /stop denies what is pending

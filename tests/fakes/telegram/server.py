@@ -6,10 +6,12 @@ strings) and JSON bodies, and answer with Telegram's envelope: ``{"ok": true, "r
 
 What it checks like Telegram does: the token (401), message length in UTF-16 code units (4096), empty
 text, entity offsets and lengths against the text, "message is not modified", "message to edit/delete
-not found", drafts only in private chats, getUpdates 409 while a webhook is set. getUpdates has real
+not found", drafts only in private chats, getUpdates 409 while a webhook is set, callback_data of at most
+64 bytes, and a callback query answered at most once (an unknown or repeated id is a 400). getUpdates has real
 offset semantics (updates below the offset are confirmed and forgotten) and long polling.
 
-It keeps what every chat shows (``Shown`` messages by id, with text and entities, deleted ones marked),
+It keeps what every chat shows (``Shown`` messages by id, with text, entities and the inline keyboard,
+deleted ones marked), the answers to callback queries (``callback_answers``),
 every call (``calls``, with a monotonic timestamp), and per-method, per-call faults (``fail``).
 """
 
@@ -47,6 +49,13 @@ class Shown:
     deleted: bool = False
     edits: int = 0
     from_bot: bool = True
+    reply_markup: dict[str, Any] | None = None
+
+    @property
+    def buttons(self) -> list[tuple[str, str]]:
+        """The inline keyboard as (text, callback_data), row by row; empty when there is none."""
+        rows = (self.reply_markup or {}).get("inline_keyboard") or []
+        return [(b["text"], b.get("callback_data", "")) for row in rows for b in row]
 
 
 @dataclass
@@ -90,6 +99,9 @@ class FakeTelegram:
     faults: list[Fault] = field(default_factory=list)
     base_url: str = ""
     updates: list[dict[str, Any]] = field(default_factory=list)
+    callback_answers: list[dict[str, Any]] = field(default_factory=list)
+    _open_queries: set[str] = field(default_factory=set)
+    _query_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(9001))
     _update_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1001))
     _message_ids: dict[int, itertools.count[int]] = field(default_factory=dict)
     _new_update: asyncio.Event = field(default_factory=asyncio.Event)
@@ -170,6 +182,40 @@ class FakeTelegram:
             self.updates.append(update)
             self._new_update.set()
         return update
+
+    def press(self, chat_id: int, message_id: int, button: str, *, user_id: int = 777,
+              username: str | None = "alice", data: str | None = None, enqueue: bool = True) -> dict[str, Any]:
+        """A user presses the inline button labelled ``button`` under the bot's message: build (and by default
+        queue for getUpdates) the callback_query update Telegram sends. ``data`` stands in for a button the
+        message no longer shows (a press from a client that had not refreshed yet)."""
+        shown = self.chats[chat_id][message_id]
+        if data is None:
+            data = next(d for text, d in shown.buttons if text == button)
+        user: dict[str, Any] = {"id": user_id, "is_bot": False, "first_name": (username or "User").title()}
+        if username:
+            user["username"] = username
+        chat: dict[str, Any] = {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"}
+        message: dict[str, Any] = {
+            "message_id": message_id, "date": int(time.time()), "chat": chat, "text": shown.text,
+            "from": {"id": self.bot_id, "is_bot": True, "first_name": "Bot", "username": self.username}}
+        if shown.thread_id is not None:
+            message["message_thread_id"] = shown.thread_id
+            message["is_topic_message"] = True
+        if shown.reply_markup:
+            message["reply_markup"] = shown.reply_markup
+        query_id = str(next(self._query_ids))
+        self._open_queries.add(query_id)
+        update = {"update_id": next(self._update_ids), "callback_query": {
+            "id": query_id, "from": user, "message": message, "chat_instance": f"ci{chat_id}", "data": data}}
+        if enqueue:
+            self.updates.append(update)
+            self._new_update.set()
+        return update
+
+    def answers(self, update: dict[str, Any]) -> list[dict[str, Any]]:
+        """The answerCallbackQuery calls for the callback query in ``update``."""
+        qid = update["callback_query"]["id"]
+        return [a for a in self.callback_answers if str(a.get("callback_query_id")) == qid]
 
     def bot_message(self, chat_id: int, message_id: int) -> dict[str, Any]:
         """A message of the bot as Telegram embeds it in ``reply_to_message``."""
@@ -305,7 +351,28 @@ class FakeTelegram:
         return True
 
     async def _m_answerCallbackQuery(self, p: dict[str, Any]) -> bool:
+        qid = str(p.get("callback_query_id") or "")
+        if qid not in self._open_queries:
+            raise _ApiError(400, "Bad Request: query is too old and response timeout expired or query ID is invalid")
+        self._open_queries.discard(qid)
+        self.callback_answers.append(p)
         return True
+
+    @staticmethod
+    def _check_markup(p: dict[str, Any]) -> dict[str, Any] | None:
+        markup = p.get("reply_markup")
+        if markup is None:
+            return None
+        rows = markup.get("inline_keyboard")
+        if not isinstance(rows, list):
+            raise _ApiError(400, "Bad Request: can't parse reply keyboard markup JSON object")
+        for row in rows:
+            for button in row:
+                if not str(button.get("text") or "").strip():
+                    raise _ApiError(400, "Bad Request: text buttons are unallowed in the inline keyboard")
+                if len(str(button.get("callback_data", "")).encode()) > 64:
+                    raise _ApiError(400, "Bad Request: BUTTON_DATA_INVALID")
+        return dict(markup) if rows else None
 
     def _chat(self, p: dict[str, Any]) -> int:
         if "chat_id" not in p:
@@ -332,10 +399,12 @@ class FakeTelegram:
     async def _m_sendMessage(self, p: dict[str, Any]) -> dict[str, Any]:
         chat_id = self._chat(p)
         text, entities = self._check_text(p)
+        markup = self._check_markup(p)
         mid = next(self._ids(chat_id))
         reply = (p.get("reply_parameters") or {}).get("message_id")
         thread = p.get("message_thread_id")
-        self.chats.setdefault(chat_id, {})[mid] = Shown(mid, chat_id, text, entities, thread, reply)
+        self.chats.setdefault(chat_id, {})[mid] = Shown(mid, chat_id, text, entities, thread, reply,
+                                                        reply_markup=markup)
         self.drafts.pop(chat_id, None)  # a real message replaces the draft preview
         result: dict[str, Any] = {"message_id": mid, "date": int(time.time()), "text": text,
                                   "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"},
@@ -352,12 +421,27 @@ class FakeTelegram:
         if shown is None or shown.deleted:
             raise _ApiError(400, "Bad Request: message to edit not found")
         text, entities = self._check_text(p)
-        if text == shown.text and entities == shown.entities:
+        markup = self._check_markup(p)  # an edit without reply_markup removes the inline keyboard
+        if text == shown.text and entities == shown.entities and markup == shown.reply_markup:
             raise _ApiError(400, "Bad Request: message is not modified: specified new message content and reply "
                                  "markup are exactly the same as a current content and reply markup of the message")
-        shown.text, shown.entities = text, entities
+        shown.text, shown.entities, shown.reply_markup = text, entities, markup
         shown.edits += 1
         return {"message_id": shown.message_id, "date": int(time.time()), "text": text,
+                "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"}}
+
+    async def _m_editMessageReplyMarkup(self, p: dict[str, Any]) -> dict[str, Any]:
+        chat_id = self._chat(p)
+        shown = self.chats.get(chat_id, {}).get(int(p.get("message_id") or 0))
+        if shown is None or shown.deleted:
+            raise _ApiError(400, "Bad Request: message to edit not found")
+        markup = self._check_markup(p)
+        if markup == shown.reply_markup:
+            raise _ApiError(400, "Bad Request: message is not modified: specified new message content and reply "
+                                 "markup are exactly the same as a current content and reply markup of the message")
+        shown.reply_markup = markup
+        shown.edits += 1
+        return {"message_id": shown.message_id, "date": int(time.time()), "text": shown.text,
                 "chat": {"id": chat_id, "type": "private" if chat_id > 0 else "supergroup"}}
 
     async def _m_deleteMessage(self, p: dict[str, Any]) -> bool:

@@ -1,0 +1,196 @@
+"""Tool approvals on Telegram through the real aiogram client and the fake Bot API: the inline keyboard under
+an approval request, who may press it, the decision replacing the keyboard, late presses, and webhook mode."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from channels.telegram.approvals import GONE, NOT_YOURS
+from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
+from tests.browser.server import RecordingTool, registry
+from tests.fakes.openai_server import Text, ToolCalls
+from tests.fakes.telegram import FakeTelegram, Shown
+from tests.fakes.telegram.harness import TelegramHarness, telegram_harness
+
+GROUP = -100777
+ASK = ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_T1"])
+ALLOW, DENY = "✅ Allow", "❌ Deny"
+
+
+@pytest.fixture
+async def tg():
+    async with FakeTelegram() as fake:
+        yield fake
+
+
+@pytest.fixture
+def tool():
+    return RecordingTool("lookup", result="42 apples")
+
+
+def with_keyboard(tg: FakeTelegram, chat_id: int) -> list[Shown]:
+    return [m for m in tg.messages(chat_id) if m.buttons]
+
+
+async def approval_message(t: TelegramHarness, chat_id: int) -> Shown:
+    await t.wait_for(lambda: with_keyboard(t.tg, chat_id))
+    [msg] = with_keyboard(t.tg, chat_id)
+    return msg
+
+
+async def test_the_requester_allows_and_the_answer_arrives(tmp_path, fake_openai, tg, tool):
+    fake_openai.script(ASK, Text("You have 42 apples."))
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool)})
+    try:
+        tg.user_message("how many apples do I have?")
+        msg = await approval_message(t, 555)
+        assert msg.text == '🔧 Approval needed: lookup\nquery="apples"'
+        assert [label for label, _ in msg.buttons] == [ALLOW, DENY]
+        assert all(len(data.encode()) <= 64 for _, data in msg.buttons)
+        assert tool.calls == []
+
+        press = tg.press(555, msg.message_id, ALLOW)
+        await t.settle()
+        assert tool.calls == [{"query": "apples"}]
+        assert [a.get("text") for a in tg.answers(press)] == ["Allowed"]
+        shown = tg.chats[555][msg.message_id]
+        assert shown.buttons == []  # the decision replaced the keyboard
+        assert shown.text == '🔧 Approval needed: lookup\nquery="apples"\n\n✅ Allowed by Alice'
+        assert tg.visible(555)[-1] == "You have 42 apples."
+        assert fake_openai.requests[1]["messages"][-1]["content"] == "42 apples"
+    finally:
+        await t.close()
+
+
+async def test_a_strangers_press_is_refused_and_changes_nothing(tmp_path, fake_openai, tg, tool):
+    """allow_from "*": only the user who asked may decide; the request stays in the forum topic."""
+    fake_openai.script(ASK, Text("Counted."))
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool)}, group_policy="all")
+    try:
+        tg.user_message("count my apples", chat_id=GROUP, chat_type="supergroup", thread_id=42)
+        msg = await approval_message(t, GROUP)
+        assert msg.thread_id == 42 and msg.reply_to is not None
+        before = (msg.text, msg.reply_markup, msg.edits)
+
+        stranger = tg.press(GROUP, msg.message_id, ALLOW, user_id=888, username="mallory")
+        await t.wait_for(lambda: tg.answers(stranger))
+        [answer] = tg.answers(stranger)
+        assert answer["text"] == NOT_YOURS and answer["show_alert"] is True
+        shown = tg.chats[GROUP][msg.message_id]
+        assert (shown.text, shown.reply_markup, shown.edits) == before
+        assert tool.calls == [] and len(fake_openai.requests) == 1  # still waiting for a decision
+
+        mine = tg.press(GROUP, msg.message_id, ALLOW)
+        await t.settle()
+        assert [a.get("text") for a in tg.answers(mine)] == ["Allowed"]
+        assert tool.calls == [{"query": "apples"}]
+        assert tg.chats[GROUP][msg.message_id].buttons == []
+        assert tg.visible(GROUP)[-1] == "Counted."
+        assert tg.messages(GROUP)[-1].thread_id == 42
+    finally:
+        await t.close()
+
+
+async def test_an_allowed_user_denies_and_the_model_hears_the_denial(tmp_path, fake_openai, tg, tool):
+    """allow_from is a list: anyone on it may decide, not only the user who asked."""
+    fake_openai.script(ASK, Text("Fine, I did not look."))
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool)}, group_policy="all",
+                               allow_from=("alice", "@bob"))
+    try:
+        tg.user_message("count my apples", chat_id=GROUP, chat_type="supergroup")
+        msg = await approval_message(t, GROUP)
+        allow_data = msg.buttons[0][1]
+        bob = tg.press(GROUP, msg.message_id, DENY, user_id=999, username="bob")
+        await t.settle()
+        assert [a.get("text") for a in tg.answers(bob)] == ["Denied"]
+        assert tool.calls == []
+        shown = tg.chats[GROUP][msg.message_id]
+        assert shown.buttons == [] and shown.text.endswith("\n\n❌ Denied by Bob")
+        assert fake_openai.requests[1]["messages"][-1]["content"] == "Tool call denied by user."
+        assert tg.visible(GROUP)[-1] == "Fine, I did not look."
+
+        # a second press on the old keyboard (a client that had not refreshed) decides nothing again
+        late = tg.press(GROUP, msg.message_id, ALLOW, data=allow_data)
+        await t.wait_for(lambda: tg.answers(late))
+        assert [a.get("text") for a in tg.answers(late)] == ["Already denied."]
+        assert tool.calls == [] and len(fake_openai.requests) == 2
+    finally:
+        await t.close()
+
+
+async def test_a_press_after_the_turn_ended_is_answered_gracefully(tmp_path, fake_openai, tg, tool):
+    fake_openai.script(ASK, Text("Nobody answered, so I did not look."))
+    t = await telegram_harness(tmp_path, fake_openai, tg,
+                               core={"tools": registry(tool), "approval_timeout": 0.3})
+    try:
+        tg.user_message("how many apples?")
+        msg = await approval_message(t, 555)
+        data = msg.buttons[0][1]
+        await t.settle()  # the approval times out, the turn ends with the denial
+        shown = tg.chats[555][msg.message_id]
+        assert shown.buttons == [] and shown.text.endswith("\n\n⌛ Denied: nobody decided in time.")
+        assert tg.visible(555)[-1] == "Nobody answered, so I did not look."
+
+        late = tg.press(555, msg.message_id, ALLOW, data=data)
+        unknown = tg.press(555, msg.message_id, ALLOW, data="ap:from-an-earlier-run:a")  # e.g. after a restart
+        odd = tg.press(555, msg.message_id, ALLOW, data="something else")
+        await t.settle()
+        assert [a.get("text") for a in tg.answers(late)] == [GONE]
+        assert [a.get("text") for a in tg.answers(unknown)] == [GONE]
+        assert len(tg.answers(odd)) == 1
+        assert tool.calls == [] and len(fake_openai.requests) == 2
+    finally:
+        await t.close()
+
+
+async def test_a_stop_while_waiting_removes_the_keyboard(tmp_path, fake_openai, tg, tool):
+    fake_openai.script(ASK)
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool)})
+    try:
+        tg.user_message("how many apples?")
+        msg = await approval_message(t, 555)
+        tg.user_message("/stop")
+        await t.settle()
+        await t.wait_for(lambda: not tg.chats[555][msg.message_id].buttons)
+        assert tg.chats[555][msg.message_id].text.endswith("\n\n⏹ The reply was stopped before a decision.")
+        assert tool.calls == []
+    finally:
+        await t.close()
+
+
+async def test_webhook_mode_delivers_the_press(tmp_path, fake_openai, tg, tool):
+    fake_openai.script(ASK, Text("Via webhook: 42 apples."))
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool)}, mode="webhook",
+                               webhook_url="https://bot.example.com/telegram/webhook", webhook_secret="s3cret")
+    app = web.Application()
+    t.channel.routes(app)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}{WEBHOOK_PATH}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def deliver(update: dict) -> None:
+                async with http.post(url, json=update, headers={SECRET_HEADER: "s3cret"}) as resp:
+                    assert resp.status == 200
+
+            await deliver(tg.user_message("how many apples?", enqueue=False))
+            msg = await approval_message(t, 555)
+            stranger = tg.press(555, msg.message_id, ALLOW, user_id=888, username="mallory", enqueue=False)
+            await deliver(stranger)
+            await t.wait_for(lambda: tg.answers(stranger))
+            assert tg.answers(stranger)[0]["show_alert"] is True and tool.calls == []
+            press = tg.press(555, msg.message_id, ALLOW, enqueue=False)
+            await deliver(press)
+            await t.wait_for(lambda: tg.answers(press))
+            await t.h.settle()
+        assert tool.calls == [{"query": "apples"}]
+        assert tg.chats[555][msg.message_id].buttons == []
+        assert tg.visible(555)[-1] == "Via webhook: 42 apples."
+        assert tg.count("getUpdates") == 0
+    finally:
+        await t.close()
+        await runner.cleanup()
