@@ -143,12 +143,10 @@ class ConversationExecutor:
 
     async def _write_trace(self, key: str, turn_id: str, controller: TurnController) -> None:
         """The turn's complete events in stream order (partials skipped), written once per turn."""
-        for event in controller.trace:
-            try:
-                await self._store.append_trace(key, turn_id, event.kind, trace_payload(event))
-            except Exception as exc:  # tracing never breaks a turn
-                log.warning("trace write failed for %s: %s", key, exc)
-                return
+        try:
+            await self._store.append_traces(key, turn_id, [(e.kind, trace_payload(e)) for e in controller.trace])
+        except Exception as exc:  # tracing never breaks a turn
+            log.warning("trace write failed for %s: %s", key, exc)
 
     async def _record_turn_end(self, turn_id: str, terminal: TurnSnapshot) -> None:
         state: TurnState = terminal.state if terminal.state != "running" else "failed"

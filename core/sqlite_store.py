@@ -664,12 +664,24 @@ class SqliteStore:
 
     async def append_trace(self, key: str, turn_id: str, kind: str, payload: dict[str, Any]) -> None:
         """Append one trace record; values JSON cannot encode are stored as their ``str()``."""
-        encoded = json.dumps(payload, default=str, ensure_ascii=False)
-        async with self._write("append_trace") as conn:
-            await conn.execute(
-                f"INSERT INTO traces ({_TRACE_COLUMNS})"
-                " SELECT ?, ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ? FROM traces WHERE session_key = ?",
-                (key, turn_id, kind, encoded, self._clock(), key),
+        await self.append_traces(key, turn_id, [(kind, payload)])
+
+    async def append_traces(self, key: str, turn_id: str, records: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Append several trace records in one transaction, in order."""
+        if not records:
+            return
+        now = self._clock()
+        async with self._write("append_traces") as conn:
+            rows = list(
+                await conn.execute_fetchall("SELECT COALESCE(MAX(seq), 0) FROM traces WHERE session_key = ?", (key,))
+            )
+            first = int(rows[0][0]) + 1
+            await conn.executemany(
+                f"INSERT INTO traces ({_TRACE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (key, turn_id, first + i, kind, json.dumps(payload, default=str, ensure_ascii=False), now)
+                    for i, (kind, payload) in enumerate(records)
+                ],
             )
 
     async def traces(self, key: str, *, limit: int = 1000) -> list[TraceRecord]:

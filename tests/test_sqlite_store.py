@@ -459,3 +459,12 @@ async def test_channel_state_is_durable_and_overwritable(tmp_path) -> None:
     assert await reopened.get_channel_state("telegram", "offset") == "42"
     assert await reopened.get_channel_state("slack", "offset") is None
     await reopened.close()
+
+
+async def test_a_batch_of_traces_lands_in_order_after_earlier_ones(store: SqliteStore) -> None:
+    await store.append_trace(KEY, "t1", "request_begin", {})
+    await store.append_traces(KEY, "t2", [("text", {"n": 1}), ("request_end", {"status": "completed"})])
+    records = await store.traces(KEY)
+    assert [(r.seq, r.turn_id, r.kind) for r in records] == [
+        (1, "t1", "request_begin"), (2, "t2", "text"), (3, "t2", "request_end")]
+    assert records[2].payload == {"status": "completed"}
