@@ -380,14 +380,16 @@ class SqliteStore:
     async def _ensure_session(
         self, conn: aiosqlite.Connection, key: str, *, default_title: str = DEFAULT_TITLE
     ) -> sqlite3.Row:
+        row = await _session_row(conn, key)
+        if row is not None:  # the common case: one statement, not two
+            return row
         now = self._clock()
         await conn.execute(
-            "INSERT OR IGNORE INTO sessions (key, title, title_is_default, created_at, updated_at)"
-            " VALUES (?, ?, 1, ?, ?)",
+            "INSERT INTO sessions (key, title, title_is_default, created_at, updated_at) VALUES (?, ?, 1, ?, ?)",
             (key, default_title, now, now),
         )
         row = await _session_row(conn, key)
-        assert row is not None  # inserted above, inside the same transaction
+        assert row is not None  # inserted above, inside the same write transaction
         return row
 
     async def get_or_create_session(self, key: str, *, default_title: str = DEFAULT_TITLE) -> SessionRecord:
@@ -672,15 +674,13 @@ class SqliteStore:
             return
         now = self._clock()
         async with self._write("append_traces") as conn:
-            rows = list(
-                await conn.execute_fetchall("SELECT COALESCE(MAX(seq), 0) FROM traces WHERE session_key = ?", (key,))
-            )
-            first = int(rows[0][0]) + 1
+            # each row takes the next seq of its session (the rows before it in this batch included)
             await conn.executemany(
-                f"INSERT INTO traces ({_TRACE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO traces ({_TRACE_COLUMNS})"
+                " SELECT ?, ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ? FROM traces WHERE session_key = ?",
                 [
-                    (key, turn_id, first + i, kind, json.dumps(payload, default=str, ensure_ascii=False), now)
-                    for i, (kind, payload) in enumerate(records)
+                    (key, turn_id, kind, json.dumps(payload, default=str, ensure_ascii=False), now, key)
+                    for kind, payload in records
                 ],
             )
 
