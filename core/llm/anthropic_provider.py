@@ -30,7 +30,7 @@ import httpx2
 import pydantic
 from anthropic.types import MessageParam, RawMessageStreamEvent, ToolParam
 
-from core.llm.http_errors import Redactor, refused, retry_after
+from core.llm.http_errors import Redactor, refused, retry_after, sdk_error
 from core.llm.provider import (
     LLMMessage,
     LLMRequest,
@@ -189,18 +189,9 @@ class AnthropicProvider:
         retry_after: float | None = None,
         message: str | None = None,
     ) -> ProviderError:
-        text = message or getattr(exc, "message", None) or str(exc) or type(exc).__name__
-        prefix = f"{type(exc).__name__}" + (f" (HTTP {status})" if status is not None else "")
-        extra: dict[str, Any] = {"exception": type(exc).__name__}
-        request_id = getattr(exc, "request_id", None)
-        if isinstance(request_id, str):
-            extra["request_id"] = request_id
         error_type = _error_type(getattr(exc, "body", None))
-        if error_type:
-            extra["error_type"] = self._redact(error_type)
-        return ProviderError(
-            kind, self._redact(f"{prefix}: {text}"), retry_after=retry_after, status=status, extra=extra
-        )
+        return sdk_error(kind, exc, self._redactor, status=status, retry_after=retry_after, message=message,
+                         extra={"error_type": error_type} if error_type else None)
 
     def _map_error(self, exc: Exception) -> ProviderError | None:
         """The ProviderError for ``exc``; None for exceptions that are bugs, not provider failures."""

@@ -6,6 +6,9 @@ import email.utils
 import re
 import time
 from collections.abc import Mapping
+from typing import Any
+
+from core.llm.provider import ProviderError, ProviderErrorKind
 
 MAX_DETAIL = 500
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
@@ -61,3 +64,18 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
     except (TypeError, ValueError, IndexError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+def sdk_error(kind: ProviderErrorKind, exc: BaseException, redact: Redactor, *, status: int | None = None,
+              retry_after: float | None = None, message: str | None = None,
+              extra: Mapping[str, str] | None = None) -> ProviderError:
+    """A ProviderError for an SDK exception: type, HTTP status and message, redacted, for logs only."""
+    text = message or getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    prefix = f"{type(exc).__name__}" + (f" (HTTP {status})" if status is not None else "")
+    details: dict[str, Any] = {"exception": type(exc).__name__}
+    request_id = getattr(exc, "request_id", None)
+    if isinstance(request_id, str):
+        details["request_id"] = request_id
+    for name, value in (extra or {}).items():
+        details[name] = redact(value)
+    return ProviderError(kind, redact(f"{prefix}: {text}"), retry_after=retry_after, status=status, extra=details)

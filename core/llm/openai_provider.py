@@ -21,7 +21,7 @@ from openai.types.chat import (
     ChatCompletionToolUnionParam,
 )
 
-from core.llm.http_errors import Redactor, refused, retry_after
+from core.llm.http_errors import Redactor, refused, retry_after, sdk_error
 from core.llm.provider import (
     LLMMessage,
     LLMRequest,
@@ -161,22 +161,9 @@ class OpenAIProvider:
         status: int | None = None,
         retry_after: float | None = None,
     ) -> ProviderError:
-        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-        prefix = f"{type(exc).__name__}" + (f" (HTTP {status})" if status is not None else "")
-        extra: dict[str, Any] = {"exception": type(exc).__name__}
-        request_id = getattr(exc, "request_id", None)
-        if isinstance(request_id, str):
-            extra["request_id"] = request_id
         code = getattr(exc, "code", None)
-        if isinstance(code, str):
-            extra["code"] = self._redact(code)
-        return ProviderError(
-            kind,
-            self._redact(f"{prefix}: {message}"),
-            retry_after=retry_after,
-            status=status,
-            extra=extra,
-        )
+        return sdk_error(kind, exc, self._redactor, status=status, retry_after=retry_after,
+                         extra={"code": code} if isinstance(code, str) else None)
 
     def _map_error(self, exc: Exception) -> ProviderError | None:
         """The ProviderError for ``exc``; None for exceptions that are bugs, not provider failures."""
