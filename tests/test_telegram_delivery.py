@@ -259,3 +259,18 @@ async def test_the_plain_fallback_waits_out_a_429_pause_longer_than_one_send_may
         assert delivered and all(c.at - limited.at >= 1.0 for c in delivered)
     finally:
         await t.close()
+
+
+async def test_a_preview_that_can_no_longer_be_edited_is_replaced_not_left_beside_the_fallback(
+        tmp_path, fake_openai, tg):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.fail("editMessageText", status=400, description="Bad Request: message can't be edited",
+                when=lambda p: bool(p.get("entities")), times=10)
+        tg.user_message("capital of France?")
+        await t.settle()
+        assert tg.count("deleteMessage") == 1
+        assert tg.visible(CHAT) == [SHOWN]  # the fallback alone: no stale preview above it
+    finally:
+        await t.close()

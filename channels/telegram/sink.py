@@ -204,6 +204,8 @@ class TelegramSink:
             try:
                 await self.reconciler.apply(parts, final=True)
             except PlatformError as exc:
+                if exc.kind == "permanent":
+                    await self._remove_stale(parts)
                 if exc.kind != "format":
                     raise self._sink_error(exc) from None
                 log.warning("Telegram rejected the formatted reply (%s); sending it as plain text", exc)
@@ -213,6 +215,22 @@ class TelegramSink:
                 except PlatformError as exc2:
                     raise self._sink_error(exc2) from None
             self._draft_shown = False  # the real messages replace the draft preview
+
+    async def _remove_stale(self, parts: list[Part]) -> None:
+        """The final edit can never succeed (e.g. the message is too old to edit): delete the previews that
+        do not show their final part, so the core's single fallback (which sends exactly the parts the ledger
+        says are missing) leaves the chat showing the answer once, not next to a stale preview."""
+        ops = self.reconciler.ops
+        for index in range(len(self.ledger) - 1, -1, -1):
+            entry = self.ledger.entries[index]
+            if entry.gone or (index < len(parts) and self.ledger.shows(index, parts[index])):
+                continue
+            try:
+                await ops.delete(entry.message_id)
+            except PlatformError as exc:
+                log.warning("could not delete a stale preview on Telegram: %s", exc)
+                continue
+            self.ledger.gone(index)
 
     async def abort(self) -> None:
         self.aborted = True
