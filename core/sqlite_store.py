@@ -25,7 +25,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 import aiosqlite
 from pydantic import TypeAdapter, ValidationError
@@ -42,6 +42,7 @@ from core.store import (
 )
 
 DEFAULT_TITLE = "New chat"
+T = TypeVar("T")
 BUSY_TIMEOUT_MS = 5000
 PURGE_INTERVAL_SECONDS = 60.0
 """Expired dedupe rows are deleted at most this often (expired rows are re-admitted regardless)."""
@@ -280,6 +281,19 @@ def _store_errors(op: str) -> Iterator[None]:
         raise StoreError(f"sqlite store: {op} failed (connection unavailable)") from exc
 
 
+def _run_transaction(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
+    """Runs on aiosqlite's thread: BEGIN IMMEDIATE, the body, COMMIT; ROLLBACK on any failure."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = body(conn)
+        conn.execute("COMMIT")
+        return result
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
 async def _rollback_quietly(conn: aiosqlite.Connection) -> None:
     with contextlib.suppress(sqlite3.Error, ValueError):
         if conn.in_transaction:
@@ -353,6 +367,23 @@ class SqliteStore:
                 except BaseException:
                     await _rollback_quietly(conn)
                     raise
+
+    async def _transaction(self, op: str, body: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``body`` as one write transaction in a single call on the writer's thread.
+
+        aiosqlite runs every statement as its own round trip to its thread; the per-turn writes issue
+        five to eight statements each, and those round trips were most of a turn's CPU cost
+        (tests/bench/core_overhead.py). aiosqlite has no public way to run a callable on its thread, so this
+        uses its internal ``_execute`` (pinned in pyproject.toml); the statements are plain sqlite3."""
+        with _store_errors(op):
+            async with self._write_lock:
+                conn = self._writer
+                if conn is None:
+                    raise StoreError(f"sqlite store: {op} called while the store is closed")
+                await _rollback_quietly(conn)
+                raw = conn._conn  # the sqlite3 connection aiosqlite's thread owns
+                result: T = await conn._execute(_run_transaction, raw, body)  # type: ignore[no-untyped-call]
+                return result
 
     @contextlib.asynccontextmanager
     async def _read(self, op: str, *, snapshot: bool = True) -> AsyncIterator[aiosqlite.Connection]:
@@ -474,20 +505,26 @@ class SqliteStore:
         """Persist one message (state_version +1, no revision bump); returns it and the session after it.
 
         ``begin_turn=(turn_id, target_json)`` records a running turn in the same transaction."""
-        async with self._write("append_message") as conn:
-            row = await self._ensure_session(conn, key)
-            (persisted,) = await self._insert_messages(conn, row, [message])
+
+        def body(conn: sqlite3.Connection) -> tuple[ChatMessage, SessionRecord]:
+            row = self._ensure_session_sync(conn, key)
+            (persisted,) = self._insert_messages_sync(conn, row, [message])
             state_version = int(row["state_version"]) + 1
-            await conn.execute(
+            conn.execute(
                 "UPDATE sessions SET next_seq = ?, state_version = ?, updated_at = ? WHERE key = ?",
                 (persisted.seq + 1, state_version, persisted.created_at, key),
             )
             if begin_turn is not None:
-                await self._insert_turn(conn, begin_turn[0], key, begin_turn[1])
-        record = _session_from_row(row).model_copy(
-            update={"state_version": state_version, "updated_at": persisted.created_at}
-        )
-        return persisted, record
+                conn.execute(
+                    f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES (?, ?, 'running', ?, ?, NULL)",
+                    (begin_turn[0], key, begin_turn[1], self._clock()),
+                )
+            record = _session_from_row(row).model_copy(
+                update={"state_version": state_version, "updated_at": persisted.created_at}
+            )
+            return persisted, record
+
+        return await self._transaction("append_message", body)
 
     async def commit_turn(
         self,
@@ -504,40 +541,78 @@ class SqliteStore:
         message with seq above the previous revision (including messages appended since), so consecutive
         revisions are contiguous deltas covering each message exactly once.
         """
-        async with self._write("commit_turn") as conn:
-            row = await self._ensure_session(conn, key)
+
+        def body(conn: sqlite3.Connection) -> CommitResult:
+            row = self._ensure_session_sync(conn, key)
             if expect_generation is not None and expect_generation != row["generation"]:
-                raise StaleStateError(
-                    f"session generation is {row['generation']}, expected {expect_generation}"
-                )
+                raise StaleStateError(f"session generation is {row['generation']}, expected {expect_generation}")
             if expect_state_version is not None and expect_state_version != row["state_version"]:
                 raise StaleStateError(
                     f"session state_version is {row['state_version']}, expected {expect_state_version}"
                 )
-            inserted = await self._insert_messages(conn, row, messages)
+            inserted = self._insert_messages_sync(conn, row, messages)
             next_seq = int(row["next_seq"]) + len(inserted)
             revision = int(row["history_revision"]) + 1
-            await conn.execute(
+            conn.execute(
                 "UPDATE sessions SET next_seq = ?, state_version = state_version + ?, history_revision = ?,"
                 " revision_seq = ?, updated_at = ? WHERE key = ?",
                 (next_seq, 1 if inserted else 0, revision, next_seq - 1, self._clock(), key),
             )
-            rows = await conn.execute_fetchall(
+            rows = conn.execute(
                 f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_key = ? AND seq > ? ORDER BY seq",
                 (key, row["revision_seq"]),
-            )
-            delta = tuple(_message_from_row(r) for r in rows)
+            ).fetchall()
             if end_turn is not None:
-                await self._update_turn(conn, end_turn[0], end_turn[1])
-        return CommitResult(session_key=key, history_revision=revision, messages=delta)
+                ended_at = None if end_turn[1] == "running" else self._clock()
+                conn.execute(
+                    "UPDATE turns SET state = ?, ended_at = ? WHERE turn_id = ? AND state = 'running'",
+                    (end_turn[1], ended_at, end_turn[0]),
+                )
+            delta = tuple(_message_from_row(r) for r in rows)
+            return CommitResult(session_key=key, history_revision=revision, messages=delta)
+
+        return await self._transaction("commit_turn", body)
+
+    def _ensure_session_sync(self, conn: sqlite3.Connection, key: str) -> sqlite3.Row:
+        sql = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE key = ?"
+        row: sqlite3.Row | None = conn.execute(sql, (key,)).fetchone()
+        if row is None:
+            now = self._clock()
+            conn.execute(
+                "INSERT INTO sessions (key, title, title_is_default, created_at, updated_at) VALUES (?, ?, 1, ?, ?)",
+                (key, DEFAULT_TITLE, now, now),
+            )
+            row = conn.execute(sql, (key,)).fetchone()
+            assert row is not None  # inserted above, inside the same write transaction
+        return row
+
+    def _insert_messages_sync(
+        self, conn: sqlite3.Connection, session: sqlite3.Row, messages: Sequence[NewMessage]
+    ) -> list[ChatMessage]:
+        persisted = self._new_rows(session, messages)
+        if persisted:
+            conn.executemany(
+                f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [_message_params(m) for m in persisted],
+            )
+        return persisted
 
     async def _insert_messages(
         self, conn: aiosqlite.Connection, session: sqlite3.Row, messages: Sequence[NewMessage]
     ) -> list[ChatMessage]:
         """Insert ``messages`` at the session's next seqs; the caller advances ``next_seq``."""
+        persisted = self._new_rows(session, messages)
+        if persisted:
+            await conn.executemany(
+                f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [_message_params(m) for m in persisted],
+            )
+        return persisted
+
+    def _new_rows(self, session: sqlite3.Row, messages: Sequence[NewMessage]) -> list[ChatMessage]:
         now = self._clock()
         first_seq = int(session["next_seq"])
-        persisted = [
+        return [
             ChatMessage(
                 id=uuid.uuid4().hex,
                 session_key=session["key"],
@@ -552,12 +627,6 @@ class SqliteStore:
             )
             for offset, message in enumerate(messages)
         ]
-        if persisted:
-            await conn.executemany(
-                f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [_message_params(m) for m in persisted],
-            )
-        return persisted
 
     async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
         """(history_revision, the newest ``limit`` messages in seq order), consistent with each other.
@@ -673,16 +742,20 @@ class SqliteStore:
         if not records:
             return
         now = self._clock()
-        async with self._write("append_traces") as conn:
+        rows = [
+            (key, turn_id, kind, json.dumps(payload, default=str, ensure_ascii=False), now, key)
+            for kind, payload in records
+        ]
+
+        def body(conn: sqlite3.Connection) -> None:
             # each row takes the next seq of its session (the rows before it in this batch included)
-            await conn.executemany(
+            conn.executemany(
                 f"INSERT INTO traces ({_TRACE_COLUMNS})"
                 " SELECT ?, ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ? FROM traces WHERE session_key = ?",
-                [
-                    (key, turn_id, kind, json.dumps(payload, default=str, ensure_ascii=False), now, key)
-                    for kind, payload in records
-                ],
+                rows,
             )
+
+        await self._transaction("append_traces", body)
 
     async def traces(self, key: str, *, limit: int = 1000) -> list[TraceRecord]:
         """The newest ``limit`` trace records of a session, oldest first."""
