@@ -16,6 +16,7 @@ import uuid
 
 from core.agent.events import trace_payload
 from core.committer import TurnCommitter
+from core.context_cache import ContextCache
 from core.controller import TurnController
 from core.delivery import DeliveryError, DeliveryHandle, DeliveryStartError, PlainSender, TurnDeliveryService
 from core.envelope import InboundEnvelope, TurnTarget
@@ -48,14 +49,17 @@ class ConversationExecutor:
         self._events = events
         self._settings = settings
 
-    async def execute(self, envelope: InboundEnvelope, cancel: asyncio.Event) -> None:
+    async def execute(self, envelope: InboundEnvelope, cancel: asyncio.Event,
+                      context: ContextCache | None = None) -> None:
+        """Run one turn. ``context`` is the session worker's cache of its context between turns."""
+        context = context if context is not None else ContextCache(self._settings.history_limit)
         target = envelope.target()
         key = target.session_key
         turn_id = uuid.uuid4().hex
 
         # 1. persist the user message
         try:
-            _, record = await self._store.append_message(key, NewMessage(
+            message, record = await self._store.append_message(key, NewMessage(
                 role="user", content=envelope.content, received_at=envelope.received_at,
                 source=MessageSource(kind="user_input", from_channel=envelope.channel,
                                      from_user_id=envelope.sender_id, turn_id=turn_id,
@@ -63,9 +67,11 @@ class ConversationExecutor:
                 begin_turn=(turn_id, target.model_dump_json()))  # the reply target survives a crash
             base_generation, base_state_version = record.generation, record.state_version
         except Exception as exc:
+            context.clear()
             log.error("persisting the user message in %s failed: %s", key, exc)
             await self._plain.send(target, self._presenter.failure(TurnFailure(TurnFailureKind.INPUT_PERSISTENCE)))
             return
+        context.appended(message, record)
 
         controller = TurnController(turn_id, key)
         self._events.publish(TurnStarted(key, turn_id, controller))
@@ -75,7 +81,7 @@ class ConversationExecutor:
         outcome: TurnRunOutcome
         try:
             runtime = RuntimeContext(channel=envelope.channel, sender_name=envelope.sender_name)
-            prepared = await self._builder.prepare(key, base_state_version, runtime)
+            prepared = await self._builder.prepare(key, base_state_version, runtime, context)
         except Exception as exc:
             log.error("preparing the context of %s failed: %s", key, exc)
             outcome = Failed(TurnFailure(TurnFailureKind.CONTEXT_PREPARATION, repr(exc)), "")
@@ -90,6 +96,10 @@ class ConversationExecutor:
         committed = await self._committer.commit(key, turn_id, outcome, base_generation=base_generation,
                                                  base_state_version=base_state_version)
         outcome = committed.outcome
+        if committed.result is not None:
+            context.committed(committed.result)
+        else:
+            context.clear()
         terminal = self._finish(controller, outcome)
         if committed.result is None:  # the commit did not close the turn record
             await self._record_turn_end(turn_id, terminal)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from core.context_cache import ContextCache
 from core.llm.provider import LLMMessage, LLMToolCall
 from core.messages import ChatMessage
 from core.settings import CoreSettings
@@ -70,33 +71,40 @@ class TurnInputBuilder:
         self._store = store
         self._settings = settings
 
-    async def prepare(self, key: str, base_state_version: int, runtime: RuntimeContext) -> PreparedTurnInput:
+    async def prepare(self, key: str, base_state_version: int, runtime: RuntimeContext,
+                      cache: ContextCache | None = None) -> PreparedTurnInput:
+        """The turn's input from the session's context at ``base_state_version``: from ``cache`` when it
+        holds that version, else from the store (and then into ``cache``)."""
+        history = cache.get(base_state_version) if cache is not None else None
+        if history is None:
+            version, history = await self._store.context_messages(key, limit=self._settings.history_limit)
+            if cache is not None:
+                cache.put(version, history)
+        summary = newest_summary(history)
+        covered = summary.covers_through_seq if summary is not None else 0
+        rest = tuple(m for m in history if m.seq > covered and m.source.kind not in ("summary", "notice"))
         budget = int(self._settings.context_window * CHARS_PER_TOKEN * 0.75)
-        return await self._build(key, base_state_version, runtime, budget, recovered=False)
+        return self._build(key, base_state_version, runtime, budget, rest, summary, recovered=False)
 
     async def recover_after_overflow(self, prev: PreparedTurnInput) -> PreparedTurnInput:
         """The model said the prompt does not fit: rebuild with half the history budget."""
-        return await self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars // 2,
-                                 recovered=True, summary=prev.summary)
+        return self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars // 2,
+                           prev.history, prev.summary, recovered=True)
 
     async def with_summary(self, prev: PreparedTurnInput, summary: Summary) -> PreparedTurnInput:
         """The same input, starting from a fresh compaction summary (not persisted yet)."""
-        return await self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars,
-                                 recovered=prev.recovered, summary=summary)
+        rest = tuple(m for m in prev.history if m.seq > summary.covers_through_seq)
+        return self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars,
+                           rest, summary, recovered=prev.recovered)
 
-    async def _build(self, key: str, base_state_version: int, runtime: RuntimeContext, budget: int, *,
-                     recovered: bool, summary: Summary | None = None) -> PreparedTurnInput:
-        history = await self._store.context_messages(key, limit=self._settings.history_limit)
-        if summary is None:
-            summary = newest_summary(history)
-        covered = summary.covers_through_seq if summary is not None else 0
-        rest = [m for m in history if m.seq > covered and m.source.kind not in ("summary", "notice")]
-        messages = assemble(self._settings.system_prompt, rest, runtime, budget, summary)
+    def _build(self, key: str, base_state_version: int, runtime: RuntimeContext, budget: int,
+               rest: tuple[ChatMessage, ...], summary: Summary | None, *, recovered: bool) -> PreparedTurnInput:
+        messages = assemble(self._settings.system_prompt, list(rest), runtime, budget, summary)
         tokens = (len(self._settings.system_prompt) // CHARS_PER_TOKEN
                   + (estimate_tokens(summary.message()) if summary is not None else 0)
                   + sum(estimate_tokens(m) for m in rest))
         return PreparedTurnInput(key, messages, base_state_version, budget, runtime, recovered,
-                                 tuple(rest), summary, tokens)
+                                 rest, summary, tokens)
 
 
 def newest_summary(history: list[ChatMessage]) -> Summary | None:

@@ -69,6 +69,10 @@ class IngressRouter:
     def close(self) -> None:
         self._closed = True
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def submit(self, envelope: InboundEnvelope) -> SubmitResult:
         if self._closed:
             raise RouterClosedError("chatbridge is shutting down and accepts no new messages")

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from core.context_cache import ContextCache
 from core.envelope import InboundEnvelope
 from core.executor import ConversationExecutor
 from core.settings import CoreSettings
@@ -35,6 +36,8 @@ class _ActiveSession:
     cancel: asyncio.Event | None = None
     """Cancel signal of the turn being executed, if any."""
     worker: asyncio.Task[None] | None = None
+    context: ContextCache | None = None
+    """The session's context between its turns; goes when the worker does."""
 
 
 class SessionManager:
@@ -68,7 +71,8 @@ class SessionManager:
         key = envelope.key()
         session = self._active.get(key)
         if session is None:
-            session = _ActiveSession(key, asyncio.Queue(maxsize=self._settings.queue_capacity))
+            session = _ActiveSession(key, asyncio.Queue(maxsize=self._settings.queue_capacity),
+                                     context=ContextCache(self._settings.history_limit))
             session.worker = self._supervisor.spawn(f"session:{key}", self._work(session))
             self._active[key] = session
         try:
@@ -103,7 +107,7 @@ class SessionManager:
                     break
                 session.cancel = asyncio.Event()
                 try:
-                    await self._executor.execute(envelope, session.cancel)
+                    await self._executor.execute(envelope, session.cancel, session.context)
                 except asyncio.CancelledError:
                     raise
                 except Exception:

@@ -569,7 +569,9 @@ class SqliteStore:
                     (end_turn[1], ended_at, end_turn[0]),
                 )
             delta = tuple(_message_from_row(r) for r in rows)
-            return CommitResult(session_key=key, history_revision=revision, messages=delta)
+            state_version = int(row["state_version"]) + (1 if inserted else 0)
+            return CommitResult(session_key=key, history_revision=revision, messages=delta,
+                                state_version=state_version, inserted=len(inserted))
 
         return await self._transaction("commit_turn", body)
 
@@ -644,16 +646,23 @@ class SqliteStore:
             messages = [_message_from_row(r) for r in reversed(list(rows))]
             return int(session["history_revision"]), messages
 
-    async def context_messages(self, key: str, *, limit: int) -> list[ChatMessage]:
-        """The newest ``limit`` messages after the session's context start, in seq order."""
+    async def context_messages(self, key: str, *, limit: int) -> tuple[int, list[ChatMessage]]:
+        """(state_version, the newest ``limit`` messages after the session's context start, in seq order),
+        read by one statement, so the two are consistent."""
         async with self._read("context_messages", snapshot=False) as conn:
-            rows = await conn.execute_fetchall(
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_key = ?"
+            columns = ", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLUMNS.split(","))
+            rows = list(await conn.execute_fetchall(
+                f"SELECT s.state_version AS state_version, {columns} FROM sessions AS s"
+                " LEFT JOIN (SELECT * FROM messages WHERE session_key = ?"
                 " AND seq > (SELECT context_start_seq FROM sessions WHERE key = ?)"
-                " ORDER BY seq DESC LIMIT ?",
-                (key, key, max(limit, 0)),
-            )
-            return [_message_from_row(r) for r in reversed(list(rows))]
+                " ORDER BY seq DESC LIMIT ?) AS m ON m.session_key = s.key"
+                " WHERE s.key = ? ORDER BY m.seq",
+                (key, key, max(limit, 0), key),
+            ))
+            if not rows:
+                return 0, []
+            version = int(rows[0]["state_version"])
+            return version, [_message_from_row(r) for r in rows if r["id"] is not None]
 
     # -- inbound dedupe
 

@@ -48,6 +48,10 @@ class CommitResult(BaseModel):
     session_key: str
     history_revision: int
     messages: tuple[ChatMessage, ...]
+    state_version: int
+    """The session's state_version after the commit (one higher than before if it inserted anything)."""
+    inserted: int
+    """How many of ``messages`` (the last ones) this commit inserted."""
 
 
 class TraceRecord(BaseModel):
@@ -124,8 +128,10 @@ class Store(Protocol):
         """(history_revision, the newest ``limit`` messages in seq order), consistent with each other."""
         ...
 
-    async def context_messages(self, key: str, *, limit: int) -> list[ChatMessage]:
-        """The newest ``limit`` messages after the session's context start, in seq order."""
+    async def context_messages(self, key: str, *, limit: int) -> tuple[int, list[ChatMessage]]:
+        """(state_version, the newest ``limit`` messages after the session's context start in seq order),
+        consistent with each other. Every message write raises state_version, so the pair identifies
+        exactly this context (``core.context_cache`` relies on it)."""
         ...
 
     # inbound dedupe

@@ -13,6 +13,13 @@ if _ROOT not in sys.path:  # make `core`, `channels`, `bridge`, `tests.fakes` im
     sys.path.insert(0, _ROOT)
 
 from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
+from tests.support.harness import shutdown_leftovers  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+async def _no_chat_core_outlives_its_test() -> AsyncIterator[None]:
+    yield
+    await shutdown_leftovers()
 
 
 @pytest.fixture

@@ -188,13 +188,14 @@ async def test_new_context_excludes_old_messages_but_history_keeps_them(store: S
     fresh = await store.new_context(KEY)
     assert fresh.context_start_seq == 2
     assert (fresh.generation, fresh.state_version) == (before.generation + 1, before.state_version + 1)
-    assert await store.context_messages(KEY, limit=50) == []
+    assert await store.context_messages(KEY, limit=50) == (fresh.state_version, [])
 
     await store.append_message(KEY, user("new 1"))
     await store.append_message(KEY, user("new 2"))
-    await store.append_message(KEY, user("new 3"))
-    context = await store.context_messages(KEY, limit=2)
+    _, last = await store.append_message(KEY, user("new 3"))
+    version, context = await store.context_messages(KEY, limit=2)
     assert [m.content for m in context] == ["new 2", "new 3"]
+    assert version == last.state_version == fresh.state_version + 3
     _, history = await store.history(KEY)
     assert [m.content for m in history] == ["old question", "old answer", "new 1", "new 2", "new 3"]
 

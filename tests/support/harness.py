@@ -82,4 +82,18 @@ async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None 
     channel = TestChannel()
     core.add_channel(channel)
     await core.start()
-    return Harness(core, channel, fake, store)
+    harness = Harness(core, channel, fake, store)
+    LIVE.append(harness)
+    return harness
+
+
+LIVE: list[Harness] = []
+"""Harnesses made by the running test; conftest shuts down what a failing test left running (otherwise
+the store's database threads would keep the test process from exiting)."""
+
+
+async def shutdown_leftovers() -> None:
+    while LIVE:
+        harness = LIVE.pop()
+        if not harness.core.router.closed:
+            await harness.core.shutdown()
