@@ -2,8 +2,10 @@
 
 Concurrency model (WAL mode):
 
-* one *writer* connection, serialised by an ``asyncio.Lock``; every write is one short
-  ``BEGIN IMMEDIATE ... COMMIT`` transaction;
+* one *writer* connection; every write is a short synchronous body that runs on the writer's thread
+  inside ``BEGIN IMMEDIATE ... COMMIT``. Writes that arrive while the writer is busy are committed
+  together (group commit): each in its own SAVEPOINT, so one that fails is rolled back alone, and the
+  batch costs one round trip to the thread and one WAL commit instead of one per write;
 * one separate *reader* connection for session, history, context and trace reads; each read runs in its own
   read transaction, so it sees one consistent snapshot and never blocks (or waits for) a write.
 
@@ -25,7 +27,8 @@ import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, TypeVar, get_args
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast, get_args
 
 import aiosqlite
 from pydantic import TypeAdapter, ValidationError
@@ -281,17 +284,54 @@ def _store_errors(op: str) -> Iterator[None]:
         raise StoreError(f"sqlite store: {op} failed (connection unavailable)") from exc
 
 
-def _run_transaction(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
-    """Runs on aiosqlite's thread: BEGIN IMMEDIATE, the body, COMMIT; ROLLBACK on any failure."""
-    conn.execute("BEGIN IMMEDIATE")
+@dataclass(slots=True, eq=False)
+class _Write(Generic[T]):
+    op: str
+    body: Callable[[sqlite3.Connection], T]
+    future: asyncio.Future[T]
+
+
+def _run_batch(conn: sqlite3.Connection, batch: list[_Write[Any]]) -> None:
+    """Runs on aiosqlite's thread: one BEGIN IMMEDIATE ... COMMIT around every write of ``batch``, each in
+    its own SAVEPOINT (a failing write is rolled back alone). Results are released only after COMMIT; if
+    BEGIN or COMMIT fails, every write of the batch gets that error. Never raises."""
+    outcomes: list[tuple[bool, Any]] = []
     try:
-        result = body(conn)
-        conn.execute("COMMIT")
-        return result
-    except BaseException:
-        if conn.in_transaction:
+        if conn.in_transaction:  # left open by an earlier failure: heal it
             conn.execute("ROLLBACK")
-        raise
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for item in batch:
+                conn.execute("SAVEPOINT write")
+                try:
+                    outcomes.append((True, item.body(conn)))
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO write")
+                    outcomes.append((False, exc))
+                conn.execute("RELEASE write")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    except Exception as exc:
+        outcomes = [(False, exc)] * len(batch)
+    if batch:
+        batch[0].future.get_loop().call_soon_threadsafe(_settle, batch, outcomes)
+
+
+def _settle(batch: list[_Write[Any]], outcomes: list[tuple[bool, Any]]) -> None:
+    for item, (ok, value) in zip(batch, outcomes, strict=True):
+        if item.future.done():  # its caller was cancelled
+            continue
+        if ok:
+            item.future.set_result(value)
+        else:
+            item.future.set_exception(value)
+
+
+def _settle_all(batch: list[_Write[Any]], exc: Exception) -> None:
+    _settle(batch, [(False, exc)] * len(batch))
 
 
 async def _rollback_quietly(conn: aiosqlite.Connection) -> None:
@@ -312,6 +352,7 @@ class SqliteStore:
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._write_lock = asyncio.Lock()
+        self._queued: list[_Write[Any]] = []
         self._read_lock = asyncio.Lock()
         self._next_purge_at = 0.0
 
@@ -351,39 +392,39 @@ class SqliteStore:
                     await conn.close()
         self._reader = self._writer = None
 
-    @contextlib.asynccontextmanager
-    async def _write(self, op: str) -> AsyncIterator[aiosqlite.Connection]:
-        """One short write transaction on the writer connection."""
-        with _store_errors(op):
-            async with self._write_lock:
-                conn = self._writer
-                if conn is None:
-                    raise StoreError(f"sqlite store: {op} called while the store is closed")
-                await _rollback_quietly(conn)  # heal a transaction left open by a cancelled rollback
-                await conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                    await conn.execute("COMMIT")
-                except BaseException:
-                    await _rollback_quietly(conn)
-                    raise
-
     async def _transaction(self, op: str, body: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``body`` as one write transaction in a single call on the writer's thread.
+        """Run ``body`` as one write (its own SAVEPOINT) in the next group commit on the writer's thread.
 
-        aiosqlite runs every statement as its own round trip to its thread; the per-turn writes issue
-        five to eight statements each, and those round trips were most of a turn's CPU cost
-        (tests/bench/core_overhead.py). aiosqlite has no public way to run a callable on its thread, so this
-        uses its internal ``_execute`` (pinned in pyproject.toml); the statements are plain sqlite3."""
-        with _store_errors(op):
-            async with self._write_lock:
-                conn = self._writer
-                if conn is None:
-                    raise StoreError(f"sqlite store: {op} called while the store is closed")
-                await _rollback_quietly(conn)
-                raw = conn._conn  # the sqlite3 connection aiosqlite's thread owns
-                result: T = await conn._execute(_run_transaction, raw, body)  # type: ignore[no-untyped-call]
-                return result
+        aiosqlite runs every statement as its own round trip to its thread, and those round trips were
+        most of a turn's CPU cost (tests/bench/core_overhead.py). aiosqlite has no public way to run a
+        callable on its thread, so this uses its internal ``_execute`` (pinned in pyproject.toml); the
+        statements are plain sqlite3. Whoever holds the writer lock commits everything queued by then."""
+        loop = asyncio.get_running_loop()
+        item: _Write[Any] = _Write(op, body, loop.create_future())
+        self._queued.append(item)
+        try:
+            with _store_errors(op):
+                async with self._write_lock:
+                    if not item.future.done():
+                        batch, self._queued = self._queued, []
+                        await self._commit_batch(batch)
+                return cast(T, await item.future)
+        except asyncio.CancelledError:
+            if item in self._queued:  # not started: it never happens
+                self._queued.remove(item)
+            raise
+
+    async def _commit_batch(self, batch: list[_Write[Any]]) -> None:
+        """Hands ``batch`` to the writer's thread, which settles every future itself: a waiter gets its
+        result even if this (leading) caller is cancelled meanwhile."""
+        conn = self._writer
+        if conn is None:
+            _settle_all(batch, StoreError("sqlite store: write called while the store is closed"))
+            return
+        try:
+            await conn._execute(_run_batch, conn._conn, batch)  # type: ignore[no-untyped-call]
+        except ValueError as exc:  # aiosqlite: the connection closed under us
+            _settle_all(batch, exc)
 
     @contextlib.asynccontextmanager
     async def _read(self, op: str, *, snapshot: bool = True) -> AsyncIterator[aiosqlite.Connection]:
@@ -408,28 +449,14 @@ class SqliteStore:
 
     # -- sessions
 
-    async def _ensure_session(
-        self, conn: aiosqlite.Connection, key: str, *, default_title: str = DEFAULT_TITLE
-    ) -> sqlite3.Row:
-        row = await _session_row(conn, key)
-        if row is not None:  # the common case: one statement, not two
-            return row
-        now = self._clock()
-        await conn.execute(
-            "INSERT INTO sessions (key, title, title_is_default, created_at, updated_at) VALUES (?, ?, 1, ?, ?)",
-            (key, default_title, now, now),
-        )
-        row = await _session_row(conn, key)
-        assert row is not None  # inserted above, inside the same write transaction
-        return row
-
     async def get_or_create_session(self, key: str, *, default_title: str = DEFAULT_TITLE) -> SessionRecord:
         existing = await self.get_session(key)
         if existing is not None:
             return existing
-        async with self._write("get_or_create_session") as conn:
-            row = await self._ensure_session(conn, key, default_title=default_title)
-        return _session_from_row(row)
+        def body(conn: sqlite3.Connection) -> SessionRecord:
+            return _session_from_row(self._ensure_session_sync(conn, key, default_title=default_title))
+
+        return await self._transaction("get_or_create_session", body)
 
     async def get_session(self, key: str) -> SessionRecord | None:
         async with self._read("get_session") as conn:
@@ -453,49 +480,54 @@ class SqliteStore:
             return [_session_from_row(row) for row in rows]
 
     async def bump_generation(self, key: str) -> int:
-        async with self._write("bump_generation") as conn:
-            row = await self._ensure_session(conn, key)
-            generation = int(row["generation"]) + 1
-            await conn.execute(
+        def body(conn: sqlite3.Connection) -> int:
+            generation = int(self._ensure_session_sync(conn, key)["generation"]) + 1
+            conn.execute(
                 "UPDATE sessions SET generation = ?, updated_at = ? WHERE key = ?",
                 (generation, self._clock(), key),
             )
-        return generation
+            return generation
+
+        return await self._transaction("bump_generation", body)
 
     async def new_context(self, key: str) -> SessionRecord:
         """Start a fresh model context: older messages stay in history; generation and state_version bump."""
-        async with self._write("new_context") as conn:
-            await self._ensure_session(conn, key)
-            await conn.execute(
+        def body(conn: sqlite3.Connection) -> SessionRecord:
+            self._ensure_session_sync(conn, key)
+            conn.execute(
                 "UPDATE sessions SET context_start_seq = next_seq - 1, generation = generation + 1,"
                 " state_version = state_version + 1, updated_at = ? WHERE key = ?",
                 (self._clock(), key),
             )
-            row = await _session_row(conn, key)
-        assert row is not None
-        return _session_from_row(row)
+            return _session_from_row(self._ensure_session_sync(conn, key))
+
+        return await self._transaction("new_context", body)
 
     async def rename(self, key: str, title: str) -> None:
         """A user rename: sets the title and clears title_is_default, so a late automatic title loses."""
-        async with self._write("rename") as conn:
-            await self._ensure_session(conn, key)
-            await conn.execute(
+        def body(conn: sqlite3.Connection) -> None:
+            self._ensure_session_sync(conn, key)
+            conn.execute(
                 "UPDATE sessions SET title = ?, title_is_default = 0, updated_at = ? WHERE key = ?",
                 (title, self._clock(), key),
             )
+
+        await self._transaction("rename", body)
 
     async def set_title_if_default(self, key: str, title: str, *, expect_generation: int) -> bool:
         """An automatic title: written only while no user rename happened and the generation still matches.
 
         ``title_is_default`` stays set, so a later automatic title may replace this one; a rename clears it.
         """
-        async with self._write("set_title_if_default") as conn:
-            cursor = await conn.execute(
+        def body(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
                 "UPDATE sessions SET title = ?, updated_at = ?"
                 " WHERE key = ? AND title_is_default = 1 AND generation = ?",
                 (title, self._clock(), key, expect_generation),
             )
             return cursor.rowcount == 1
+
+        return await self._transaction("set_title_if_default", body)
 
     # -- messages
 
@@ -575,14 +607,15 @@ class SqliteStore:
 
         return await self._transaction("commit_turn", body)
 
-    def _ensure_session_sync(self, conn: sqlite3.Connection, key: str) -> sqlite3.Row:
+    def _ensure_session_sync(self, conn: sqlite3.Connection, key: str, *,
+                             default_title: str = DEFAULT_TITLE) -> sqlite3.Row:
         sql = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE key = ?"
         row: sqlite3.Row | None = conn.execute(sql, (key,)).fetchone()
         if row is None:
             now = self._clock()
             conn.execute(
                 "INSERT INTO sessions (key, title, title_is_default, created_at, updated_at) VALUES (?, ?, 1, ?, ?)",
-                (key, DEFAULT_TITLE, now, now),
+                (key, default_title, now, now),
             )
             row = conn.execute(sql, (key,)).fetchone()
             assert row is not None  # inserted above, inside the same write transaction
@@ -594,18 +627,6 @@ class SqliteStore:
         persisted = self._new_rows(session, messages)
         if persisted:
             conn.executemany(
-                f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [_message_params(m) for m in persisted],
-            )
-        return persisted
-
-    async def _insert_messages(
-        self, conn: aiosqlite.Connection, session: sqlite3.Row, messages: Sequence[NewMessage]
-    ) -> list[ChatMessage]:
-        """Insert ``messages`` at the session's next seqs; the caller advances ``next_seq``."""
-        persisted = self._new_rows(session, messages)
-        if persisted:
-            await conn.executemany(
                 f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [_message_params(m) for m in persisted],
             )
@@ -671,12 +692,15 @@ class SqliteStore:
 
         An existing row whose TTL has run out counts as new and is refreshed.
         """
-        async with self._write("mark_event_processed") as conn:
-            now = self._clock()
-            if now >= self._next_purge_at:
-                await conn.execute("DELETE FROM processed_events WHERE expires_at <= ?", (now,))
-                self._next_purge_at = now + PURGE_INTERVAL_SECONDS
-            cursor = await conn.execute(
+        now = self._clock()
+        purge = now >= self._next_purge_at
+        if purge:
+            self._next_purge_at = now + PURGE_INTERVAL_SECONDS
+
+        def body(conn: sqlite3.Connection) -> bool:
+            if purge:
+                conn.execute("DELETE FROM processed_events WHERE expires_at <= ?", (now,))
+            cursor = conn.execute(
                 "INSERT INTO processed_events (channel, event_id, expires_at) VALUES (?, ?, ?)"
                 " ON CONFLICT (channel, event_id) DO UPDATE SET expires_at = excluded.expires_at"
                 " WHERE processed_events.expires_at <= ?",
@@ -684,41 +708,42 @@ class SqliteStore:
             )
             return cursor.rowcount == 1
 
+        return await self._transaction("mark_event_processed", body)
+
     # -- turns
 
     async def begin_turn(self, turn_id: str, key: str, target_json: str) -> None:
-        async with self._write("begin_turn") as conn:
-            await self._insert_turn(conn, turn_id, key, target_json)
+        await self._transaction("begin_turn", lambda conn: self._insert_turn(conn, turn_id, key, target_json))
 
     async def end_turn(self, turn_id: str, state: TurnState) -> None:
         """Record a running turn's final state; a turn that already ended keeps its first final state."""
-        async with self._write("end_turn") as conn:
-            await self._update_turn(conn, turn_id, state)
+        await self._transaction("end_turn", lambda conn: self._update_turn(conn, turn_id, state))
 
-    async def _insert_turn(self, conn: aiosqlite.Connection, turn_id: str, key: str, target_json: str) -> None:
-        await conn.execute(
+    def _insert_turn(self, conn: sqlite3.Connection, turn_id: str, key: str, target_json: str) -> None:
+        conn.execute(
             f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES (?, ?, 'running', ?, ?, NULL)",
             (turn_id, key, target_json, self._clock()),
         )
 
-    async def _update_turn(self, conn: aiosqlite.Connection, turn_id: str, state: TurnState) -> None:
+    def _update_turn(self, conn: sqlite3.Connection, turn_id: str, state: TurnState) -> None:
         ended_at = None if state == "running" else self._clock()
-        await conn.execute(
+        conn.execute(
             "UPDATE turns SET state = ?, ended_at = ? WHERE turn_id = ? AND state = 'running'",
             (state, ended_at, turn_id),
         )
 
     async def close_interrupted_turns(self) -> list[TurnRecord]:
         """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""
-        async with self._write("close_interrupted_turns") as conn:
-            now = self._clock()
-            rows = await conn.execute_fetchall(
+        now = self._clock()
+
+        def body(conn: sqlite3.Connection) -> list[TurnRecord]:
+            rows = conn.execute(
                 f"SELECT {_TURN_COLUMNS} FROM turns WHERE state = 'running' ORDER BY started_at, turn_id"
-            )
-            await conn.execute(
-                "UPDATE turns SET state = 'interrupted', ended_at = ? WHERE state = 'running'", (now,)
-            )
-            running = [_turn_from_row(r) for r in rows]
+            ).fetchall()
+            conn.execute("UPDATE turns SET state = 'interrupted', ended_at = ? WHERE state = 'running'", (now,))
+            return [_turn_from_row(r) for r in rows]
+
+        running = await self._transaction("close_interrupted_turns", body)
         return [turn.model_copy(update={"state": "interrupted", "ended_at": now}) for turn in running]
 
     # -- channel state
@@ -733,12 +758,14 @@ class SqliteStore:
         return str(rows[0][0]) if rows else None
 
     async def set_channel_state(self, channel: str, name: str, value: str) -> None:
-        async with self._write("set_channel_state") as conn:
-            await conn.execute(
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute(
                 "INSERT INTO channel_state (channel, name, value, updated_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (channel, name) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
                 (channel, name, value, self._clock()),
             )
+
+        await self._transaction("set_channel_state", body)
 
     # -- traces
 

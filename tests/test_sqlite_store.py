@@ -375,6 +375,60 @@ async def test_concurrent_appends_get_distinct_seqs(store: SqliteStore) -> None:
     assert sorted(r.state_version for _, r in results) == list(range(1, 21))
 
 
+async def test_writes_committed_together_fail_alone(store: SqliteStore) -> None:
+    """Writes queued behind a busy writer are committed as one batch; one that fails (a stale commit, a
+    duplicate turn id) is rolled back alone and the others land."""
+    await store.append_message(KEY, user("q"))  # state_version 1
+    async with store._write_lock:  # the writer is busy: everything below queues up behind it
+        good = asyncio.create_task(
+            store.commit_turn(KEY, [assistant("kept")], expect_generation=0, expect_state_version=1))
+        stale = asyncio.create_task(
+            store.commit_turn(KEY, [assistant("dropped")], expect_generation=0, expect_state_version=1))
+        dup_a = asyncio.create_task(store.begin_turn("t1", KEY, "{}"))
+        # fails at its last statement, after its message row was written: that row must go too
+        dup_b = asyncio.create_task(store.append_message(KEY, user("half-written"), begin_turn=("t1", "{}")))
+        other = asyncio.create_task(store.append_message("other:chat", user("elsewhere")))
+        await asyncio.sleep(0.05)
+        assert not any(t.done() for t in (good, stale, dup_a, dup_b, other))
+    assert (await good).history_revision == 1
+    with pytest.raises(StaleStateError):
+        await stale  # the first commit moved state_version on, inside the same batch
+    await dup_a
+    with pytest.raises(StoreError):
+        await dup_b
+    await other
+    _, history = await store.history(KEY)
+    assert [m.content for m in history] == ["q", "kept"]
+    _, elsewhere = await store.history("other:chat")
+    assert [m.content for m in elsewhere] == ["elsewhere"]
+    [running] = await store.close_interrupted_turns()
+    assert running.turn_id == "t1"
+
+
+async def test_a_write_cancelled_before_its_batch_never_happens(store: SqliteStore) -> None:
+    async with store._write_lock:
+        cancelled = asyncio.create_task(store.append_message(KEY, user("never")))
+        kept = asyncio.create_task(store.append_message(KEY, user("kept")))
+        await asyncio.sleep(0.02)
+        cancelled.cancel()
+        await asyncio.sleep(0)
+    await kept
+    assert cancelled.cancelled()
+    _, history = await store.history(KEY)
+    assert [m.content for m in history] == ["kept"]
+
+
+async def test_writes_queued_when_the_store_closes_get_a_store_error(db_path: pathlib.Path) -> None:
+    store = SqliteStore(db_path)
+    await store.open()
+    closing = asyncio.create_task(store.close())
+    await asyncio.sleep(0)  # close() holds the writer lock now
+    queued = asyncio.create_task(store.append_message(KEY, user("late")))
+    await closing
+    with pytest.raises(StoreError, match="closed"):
+        await queued
+
+
 # --------------------------------------------------------------------------------------------- round trip
 
 
