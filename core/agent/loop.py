@@ -10,7 +10,6 @@ request then carries the outputs in call order. ``max_turns`` bounds the request
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -48,6 +47,7 @@ from core.llm.provider import (
     Usage,
 )
 from core.llm.retry import retry_policy
+from core.llm.silence import SilenceWatch
 from core.settings import CoreSettings
 from core.tools.base import ToolContext, ToolRegistry
 
@@ -351,17 +351,18 @@ def _is_json_object(text: str) -> bool:
 
 async def _bounded(stream: AsyncIterator[ProviderEvent], timeout: float) -> AsyncIterator[ProviderEvent]:
     """Every provider gets the same bound: no event within ``timeout`` is a TIMEOUT (then the ladder)."""
+    watch = SilenceWatch(timeout)
     try:
         while True:
             try:
-                async with asyncio.timeout(timeout):
-                    event = await anext(stream)
+                event = await watch.wait(anext(stream))
             except StopAsyncIteration:
                 return
             except TimeoutError:
                 raise ProviderError(ProviderErrorKind.TIMEOUT, f"no model output within {timeout:g}s") from None
             yield event
     finally:
+        watch.close()
         close = getattr(stream, "aclose", None)
         if close is not None:
             await close()

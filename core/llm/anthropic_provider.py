@@ -44,6 +44,7 @@ from core.llm.provider import (
     ToolCallDelta,
     Usage,
 )
+from core.llm.silence import SilenceWatch
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ class AnthropicProvider:
         params = self._params(request)
         state = _StreamState()
         events: anthropic.AsyncStream[RawMessageStreamEvent] | None = None
+        watch = SilenceWatch(self.request_timeout)
         try:
             async with asyncio.timeout(self.request_timeout):
                 events = await self._client.messages.create(**params)
@@ -144,8 +146,7 @@ class AnthropicProvider:
                 try:
                     # the transport's read timeout bounds a silent socket; this also bounds a server that
                     # only sends pings or otherwise stops producing events
-                    async with asyncio.timeout(self.request_timeout):
-                        event = await events.__anext__()
+                    event = await watch.wait(events.__anext__())
                 except StopAsyncIteration:
                     break
                 try:
@@ -172,6 +173,7 @@ class AnthropicProvider:
                 raise
             raise error from None
         finally:
+            watch.close()
             if events is not None:
                 await events.close()
 

@@ -34,6 +34,7 @@ from core.llm.provider import (
     ToolCallDelta,
     Usage,
 )
+from core.llm.silence import SilenceWatch
 
 _CONTEXT_OVERFLOW_MARKERS = (
     "context_length_exceeded",
@@ -99,6 +100,7 @@ class OpenAIProvider:
             body["temperature"] = request.temperature
         state = _StreamState()
         chunks: openai.AsyncStream[Any] | None = None
+        watch = SilenceWatch(self.request_timeout)
         try:
             async with asyncio.timeout(self.request_timeout):
                 # The wire-shaped body goes through the SDK's generic ``post`` rather than
@@ -118,8 +120,7 @@ class OpenAIProvider:
                 try:
                     # httpx's read timeout already bounds a silent socket; this also bounds a server that
                     # only sends keep-alive comments or otherwise stops producing chunks.
-                    async with asyncio.timeout(self.request_timeout):
-                        chunk = await chunks.__anext__()
+                    chunk = await watch.wait(chunks.__anext__())
                 except StopAsyncIteration:
                     break
                 try:
@@ -145,6 +146,7 @@ class OpenAIProvider:
                 raise
             raise error from None
         finally:
+            watch.close()
             if chunks is not None:
                 await chunks.close()
 
