@@ -26,6 +26,8 @@ from core.snapshot import TurnSnapshot
 from core.supervisor import SupervisorClosedError, TaskSupervisor
 
 log = logging.getLogger(__name__)
+# Bounds use ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11 wait_for wraps every call in a
+# new task, and a turn makes one bounded sink call per snapshot.
 
 
 class DeliveryStartError(Exception):
@@ -69,7 +71,8 @@ class DeliveryHandle:
                 if left <= 0:
                     raise TimeoutError
                 try:
-                    return await asyncio.wait_for(asyncio.shield(self._task), left)
+                    async with asyncio.timeout(left):
+                        return await asyncio.shield(self._task)
                 except TimeoutError:
                     if self._pauses.until + self._grace <= time.monotonic() and time.monotonic() >= deadline:
                         raise
@@ -160,7 +163,8 @@ class PlainSender:
         try:
             async for attempt in platform_retry(2, 0.5):
                 with attempt:
-                    await asyncio.wait_for(channel.send_plain(target, text), self._settings.plain_send_timeout)
+                    async with asyncio.timeout(self._settings.plain_send_timeout):
+                        await channel.send_plain(target, text)
         except Exception as exc:
             log.warning("plain send to %s failed: %s", target.session_key, exc)
             return False
@@ -180,7 +184,8 @@ class TurnDeliveryService:
         if self._supervisor.closed:
             raise DeliveryStartError("shutting down")
         try:
-            sink = await asyncio.wait_for(channel.open_sink(target), self._settings.sink_update_timeout)
+            async with asyncio.timeout(self._settings.sink_update_timeout):
+                sink = await channel.open_sink(target)
         except Exception as exc:  # open failed: the turn is delivered plainly
             raise DeliveryStartError(f"open failed: {type(exc).__name__}: {exc}") from exc
         pauses = _PauseClock()
@@ -201,7 +206,8 @@ class TurnDeliveryService:
                 if snap.terminal:
                     return await self._finish(sink, snap, pauses)
                 try:
-                    await asyncio.wait_for(sink.update(snap), self._settings.sink_update_timeout)
+                    async with asyncio.timeout(self._settings.sink_update_timeout):
+                        await sink.update(snap)
                 except Exception as exc:
                     # A failed live update is not fatal: the next snapshot (or the final) repeats the
                     # whole target state.
@@ -217,7 +223,8 @@ class TurnDeliveryService:
         try:
             async for attempt in platform_retry(s.sink_finish_attempts, s.sink_finish_retry_delay, pauses.pause):
                 with attempt:
-                    await asyncio.wait_for(sink.finish(snap), s.sink_update_timeout)
+                    async with asyncio.timeout(s.sink_update_timeout):
+                        await sink.finish(snap)
         except Exception as exc:
             log.warning("final delivery failed for turn %s: %s", snap.turn_id, exc)
             undelivered: str | None = None

@@ -10,11 +10,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 
 from core.agent.events import trace_payload
+from core.cancel_signal import CancelSignal
 from core.committer import TurnCommitter
 from core.context_cache import ContextCache
 from core.controller import TurnController
@@ -49,7 +49,7 @@ class ConversationExecutor:
         self._events = events
         self._settings = settings
 
-    async def execute(self, envelope: InboundEnvelope, cancel: asyncio.Event,
+    async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal,
                       context: ContextCache | None = None) -> None:
         """Run one turn. ``context`` is the session worker's cache of its context between turns."""
         context = context if context is not None else ContextCache(self._settings.history_limit)

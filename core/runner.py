@@ -17,6 +17,7 @@ from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor
 from core.agent.events import Abort, ApprovalDecided
 from core.agent.loop import AgentLoop, Round
+from core.cancel_signal import CancelSignal
 from core.controller import TurnController
 from core.failures import TurnFailure, TurnFailureKind
 from core.input_builder import PreparedTurnInput, Summary, TurnInputBuilder
@@ -79,7 +80,7 @@ class TurnRunner:
         self._broker = broker or ApprovalBroker()
         self._compactor = compactor
 
-    async def run(self, prepared: PreparedTurnInput, controller: TurnController, cancel: asyncio.Event,
+    async def run(self, prepared: PreparedTurnInput, controller: TurnController, cancel: CancelSignal,
                   *, requested_by: str | None = None) -> TurnRunOutcome:
         snap = controller.snapshot
         loop = AgentLoop(provider=self._provider, tools=self._tools, broker=self._broker,
@@ -88,11 +89,11 @@ class TurnRunner:
         compaction: list[Summary] = []
         work = self._supervisor.spawn(f"turn:{snap.turn_id}:loop",
                                       self._run_loop(loop, prepared, controller, compaction))
-        stop = self._supervisor.spawn(f"turn:{snap.turn_id}:cancel-watch", cancel.wait())
+        unsubscribe = cancel.on_set(work.cancel)  # /stop cancels the work directly
         try:
-            await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({work})
         finally:
-            stop.cancel()
+            unsubscribe()
             if not work.done():
                 work.cancel()
                 with contextlib.suppress(BaseException):

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from core.cancel_signal import CancelSignal
 from core.context_cache import ContextCache
 from core.envelope import InboundEnvelope
 from core.executor import ConversationExecutor
@@ -33,7 +34,7 @@ class Admission(Enum):
 class _ActiveSession:
     key: str
     queue: asyncio.Queue[InboundEnvelope]
-    cancel: asyncio.Event | None = None
+    cancel: CancelSignal | None = None
     """Cancel signal of the turn being executed, if any."""
     worker: asyncio.Task[None] | None = None
     context: ContextCache | None = None
@@ -96,8 +97,8 @@ class SessionManager:
         try:
             while not self._closing:
                 try:
-                    envelope = await asyncio.wait_for(session.queue.get(),
-                                                      self._settings.session_idle_seconds)
+                    async with asyncio.timeout(self._settings.session_idle_seconds):  # no task per message
+                        envelope = await session.queue.get()
                 except TimeoutError:
                     if session.queue.empty():  # no await between this check and the removal
                         return
@@ -105,7 +106,7 @@ class SessionManager:
                 if self._closing:
                     await self._unserved(envelope)
                     break
-                session.cancel = asyncio.Event()
+                session.cancel = CancelSignal()
                 try:
                     await self._executor.execute(envelope, session.cancel, session.context)
                 except asyncio.CancelledError:

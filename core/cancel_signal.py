@@ -1,0 +1,39 @@
+"""CancelSignal: ``/stop`` (or shutdown) for one running turn.
+
+Set at most once. Whoever must react registers a callback and is called at once, so a turn needs no
+task of its own just to wait for a /stop that usually never comes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class CancelSignal:
+    def __init__(self) -> None:
+        self._set = False
+        self._listeners: list[Callable[[], object]] = []
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if self._set:
+            return
+        self._set = True
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener()
+
+    def on_set(self, listener: Callable[[], object]) -> Callable[[], object]:
+        """Call ``listener`` when the signal is set (at once if it already is); returns an unsubscribe."""
+        if self._set:
+            listener()
+            return lambda: None
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return remove
