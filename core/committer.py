@@ -9,7 +9,9 @@ partial the user already saw. Every turn end raises history_revision by one and 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from core.agent.compaction import summary_message
 from core.events import EventBus, TurnCommitted
@@ -34,7 +36,9 @@ class TurnCommitter:
         self._events = events
 
     async def commit(self, key: str, turn_id: str, outcome: TurnRunOutcome, *, base_generation: int,
-                     base_state_version: int) -> CommitOutcome:
+                     base_state_version: int,
+                     trace: Sequence[tuple[str, dict[str, Any]]] = ()) -> CommitOutcome:
+        """``trace`` (the turn's trace records) is written in the same transaction."""
         msgs = turn_messages(outcome, turn_id)
         # /stop moves the generation; the partial the user saw is still kept
         expect_gen: int | None = base_generation if isinstance(outcome, Completed) else None
@@ -42,14 +46,16 @@ class TurnCommitter:
             try:
                 result = await self._store.commit_turn(key, msgs, expect_generation=expect_gen,
                                                        expect_state_version=base_state_version,
-                                                       end_turn=(turn_id, _turn_state(outcome)))
+                                                       end_turn=(turn_id, _turn_state(outcome)),
+                                                       trace=(turn_id, trace))
             except StaleStateError:
                 log.info("turn %s in %s is stale; its output is not committed", turn_id, key)
                 outcome = Stale() if isinstance(outcome, Completed) else outcome
                 # Still publish a revision: the user's message must reach history clients.
                 result = await self._store.commit_turn(key, [], expect_generation=None,
                                                        expect_state_version=None,
-                                                       end_turn=(turn_id, _turn_state(outcome)))
+                                                       end_turn=(turn_id, _turn_state(outcome)),
+                                                       trace=(turn_id, trace))
         except Exception as exc:
             log.error("persisting turn %s of %s failed: %s", turn_id, key, exc)
             failure = TurnFailure(TurnFailureKind.TURN_PERSISTENCE, f"{type(exc).__name__}: {exc}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 from core.agent.events import trace_payload
 from core.cancel_signal import CancelSignal
@@ -93,8 +94,9 @@ class ConversationExecutor:
                 outcome = Failed(TurnFailure(TurnFailureKind.AGENT_CREATION, repr(exc)), controller.text)
 
         # 4. commit, and only then show the terminal state
+        trace = [(e.kind, trace_payload(e)) for e in controller.trace]  # complete once the run is over
         committed = await self._committer.commit(key, turn_id, outcome, base_generation=base_generation,
-                                                 base_state_version=base_state_version)
+                                                 base_state_version=base_state_version, trace=trace)
         outcome = committed.outcome
         if committed.result is not None:
             context.committed(committed.result)
@@ -106,7 +108,8 @@ class ConversationExecutor:
 
         # 5. wait for the sink; fall back to one plain message if the terminal content is not visible
         await self._deliver_terminal(target, handle, outcome, terminal)
-        await self._write_trace(key, turn_id, controller)  # after delivery: never delays the reply
+        if committed.result is None:  # the commit (and the trace with it) did not land: try the trace alone
+            await self._write_trace(key, turn_id, trace)
 
         # 6. title in the background
         if isinstance(outcome, Completed) and committed.result and committed.result.history_revision == 1:
@@ -151,10 +154,11 @@ class ConversationExecutor:
         partial = outcome.partial if isinstance(outcome, Cancelled) else terminal.text
         return self._presenter.cancelled(partial)
 
-    async def _write_trace(self, key: str, turn_id: str, controller: TurnController) -> None:
-        """The turn's complete events in stream order (partials skipped), written once per turn."""
+    async def _write_trace(self, key: str, turn_id: str, trace: list[tuple[str, dict[str, Any]]]) -> None:
+        """The turn's complete events in stream order (partials skipped), when the commit could not
+        carry them."""
         try:
-            await self._store.append_traces(key, turn_id, [(e.kind, trace_payload(e)) for e in controller.trace])
+            await self._store.append_traces(key, turn_id, trace)
         except Exception as exc:  # tracing never breaks a turn
             log.warning("trace write failed for %s: %s", key, exc)
 

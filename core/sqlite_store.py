@@ -566,13 +566,17 @@ class SqliteStore:
         expect_generation: int | None,
         expect_state_version: int | None,
         end_turn: tuple[str, TurnState] | None = None,
+        trace: tuple[str, Sequence[tuple[str, dict[str, Any]]]] | None = None,
     ) -> CommitResult:
-        """Atomically check the expectations, insert ``messages`` and raise history_revision by one.
+        """Atomically check the expectations, insert ``messages`` and raise history_revision by one
+        (with ``end_turn`` and ``trace``, see ``Store.commit_turn``).
 
         Raises StaleStateError (and writes nothing) when an expectation fails. The result carries every
         message with seq above the previous revision (including messages appended since), so consecutive
         revisions are contiguous deltas covering each message exactly once.
         """
+
+        trace_rows = _trace_rows(key, trace[0], trace[1], self._clock()) if trace is not None else []
 
         def body(conn: sqlite3.Connection) -> CommitResult:
             row = self._ensure_session_sync(conn, key)
@@ -600,6 +604,7 @@ class SqliteStore:
                     "UPDATE turns SET state = ?, ended_at = ? WHERE turn_id = ? AND state = 'running'",
                     (end_turn[1], ended_at, end_turn[0]),
                 )
+            _insert_traces_sync(conn, trace_rows)
             delta = tuple(_message_from_row(r) for r in rows)
             state_version = int(row["state_version"]) + (1 if inserted else 0)
             return CommitResult(session_key=key, history_revision=revision, messages=delta,
@@ -777,21 +782,8 @@ class SqliteStore:
         """Append several trace records in one transaction, in order."""
         if not records:
             return
-        now = self._clock()
-        rows = [
-            (key, turn_id, kind, json.dumps(payload, default=str, ensure_ascii=False), now, key)
-            for kind, payload in records
-        ]
-
-        def body(conn: sqlite3.Connection) -> None:
-            # each row takes the next seq of its session (the rows before it in this batch included)
-            conn.executemany(
-                f"INSERT INTO traces ({_TRACE_COLUMNS})"
-                " SELECT ?, ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ? FROM traces WHERE session_key = ?",
-                rows,
-            )
-
-        await self._transaction("append_traces", body)
+        rows = _trace_rows(key, turn_id, records, self._clock())
+        await self._transaction("append_traces", lambda conn: _insert_traces_sync(conn, rows))
 
     async def traces(self, key: str, *, limit: int = 1000) -> list[TraceRecord]:
         """The newest ``limit`` trace records of a session, oldest first."""
@@ -801,6 +793,23 @@ class SqliteStore:
                 (key, max(limit, 0)),
             )
             return [_trace_from_row(r) for r in reversed(list(rows))]
+
+
+def _trace_rows(key: str, turn_id: str, records: Sequence[tuple[str, dict[str, Any]]],
+                now: float) -> list[tuple[Any, ...]]:
+    """Trace rows, serialised on the caller's side; values JSON cannot encode are stored as ``str()``."""
+    return [(key, turn_id, kind, json.dumps(payload, default=str, ensure_ascii=False), now, key)
+            for kind, payload in records]
+
+
+def _insert_traces_sync(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    # each row takes the next seq of its session (the rows before it in this batch included)
+    if rows:
+        conn.executemany(
+            f"INSERT INTO traces ({_TRACE_COLUMNS})"
+            " SELECT ?, ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ? FROM traces WHERE session_key = ?",
+            rows,
+        )
 
 
 async def _session_row(conn: aiosqlite.Connection, key: str) -> sqlite3.Row | None:

@@ -116,9 +116,11 @@ class Store(Protocol):
         expect_generation: int | None,
         expect_state_version: int | None,
         end_turn: tuple[str, TurnState] | None = None,
+        trace: tuple[str, Sequence[tuple[str, dict[str, Any]]]] | None = None,
     ) -> CommitResult:
         """Atomically check the expectations, insert ``messages`` and raise history_revision by one;
-        ``end_turn=(turn_id, state)`` closes a running turn in the same transaction.
+        ``end_turn=(turn_id, state)`` closes a running turn and ``trace=(turn_id, [(kind, payload), ...])``
+        appends its trace records, in the same transaction.
 
         Raises StaleStateError (and writes nothing) when an expectation fails.
         """

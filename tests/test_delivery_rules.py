@@ -100,6 +100,9 @@ async def test_persistence_failure_with_live_sink_ends_in_a_failure_state(tmp_pa
     assert "could not be saved" in shown  # the live message is marked failed, not completed
     assert h.platform.plain("c1") == []
     assert not any(type(e).__name__ == "TurnCommitted" for e in seen)
+    # the trace normally rides on the commit; without one it is still written on its own
+    kinds = [t.kind for t in await h.store.traces("test:c1")]
+    assert kinds[0] == "request_begin" and "request_end" in kinds
     await h.core.shutdown()
 
 

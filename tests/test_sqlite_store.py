@@ -523,3 +523,15 @@ async def test_a_batch_of_traces_lands_in_order_after_earlier_ones(store: Sqlite
     assert [(r.seq, r.turn_id, r.kind) for r in records] == [
         (1, "t1", "request_begin"), (2, "t2", "text"), (3, "t2", "request_end")]
     assert records[2].payload == {"status": "completed"}
+
+
+async def test_a_commit_carries_its_turn_trace_and_a_stale_one_writes_none(store: SqliteStore) -> None:
+    await store.append_message(KEY, user("q"))
+    with pytest.raises(StaleStateError):
+        await store.commit_turn(KEY, [assistant("a")], expect_generation=0, expect_state_version=99,
+                                trace=("t1", [("request_begin", {})]))
+    assert await store.traces(KEY) == []
+    await store.commit_turn(KEY, [assistant("a")], expect_generation=0, expect_state_version=1,
+                            trace=("t1", [("request_begin", {"n": 1}), ("request_end", {"status": "completed"})]))
+    assert [(t.turn_id, t.kind, t.payload) for t in await store.traces(KEY)] == [
+        ("t1", "request_begin", {"n": 1}), ("t1", "request_end", {"status": "completed"})]
