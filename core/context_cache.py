@@ -9,8 +9,9 @@ turn reloads. It belongs to the session worker, so an idle session (worker reape
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from core.llm.provider import LLMMessage
 from core.messages import ChatMessage
 from core.store import CommitResult, SessionRecord
 
@@ -20,6 +21,8 @@ class ContextCache:
         self._limit = max(limit, 0)
         self._version: int | None = None
         self._messages: list[ChatMessage] = []
+        self._converted: dict[int, LLMMessage] = {}
+        """Model-side form of cached messages by seq: a turn converts only what is new."""
 
     @property
     def version(self) -> int | None:
@@ -32,8 +35,18 @@ class ContextCache:
             return None
         return list(self._messages)
 
+    def converted(self, message: ChatMessage, convert: Callable[[ChatMessage], LLMMessage]) -> LLMMessage:
+        """``convert(message)``, computed once per held message (messages never change once stored)."""
+        done = self._converted.get(message.seq)
+        if done is None:
+            done = convert(message)
+            if self._version is not None:
+                self._converted[message.seq] = done
+        return done
+
     def put(self, state_version: int, messages: Sequence[ChatMessage]) -> None:
         """Hold ``messages`` as the context at ``state_version`` (as the store returned it)."""
+        self._converted = {}
         self._version = state_version
         self._messages = list(messages[len(messages) - self._limit:]) if len(messages) > self._limit else list(messages)
 
@@ -52,6 +65,9 @@ class ContextCache:
         self._messages.extend(messages)
         if len(self._messages) > self._limit:
             del self._messages[: len(self._messages) - self._limit]
+            first = self._messages[0].seq if self._messages else 0
+            for seq in [s for s in self._converted if s < first]:
+                del self._converted[seq]
         self._version = after
 
     def appended(self, message: ChatMessage, session: SessionRecord) -> None:
@@ -67,3 +83,4 @@ class ContextCache:
     def clear(self) -> None:
         self._version = None
         self._messages = []
+        self._converted = {}

@@ -8,6 +8,7 @@ smaller budget, so the prompt and runtime context are attached exactly once eith
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.context_cache import ContextCache
@@ -84,7 +85,7 @@ class TurnInputBuilder:
         covered = summary.covers_through_seq if summary is not None else 0
         rest = tuple(m for m in history if m.seq > covered and m.source.kind not in ("summary", "notice"))
         budget = int(self._settings.context_window * CHARS_PER_TOKEN * 0.75)
-        return self._build(key, base_state_version, runtime, budget, rest, summary, recovered=False)
+        return self._build(key, base_state_version, runtime, budget, rest, summary, recovered=False, cache=cache)
 
     async def recover_after_overflow(self, prev: PreparedTurnInput) -> PreparedTurnInput:
         """The model said the prompt does not fit: rebuild with half the history budget."""
@@ -98,8 +99,10 @@ class TurnInputBuilder:
                            rest, summary, recovered=prev.recovered)
 
     def _build(self, key: str, base_state_version: int, runtime: RuntimeContext, budget: int,
-               rest: tuple[ChatMessage, ...], summary: Summary | None, *, recovered: bool) -> PreparedTurnInput:
-        messages = assemble(self._settings.system_prompt, list(rest), runtime, budget, summary)
+               rest: tuple[ChatMessage, ...], summary: Summary | None, *, recovered: bool,
+               cache: ContextCache | None = None) -> PreparedTurnInput:
+        convert = _to_llm if cache is None else lambda m: cache.converted(m, _to_llm)
+        messages = assemble(self._settings.system_prompt, list(rest), runtime, budget, summary, convert)
         tokens = (len(self._settings.system_prompt) // CHARS_PER_TOKEN
                   + (estimate_tokens(summary.message()) if summary is not None else 0)
                   + sum(estimate_tokens(m) for m in rest))
@@ -116,10 +119,13 @@ def newest_summary(history: list[ChatMessage]) -> Summary | None:
 
 
 def assemble(system_prompt: str, history: list[ChatMessage], runtime: RuntimeContext,
-             budget_chars: int, summary: Summary | None = None) -> tuple[LLMMessage, ...]:
+             budget_chars: int, summary: Summary | None = None,
+             convert: Callable[[ChatMessage], LLMMessage] | None = None) -> tuple[LLMMessage, ...]:
     """System prompt + the compaction summary (if any) + the newest history that fits ``budget_chars`` +
-    runtime context on the last user message. The newest user message is always kept."""
-    converted = [_to_llm(m) for m in history if m.source.kind not in ("notice", "summary")]
+    runtime context on the last user message. The newest user message is always kept. ``convert`` turns
+    a stored message into its model form (default: ``_to_llm``; a session's ContextCache memoises it)."""
+    to_llm = convert or _to_llm
+    converted = [to_llm(m) for m in history if m.source.kind not in ("notice", "summary")]
     kept: list[LLMMessage] = []
     head = (LLMMessage("system", system_prompt), *((summary.message(),) if summary is not None else ()))
     used = sum(len(m.content) for m in head)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.context_cache import ContextCache
+from core.llm.provider import LLMMessage
 from core.messages import ChatMessage, MessageSource, NewMessage
 from core.store import CommitResult, SessionRecord
 from core.tools.base import ToolRegistry
@@ -125,3 +126,22 @@ async def test_a_write_the_worker_did_not_make_reaches_the_next_request(tmp_path
     await h.settle()
     assert [c for _, c in sent_context(fake_openai.requests[-1])] == ["first", "ok", "written elsewhere", "second"]
     await h.core.shutdown()
+
+
+def test_model_forms_are_converted_once_and_go_with_their_messages():
+    cache, calls = ContextCache(2), []
+
+    def convert(m: ChatMessage) -> LLMMessage:
+        calls.append(m.seq)
+        return LLMMessage("user", m.content)
+
+    cache.put(1, [msg(1), msg(2)])
+    first = cache.converted(msg(2), convert)
+    assert cache.converted(msg(2), convert) is first and calls == [2]
+    cache.extend(1, 2, [msg(3)])  # seq 1 leaves the window
+    cache.converted(msg(3), convert)
+    cache.converted(msg(2), convert)
+    assert calls == [2, 3]
+    cache.put(5, [msg(2)])  # a reload starts afresh
+    cache.converted(msg(2), convert)
+    assert calls == [2, 3, 2]

@@ -44,12 +44,14 @@ class ToolRegistry:
         self._tools: dict[str, Tool] = {}
         self._default = default_policy
         self._overrides = dict(overrides or {})
+        self._specs: tuple[LLMToolSpec, ...] | None = None
 
     def add(self, tool: Tool) -> None:
         name = tool.spec.name
         if name in self._tools:
             raise ValueError(f"tool {name!r} registered twice")
         self._tools[name] = tool
+        self._specs = None
 
     def extend(self, tools: Iterable[Tool]) -> None:
         for tool in tools:
@@ -62,8 +64,11 @@ class ToolRegistry:
         return sorted(self._tools)
 
     def specs(self) -> tuple[LLMToolSpec, ...]:
-        """What the model is offered: every tool whose policy is not ``deny``."""
-        return tuple(t.spec for name, t in sorted(self._tools.items()) if self.policy(name) != "deny")
+        """What the model is offered: every tool whose policy is not ``deny`` (computed once per change;
+        every model request asks)."""
+        if self._specs is None:
+            self._specs = tuple(t.spec for name, t in sorted(self._tools.items()) if self.policy(name) != "deny")
+        return self._specs
 
     def policy(self, name: str) -> ApprovalPolicy:
         """Operator override for this tool, else the tool's own policy, else the default.
