@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import signal
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -139,8 +139,10 @@ def build_http_app(channels: list[ChannelRuntime]) -> web.Application:
     return app
 
 
-async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.Event | None = None) -> int:
-    """Run until SIGINT/SIGTERM (or ``stop`` is set); returns the process exit code."""
+async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.Event | None = None,
+                  on_started: Callable[[], None] | None = None) -> int:
+    """Run until SIGINT/SIGTERM (or ``stop`` is set); returns the process exit code. ``on_started`` runs
+    once everything is up (the CLI tunes the garbage collector there)."""
     configure_logging(config.bridge.log_level, config.secret_values())
     try:
         check_channels(config)
@@ -192,6 +194,8 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
             started.append(channel)
             log.info("channel %s: %s", channel.name, channel.state())
         log.info("chatbridge started (config: %s, data: %s)", config_path or "embedded default", data_dir)
+        if on_started is not None:
+            on_started()
         await stop.wait()
         log.info("shutting down")
         return EXIT_OK

@@ -120,9 +120,10 @@ def _run(option: str | None) -> int:
         return EXIT_CONFIG
     print(f"chatbridge {__version__}: using {path or EMBEDDED_DEFAULT}", file=sys.stderr)
     from bridge.app import run_app
+    from bridge.gc_tuning import tune_gc
 
     try:
-        return int(asyncio.run(run_app(config, config_path=path)))
+        return int(asyncio.run(run_app(config, config_path=path, on_started=tune_gc)))
     except KeyboardInterrupt:
         return 130
 

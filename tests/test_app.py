@@ -41,7 +41,9 @@ port = {port}
 """)
     config = load_config(path)
     stop = asyncio.Event()
-    task = asyncio.create_task(run_app(config, config_path=str(path), stop=stop))
+    started: list[bool] = []
+    task = asyncio.create_task(run_app(config, config_path=str(path), stop=stop,
+                                       on_started=lambda: started.append(True)))
     try:
         async with aiohttp.ClientSession() as http:
             for _ in range(200):
@@ -55,6 +57,11 @@ port = {port}
             else:
                 raise AssertionError("server did not come up")
         assert body == {"status": "ok", "channels": {"web": "serving"}}
+        for _ in range(100):  # on_started follows the last channel's start
+            if started:
+                break
+            await asyncio.sleep(0.02)
+        assert started == [True]
     finally:
         stop.set()
         assert await asyncio.wait_for(task, 15) == 0

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tomllib
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from pydantic import BaseModel
 import bridge
 from bridge.cli import main, template_text
 from bridge.config import AppConfig, load_config
+from bridge.gc_tuning import YOUNG_GENERATION_THRESHOLD, tune_gc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -203,8 +205,9 @@ def test_template_mcp_example_documents_every_key_and_loads() -> None:
 def test_run_delegates_to_run_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[AppConfig, str | None]] = []
 
-    async def run_app(config: AppConfig, *, config_path: str | None) -> int:
+    async def run_app(config: AppConfig, *, config_path: str | None, on_started: Callable[[], None]) -> int:
         calls.append((config, config_path))
+        assert on_started is tune_gc  # the long-running process tunes its collector once it is up
         return 3
 
     monkeypatch.setitem(sys.modules, "bridge.app", types.SimpleNamespace(run_app=run_app))
@@ -218,7 +221,7 @@ def test_run_delegates_to_run_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_run_with_bad_config_exits_2_without_starting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    async def run_app(config: AppConfig, *, config_path: str | None) -> int:
+    async def run_app(config: AppConfig, *, config_path: str | None, on_started: Callable[[], None]) -> int:
         raise AssertionError("must not start")
 
     monkeypatch.setitem(sys.modules, "bridge.app", types.SimpleNamespace(run_app=run_app))
@@ -253,3 +256,16 @@ def test_subprocess_check_masks_secrets(tmp_path: Path) -> None:
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert bad.returncode == 2
     assert "channels.slack.bot_token: environment variable SLACK_BOT_TOKEN is not set" in bad.stderr
+
+
+def test_tune_gc_freezes_start_up_objects_and_collects_young_objects_less_often() -> None:
+    import gc
+
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (YOUNG_GENERATION_THRESHOLD, before[1], before[2])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

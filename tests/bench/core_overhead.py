@@ -2,7 +2,8 @@
 
 The fake OpenAI-compatible server runs in a separate process on 127.0.0.1 and answers at once, so the
 figures are the chain's own work: ingress, SQLite persistence, the OpenAI SDK request, snapshots, the sink
-and the commit. The chain process is pinned to one core where the OS allows it.
+and the commit. The chain process is pinned to one core where the OS allows it, and its garbage collector
+is tuned as ``chatbridge run`` tunes it (bridge/gc_tuning.py); one extra line shows CPython's defaults.
 
     python -m tests.bench.core_overhead            # full run (about a minute)
     python -m tests.bench.core_overhead --quick    # smaller counts
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bridge.gc_tuning import tune_gc  # noqa: E402
 from core.llm.openai_provider import OpenAIProvider  # noqa: E402
 from core.llm.provider import LLMMessage, LLMRequest  # noqa: E402
 from core.runtime import ChatCore  # noqa: E402
@@ -213,6 +215,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
             turns = 600 if args.quick else 3000
+            untuned = asyncio.run(throughput(base_url, tmp / "untuned", 100, turns))
+            tune_gc()  # as `chatbridge run` does once it is up
             print("chain throughput (fake LLM answering at once, separate process; chain on one core;")
             print("  1 session = one long conversation, its context capped at history_limit messages)")
             for sessions in (1, 100, 1000):
@@ -221,6 +225,8 @@ def main() -> None:
                       f"{r['cpu_ms_per_turn']:6.2f} CPU ms/turn")
                 if sessions == 100:
                     at100 = r["turns_per_s"]
+            print(f"  100 sessions with CPython's default garbage-collector settings: {untuned['turns_per_s']:8.1f} "
+                  f"turns/s  {untuned['cpu_ms_per_turn']:6.2f} CPU ms/turn")
             sdk = asyncio.run(sdk_alone(base_url, 100, turns))
             print(f"  for reference, the OpenAI SDK alone at 100 concurrent requests: {sdk['requests_per_s']:8.1f} "
                   f"requests/s  {sdk['cpu_ms_per_request']:6.2f} CPU ms/request")
