@@ -21,6 +21,7 @@ from tenacity.wait import wait_base
 from core.channel import ChannelRegistry, SinkError, TurnSink
 from core.controller import TurnController
 from core.envelope import TurnTarget
+from core.retrying import run_with_retries
 from core.settings import CoreSettings
 from core.snapshot import TurnSnapshot
 from core.supervisor import SupervisorClosedError, TaskSupervisor
@@ -160,11 +161,12 @@ class PlainSender:
         if channel is None:
             log.error("cannot reply in %s: no channel %r", target.session_key, target.channel)
             return False
+        async def send() -> None:
+            async with asyncio.timeout(self._settings.plain_send_timeout):
+                await channel.send_plain(target, text)
+
         try:
-            async for attempt in platform_retry(2, 0.5):
-                with attempt:
-                    async with asyncio.timeout(self._settings.plain_send_timeout):
-                        await channel.send_plain(target, text)
+            await run_with_retries(lambda: platform_retry(2, 0.5), send)
         except Exception as exc:
             log.warning("plain send to %s failed: %s", target.session_key, exc)
             return False
@@ -220,11 +222,14 @@ class TurnDeliveryService:
 
     async def _finish(self, sink: TurnSink, snap: TurnSnapshot, pauses: _PauseClock) -> DeliveryError | None:
         s = self._settings
+
+        async def finish() -> None:
+            async with asyncio.timeout(s.sink_update_timeout):
+                await sink.finish(snap)
+
         try:
-            async for attempt in platform_retry(s.sink_finish_attempts, s.sink_finish_retry_delay, pauses.pause):
-                with attempt:
-                    async with asyncio.timeout(s.sink_update_timeout):
-                        await sink.finish(snap)
+            await run_with_retries(
+                lambda: platform_retry(s.sink_finish_attempts, s.sink_finish_retry_delay, pauses.pause), finish)
         except Exception as exc:
             log.warning("final delivery failed for turn %s: %s", snap.turn_id, exc)
             undelivered: str | None = None

@@ -48,6 +48,7 @@ from core.llm.provider import (
 )
 from core.llm.retry import retry_policy
 from core.llm.silence import SilenceWatch
+from core.retrying import run_with_retries
 from core.settings import CoreSettings
 from core.tools.base import ToolContext, ToolRegistry
 
@@ -181,28 +182,35 @@ class AgentLoop:
         async def on_retry(err: ProviderError, attempt: int, sleep: float) -> None:
             queue.push(RequestEnd(request_status(err), attempt, sleep))
 
+        async def one_attempt() -> bool:
+            """One try of the request; True when it ended early keeping calls that already ran."""
+            nonlocal attempt_no, usage
+            attempt_no += 1
+            rnd.text = ""
+            queue.push(RequestBegin(rnd.request_no, attempt_no))
+            asm = _Assembler(queue.push, rnd, gate, f"call_{self._turn_id[:8]}_{rnd.request_no}")
+            try:
+                async for event in _bounded(self._provider.stream(request), self._settings.request_timeout):
+                    asm.feed(event)
+            except ProviderError as err:
+                asm.abandon()
+                if rnd.calls and err.retryable:
+                    # Calls already run: keep them, end this request here; the next one continues.
+                    queue.push(RequestEnd(request_status(err), attempt_no))
+                    return True
+                raise
+            asm.finish()
+            usage = asm.usage
+            return False
+
         try:
-            async for attempt in retry_policy(self._settings.retry_delays, on_retry=on_retry):
-                with attempt:
-                    attempt_no += 1
-                    rnd.text = ""
-                    queue.push(RequestBegin(rnd.request_no, attempt_no))
-                    asm = _Assembler(queue.push, rnd, gate, f"call_{self._turn_id[:8]}_{rnd.request_no}")
-                    try:
-                        async for event in _bounded(self._provider.stream(request), self._settings.request_timeout):
-                            asm.feed(event)
-                    except ProviderError as err:
-                        asm.abandon()
-                        if rnd.calls and err.retryable:
-                            # Calls already run: keep them, end this request here; the next one continues.
-                            queue.push(RequestEnd(request_status(err), attempt_no))
-                            return
-                        raise
-                    asm.finish()
-                    usage = asm.usage
+            ended_early = await run_with_retries(
+                lambda: retry_policy(self._settings.retry_delays, on_retry=on_retry), one_attempt)
         except ProviderError as err:
             queue.push(RequestEnd(request_status(err), attempt_no))
             raise
+        if ended_early:
+            return
         if usage is not None:
             queue.push(TokenUsage(usage.prompt_tokens, usage.completion_tokens))
         queue.push(RequestEnd("completed", attempt_no))
