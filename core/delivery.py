@@ -204,16 +204,18 @@ class TurnDeliveryService:
     async def _drive(self, sink: TurnSink, controller: TurnController,
                      pauses: _PauseClock) -> DeliveryError | None:
         try:
-            async for snap in controller.watch():
-                if snap.terminal:
-                    return await self._finish(sink, snap, pauses)
-                try:
-                    async with asyncio.timeout(self._settings.sink_update_timeout):
-                        await sink.update(snap)
-                except Exception as exc:
-                    # A failed live update is not fatal: the next snapshot (or the final) repeats the
-                    # whole target state.
-                    log.warning("sink update failed for turn %s: %s", snap.turn_id, exc)
+            # closed here rather than left to the garbage collector (which costs a task per turn)
+            async with contextlib.aclosing(controller.watch()) as snapshots:
+                async for snap in snapshots:
+                    if snap.terminal:
+                        return await self._finish(sink, snap, pauses)
+                    try:
+                        async with asyncio.timeout(self._settings.sink_update_timeout):
+                            await sink.update(snap)
+                    except Exception as exc:
+                        # A failed live update is not fatal: the next snapshot (or the final) repeats the
+                        # whole target state.
+                        log.warning("sink update failed for turn %s: %s", snap.turn_id, exc)
             return DeliveryError("turn ended without a terminal snapshot")
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):

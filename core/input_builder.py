@@ -23,7 +23,9 @@ CHARS_PER_TOKEN = 4
 
 def estimate_tokens(message: ChatMessage | LLMMessage) -> int:
     """About four characters per token, tool-call arguments included."""
-    chars = len(message.content) + sum(len(tc.name) + len(tc.arguments) for tc in message.tool_calls)
+    chars = len(message.content)
+    if message.tool_calls:
+        chars += sum(len(tc.name) + len(tc.arguments) for tc in message.tool_calls)
     return chars // CHARS_PER_TOKEN + 1
 
 
@@ -130,7 +132,9 @@ def assemble(system_prompt: str, history: list[ChatMessage], runtime: RuntimeCon
     head = (LLMMessage("system", system_prompt), *((summary.message(),) if summary is not None else ()))
     used = sum(len(m.content) for m in head)
     for msg in reversed(converted):
-        size = len(msg.content) + sum(len(tc.arguments) for tc in msg.tool_calls)
+        size = len(msg.content)
+        if msg.tool_calls:
+            size += sum(len(tc.arguments) for tc in msg.tool_calls)
         if kept and used + size > budget_chars:
             break
         kept.append(msg)
