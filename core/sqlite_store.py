@@ -295,6 +295,10 @@ def _run_batch(conn: sqlite3.Connection, batch: list[_Write[Any]]) -> None:
     """Runs on aiosqlite's thread: one BEGIN IMMEDIATE ... COMMIT around every write of ``batch``, each in
     its own SAVEPOINT (a failing write is rolled back alone). Results are released only after COMMIT; if
     BEGIN or COMMIT fails, every write of the batch gets that error. Never raises."""
+    # aiosqlite's thread keeps its last call (and so this list) until the next one: empty the list, so an
+    # idle store does not keep the last batch's writes and results alive
+    batch, handed_over = list(batch), batch
+    handed_over.clear()
     outcomes: list[tuple[bool, Any]] = []
     try:
         if conn.in_transaction:  # left open by an earlier failure: heal it

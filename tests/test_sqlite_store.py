@@ -535,3 +535,15 @@ async def test_a_commit_carries_its_turn_trace_and_a_stale_one_writes_none(store
                             trace=("t1", [("request_begin", {"n": 1}), ("request_end", {"status": "completed"})]))
     assert [(t.turn_id, t.kind, t.payload) for t in await store.traces(KEY)] == [
         ("t1", "request_begin", {"n": 1}), ("t1", "request_end", {"status": "completed"})]
+
+
+async def test_an_idle_store_keeps_nothing_of_its_last_write(store: SqliteStore) -> None:
+    import gc
+    import weakref
+
+    await store.append_message(KEY, user("q"))
+    result = await store.commit_turn(KEY, [assistant("a")], expect_generation=0, expect_state_version=1)
+    gone = weakref.ref(result)
+    del result
+    gc.collect()
+    assert gone() is None
