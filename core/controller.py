@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from core.agent.approvals import summarize_arguments
 from core.agent.events import (
@@ -142,7 +142,7 @@ class TurnController:
         return self._publish(state=state, text=self._snap.text if text is None else text, error=error,
                              approvals=())
 
-    async def watch(self) -> AsyncIterator[TurnSnapshot]:
+    async def watch(self) -> AsyncGenerator[TurnSnapshot, None]:
         """Yield the newest snapshot whenever it changed, ending after the terminal one."""
         seen = 0
         while True:
