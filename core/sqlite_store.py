@@ -183,8 +183,9 @@ _TURN_COLUMNS = "turn_id, session_key, state, target_json, started_at, ended_at"
 _TRACE_COLUMNS = "session_key, turn_id, seq, kind, payload, created_at"
 
 
-def _session_from_row(row: sqlite3.Row) -> SessionRecord:
-    return SessionRecord(
+def _session_from_row(row: sqlite3.Row, **changes: Any) -> SessionRecord:
+    # Rows were validated on the way in (see _message_from_row); ``changes`` are values the caller just wrote.
+    fields = dict(
         key=row["key"],
         title=row["title"],
         title_is_default=bool(row["title_is_default"]),
@@ -196,6 +197,8 @@ def _session_from_row(row: sqlite3.Row) -> SessionRecord:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
     )
+    fields.update(changes)
+    return SessionRecord.model_construct(**fields)
 
 
 _SOURCE_KINDS = frozenset(get_args(SourceKind))
@@ -555,9 +558,7 @@ class SqliteStore:
                     f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES (?, ?, 'running', ?, ?, NULL)",
                     (begin_turn[0], key, begin_turn[1], self._clock()),
                 )
-            record = _session_from_row(row).model_copy(
-                update={"state_version": state_version, "updated_at": persisted.created_at}
-            )
+            record = _session_from_row(row, state_version=state_version, updated_at=persisted.created_at)
             return persisted, record
 
         return await self._transaction("append_message", body)
@@ -611,8 +612,8 @@ class SqliteStore:
             _insert_traces_sync(conn, trace_rows)
             delta = tuple(_message_from_row(r) for r in rows)
             state_version = int(row["state_version"]) + (1 if inserted else 0)
-            return CommitResult(session_key=key, history_revision=revision, messages=delta,
-                                state_version=state_version, inserted=len(inserted))
+            return CommitResult.model_construct(session_key=key, history_revision=revision, messages=delta,
+                                                state_version=state_version, inserted=len(inserted))
 
         return await self._transaction("commit_turn", body)
 
@@ -644,8 +645,9 @@ class SqliteStore:
     def _new_rows(self, session: sqlite3.Row, messages: Sequence[NewMessage]) -> list[ChatMessage]:
         now = self._clock()
         first_seq = int(session["next_seq"])
+        # the NewMessages are validated already; the rest is generated here
         return [
-            ChatMessage(
+            ChatMessage.model_construct(
                 id=uuid.uuid4().hex,
                 session_key=session["key"],
                 seq=first_seq + offset,
