@@ -20,9 +20,13 @@ async def test_a_wait_that_takes_too_long_is_a_timeout():
 
 async def test_steady_items_never_time_out_however_long_the_stream_runs():
     watch = SilenceWatch(0.05)
-    for _ in range(12):  # about 0.24 s in all, far beyond the bound, each gap well inside it
-        await watch.wait(asyncio.sleep(0.02))
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    # each gap well inside the bound, the whole stream far beyond it
+    got = [await watch.wait(asyncio.sleep(0.02, result=i)) for i in range(12)]
     watch.close()
+    assert got == list(range(12))
+    assert loop.time() - start > 3 * 0.05
 
 
 async def test_time_between_waits_is_not_counted():
