@@ -337,6 +337,11 @@ def _settle(batch: list[_Write[Any]], outcomes: list[tuple[bool, Any]]) -> None:
             item.future.set_exception(value)
 
 
+def _discard_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved, so asyncio does not report it as lost
+
+
 def _settle_all(batch: list[_Write[Any]], exc: Exception) -> None:
     _settle(batch, [(False, exc)] * len(batch))
 
@@ -419,6 +424,8 @@ class SqliteStore:
         except asyncio.CancelledError:
             if item in self._queued:  # not started: it never happens
                 self._queued.remove(item)
+            elif not item.future.done():  # already on the thread: it lands; nobody reads the outcome
+                item.future.add_done_callback(_discard_outcome)
             raise
 
     async def _commit_batch(self, batch: list[_Write[Any]]) -> None:
