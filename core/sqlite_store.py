@@ -606,9 +606,11 @@ class SqliteStore:
                 " revision_seq = ?, updated_at = ? WHERE key = ?",
                 (next_seq, 1 if inserted else 0, revision, next_seq - 1, self._clock(), key),
             )
+            # the delta: messages appended since the last revision (read back), then the ones inserted here
             rows = conn.execute(
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_key = ? AND seq > ? ORDER BY seq",
-                (key, row["revision_seq"]),
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_key = ? AND seq > ? AND seq < ?"
+                " ORDER BY seq",
+                (key, row["revision_seq"], row["next_seq"]),
             ).fetchall()
             if end_turn is not None:
                 ended_at = None if end_turn[1] == "running" else self._clock()
@@ -617,7 +619,7 @@ class SqliteStore:
                     (end_turn[1], ended_at, end_turn[0]),
                 )
             _insert_traces_sync(conn, trace_rows)
-            delta = tuple(_message_from_row(r) for r in rows)
+            delta = (*(_message_from_row(r) for r in rows), *inserted)
             state_version = int(row["state_version"]) + (1 if inserted else 0)
             return CommitResult.model_construct(session_key=key, history_revision=revision, messages=delta,
                                                 state_version=state_version, inserted=len(inserted))
