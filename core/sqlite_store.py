@@ -810,11 +810,14 @@ class SqliteStore:
             return [_trace_from_row(r) for r in reversed(list(rows))]
 
 
+_TRACE_JSON = json.JSONEncoder(default=str, ensure_ascii=False).encode
+"""One encoder for every trace payload (``json.dumps`` with options builds a new encoder per call)."""
+
+
 def _trace_rows(key: str, turn_id: str, records: Sequence[tuple[str, dict[str, Any]]],
                 now: float) -> list[tuple[Any, ...]]:
     """Trace rows, serialised on the caller's side; values JSON cannot encode are stored as ``str()``."""
-    return [(key, turn_id, kind, json.dumps(payload, default=str, ensure_ascii=False), now, key)
-            for kind, payload in records]
+    return [(key, turn_id, kind, _TRACE_JSON(payload), now, key) for kind, payload in records]
 
 
 def _insert_traces_sync(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
