@@ -94,7 +94,7 @@ class ConversationExecutor:
                 outcome = Failed(TurnFailure(TurnFailureKind.AGENT_CREATION, repr(exc)), controller.text)
 
         # 4. commit, and only then show the terminal state
-        trace = [(e.kind, trace_payload(e)) for e in controller.trace]  # complete once the run is over
+        trace = self._trace_records(key, controller)  # complete once the run is over
         committed = await self._committer.commit(key, turn_id, outcome, base_generation=base_generation,
                                                  base_state_version=base_state_version, trace=trace)
         outcome = committed.outcome
@@ -153,6 +153,14 @@ class ConversationExecutor:
             return self._presenter.failure(outcome.failure)
         partial = outcome.partial if isinstance(outcome, Cancelled) else terminal.text
         return self._presenter.cancelled(partial)
+
+    @staticmethod
+    def _trace_records(key: str, controller: TurnController) -> list[tuple[str, dict[str, Any]]]:
+        try:
+            return [(e.kind, trace_payload(e)) for e in controller.trace]
+        except Exception as exc:  # tracing never breaks a turn
+            log.warning("trace of %s could not be built: %s", key, exc)
+            return []
 
     async def _write_trace(self, key: str, turn_id: str, trace: list[tuple[str, dict[str, Any]]]) -> None:
         """The turn's complete events in stream order (partials skipped), when the commit could not

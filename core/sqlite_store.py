@@ -817,7 +817,14 @@ _TRACE_JSON = json.JSONEncoder(default=str, ensure_ascii=False).encode
 def _trace_rows(key: str, turn_id: str, records: Sequence[tuple[str, dict[str, Any]]],
                 now: float) -> list[tuple[Any, ...]]:
     """Trace rows, serialised on the caller's side; values JSON cannot encode are stored as ``str()``."""
-    return [(key, turn_id, kind, _TRACE_JSON(payload), now, key) for kind, payload in records]
+    return [(key, turn_id, kind, _trace_json(payload), now, key) for kind, payload in records]
+
+
+def _trace_json(payload: dict[str, Any]) -> str:
+    try:
+        return _TRACE_JSON(payload)
+    except (TypeError, ValueError, RecursionError):  # e.g. a circular structure: the record stays, marked
+        return _TRACE_JSON({"unencodable_payload": True})
 
 
 def _insert_traces_sync(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:

@@ -547,3 +547,15 @@ async def test_an_idle_store_keeps_nothing_of_its_last_write(store: SqliteStore)
     del result
     gc.collect()
     assert gone() is None
+
+
+async def test_a_trace_payload_json_cannot_hold_never_fails_the_commit(store: SqliteStore) -> None:
+    circular: dict[str, object] = {}
+    circular["self"] = circular
+    await store.append_message(KEY, user("q"))
+    result = await store.commit_turn(KEY, [assistant("a")], expect_generation=0, expect_state_version=1,
+                                     trace=("t1", [("odd", circular), ("fine", {"when": object})]))
+    assert [m.content for m in result.messages] == ["q", "a"]
+    records = await store.traces(KEY)
+    assert records[0].payload == {"unencodable_payload": True}
+    assert records[1].payload["when"].startswith("<class")  # stored as its str()
