@@ -31,7 +31,7 @@ class ContextCache:
 
     def get(self, state_version: int) -> list[ChatMessage] | None:
         """The context at ``state_version`` (newest ``limit`` messages, seq order), if that is what is held."""
-        if self._version is None or self._version != state_version:
+        if self._version != state_version:
             return None
         return list(self._messages)
 
@@ -48,12 +48,12 @@ class ContextCache:
         """Hold ``messages`` as the context at ``state_version`` (as the store returned it)."""
         self._converted = {}
         self._version = state_version
-        self._messages = list(messages[len(messages) - self._limit:]) if len(messages) > self._limit else list(messages)
+        self._messages = list(messages[max(len(messages) - self._limit, 0):])
 
     def extend(self, before: int, after: int, messages: Sequence[ChatMessage]) -> None:
         """A write moved the session from ``before`` to ``after`` by appending ``messages``. Applied only
         when the cache holds ``before`` and the messages continue it; anything else drops the cache."""
-        if self._version is None or self._version != before:
+        if self._version != before:
             self.clear()
             return
         last = self._messages[-1].seq if self._messages else None

@@ -50,10 +50,8 @@ class ConversationExecutor:
         self._events = events
         self._settings = settings
 
-    async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal,
-                      context: ContextCache | None = None) -> None:
+    async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache) -> None:
         """Run one turn. ``context`` is the session worker's cache of its context between turns."""
-        context = context if context is not None else ContextCache(self._settings.history_limit)
         target = envelope.target()
         key = target.session_key
         turn_id = uuid.uuid4().hex

@@ -34,11 +34,11 @@ class Admission(Enum):
 class _ActiveSession:
     key: str
     queue: asyncio.Queue[InboundEnvelope]
+    context: ContextCache
+    """The session's context between its turns; goes when the worker does."""
     cancel: CancelSignal | None = None
     """Cancel signal of the turn being executed, if any."""
     worker: asyncio.Task[None] | None = None
-    context: ContextCache | None = None
-    """The session's context between its turns; goes when the worker does."""
 
 
 class SessionManager:
@@ -73,7 +73,7 @@ class SessionManager:
         session = self._active.get(key)
         if session is None:
             session = _ActiveSession(key, asyncio.Queue(maxsize=self._settings.queue_capacity),
-                                     context=ContextCache(self._settings.history_limit))
+                                     ContextCache(self._settings.history_limit))
             session.worker = self._supervisor.spawn(f"session:{key}", self._work(session))
             self._active[key] = session
         try:

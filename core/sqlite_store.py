@@ -179,6 +179,7 @@ _SESSION_COLUMNS = (
 _MESSAGE_COLUMNS = (
     "id, session_key, seq, role, content, tool_calls, tool_call_id, source, received_at, created_at"
 )
+_M_MESSAGE_COLUMNS = ", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLUMNS.split(","))
 _TURN_COLUMNS = "turn_id, session_key, state, target_json, started_at, ended_at"
 _TRACE_COLUMNS = "session_key, turn_id, seq, kind, payload, created_at"
 
@@ -289,7 +290,6 @@ def _store_errors(op: str) -> Iterator[None]:
 
 @dataclass(slots=True, eq=False)
 class _Write(Generic[T]):
-    op: str
     body: Callable[[sqlite3.Connection], T]
     future: asyncio.Future[T]
 
@@ -412,7 +412,7 @@ class SqliteStore:
         callable on its thread, so this uses its internal ``_execute`` (pinned in pyproject.toml); the
         statements are plain sqlite3. Whoever holds the writer lock commits everything queued by then."""
         loop = asyncio.get_running_loop()
-        item: _Write[Any] = _Write(op, body, loop.create_future())
+        item: _Write[Any] = _Write(body, loop.create_future())
         self._queued.append(item)
         try:
             with _store_errors(op):
@@ -691,9 +691,8 @@ class SqliteStore:
         """(state_version, the newest ``limit`` messages after the session's context start, in seq order),
         read by one statement, so the two are consistent."""
         async with self._read("context_messages", snapshot=False) as conn:
-            columns = ", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLUMNS.split(","))
             rows = list(await conn.execute_fetchall(
-                f"SELECT s.state_version AS state_version, {columns} FROM sessions AS s"
+                f"SELECT s.state_version AS state_version, {_M_MESSAGE_COLUMNS} FROM sessions AS s"
                 " LEFT JOIN (SELECT * FROM messages WHERE session_key = ?"
                 " AND seq > (SELECT context_start_seq FROM sessions WHERE key = ?)"
                 " ORDER BY seq DESC LIMIT ?) AS m ON m.session_key = s.key"
