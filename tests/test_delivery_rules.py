@@ -11,6 +11,7 @@ import asyncio
 from core.sqlite_store import SqliteStore
 from core.store import StoreError
 from tests.fakes.openai_server import Hang, HttpError, Malformed, Text
+from tests.support import db
 from tests.support.harness import API_KEY, make_harness
 
 ANSWER = "The capital of France is Paris."
@@ -101,7 +102,7 @@ async def test_persistence_failure_with_live_sink_ends_in_a_failure_state(tmp_pa
     assert h.platform.plain("c1") == []
     assert not any(type(e).__name__ == "TurnCommitted" for e in seen)
     # the trace normally rides on the commit; without one it is still written on its own
-    kinds = [t.kind for t in await h.store.traces("test:c1")]
+    kinds = [t.kind for t in db.traces(tmp_path / "db.sqlite", "test:c1")]
     assert kinds[0] == "request_begin" and "request_end" in kinds
     await h.core.shutdown()
 
@@ -191,7 +192,8 @@ async def test_malformed_chunk_is_retried_and_the_answer_shown_once(tmp_path, fa
     await h.settle()
     assert len(fake_openai.requests) == 2
     assert h.platform.visible("c1") == [ANSWER]
-    traces = await h.store.traces("test:c1")
+    assert h.db_path is not None
+    traces = db.traces(h.db_path, "test:c1")
     assert [t.payload["status"] for t in traces if t.kind == "request_end"] == ["malformed", "completed"]
     await h.core.shutdown()
 

@@ -16,7 +16,7 @@ from core.sqlite_store import SqliteStore
 from core.store import Store
 from core.tools.base import ToolRegistry
 from tests.fakes.openai_server import FakeOpenAI
-from tests.support.channel import TestChannel
+from tests.support.channel import FakePlatform, TestChannel
 
 API_KEY = "sk-test-SECRET-0123456789"
 
@@ -35,11 +35,14 @@ FAST = CoreSettings(
 
 
 class Harness:
-    def __init__(self, core: ChatCore, channel: TestChannel, fake: FakeOpenAI, store: Store) -> None:
+    def __init__(self, core: ChatCore, channel: TestChannel, fake: FakeOpenAI, store: Store,
+                 db_path: Path | None = None) -> None:
         self.core = core
         self.channel = channel
         self.fake = fake
         self.store = store
+        self.db_path = db_path
+        """The database file, when the harness made the store."""
         self.events: list[CoreEvent] = []
         core.events.subscribe(self.events.append)
 
@@ -73,16 +76,19 @@ class Harness:
 
 
 async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None = None,
-                       tools: ToolRegistry | None = None, **settings: Any) -> Harness:
+                       tools: ToolRegistry | None = None, platform: FakePlatform | None = None,
+                       **settings: Any) -> Harness:
+    """``platform``: the chats of an earlier harness, for a restart on the same database."""
     s = dataclasses.replace(FAST, **settings)
+    db_path = None if store is not None else tmp_path / "chat.db"
     store = store or SqliteStore(tmp_path / "chat.db")
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key=API_KEY,
                               request_timeout=s.request_timeout)
     core = ChatCore(store=store, provider=provider, settings=s, tools=tools)
-    channel = TestChannel()
+    channel = TestChannel(platform=platform)
     core.add_channel(channel)
     await core.start()
-    harness = Harness(core, channel, fake, store)
+    harness = Harness(core, channel, fake, store, db_path)
     LIVE.append(harness)
     return harness
 
