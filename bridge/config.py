@@ -193,6 +193,7 @@ class AgentConfig(_Section):
     max_turns: Annotated[Int, Field(ge=1)] = 20
     approval: Literal["ask", "auto", "deny"] = "ask"
     queue_capacity: Annotated[Int, Field(ge=1)] = 32
+    resume_max_age_seconds: Annotated[Float, Field(ge=0)] = 900.0
     session_idle_seconds: PositiveFloat = 300.0
     titles: bool = True
     approval_timeout_seconds: PositiveFloat = 600.0
@@ -296,6 +297,7 @@ class AppConfig(_Section):
             max_turns=self.agent.max_turns,
             approval_timeout=float(self.agent.approval_timeout_seconds),
             queue_capacity=self.agent.queue_capacity,
+            resume_max_age=float(self.agent.resume_max_age_seconds),
             session_idle_seconds=float(self.agent.session_idle_seconds),
             context_window=self.llm.context_window,
             retry_delays=tuple(float(d) for d in self.llm.retry_delays),

@@ -1,6 +1,6 @@
 """ConversationExecutor: the flow of one turn, top to bottom.
 
-1. persist the user message (source: channel, sender, received_at, reply_to)
+1. persist the user message (source: channel, sender, received_at, reply_to); its inbound record is served
 2. TurnInputBuilder.prepare (system prompt + context + runtime context, once)
 3. TurnRunner (model ⟂ cancel; at most one overflow recovery)
 4. TurnCommitter (generation/state_version check, atomic persistence, then the terminal snapshot)
@@ -50,8 +50,10 @@ class ConversationExecutor:
         self._events = events
         self._settings = settings
 
-    async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache) -> None:
-        """Run one turn. ``context`` is the session worker's cache of its context between turns."""
+    async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache, *,
+                      inbound: int | None = None) -> None:
+        """Run one turn. ``context`` is the session worker's cache of its context between turns; ``inbound``
+        is the message's stored inbound record (``Store.admit_inbound``), served by step 1."""
         target = envelope.target()
         key = target.session_key
         turn_id = uuid.uuid4().hex
@@ -63,11 +65,13 @@ class ConversationExecutor:
                 source=MessageSource(kind="user_input", from_channel=envelope.channel,
                                      from_user_id=envelope.sender_id, turn_id=turn_id,
                                      reply_to=envelope.reply_to.message_id if envelope.reply_to else None)),
-                begin_turn=(turn_id, target.model_dump_json()))  # the reply target survives a crash
+                begin_turn=(turn_id, target.model_dump_json()),  # the reply target survives a crash
+                serves=inbound)  # from here on the turn record stands for the message
             base_generation, base_state_version = record.generation, record.state_version
         except Exception as exc:
             context.clear()
             log.error("persisting the user message in %s failed: %s", key, exc)
+            await self._forget(inbound)
             await self._plain.send(target, self._presenter.failure(TurnFailure(TurnFailureKind.INPUT_PERSISTENCE)))
             return
         context.appended(message, record)
@@ -114,6 +118,16 @@ class ConversationExecutor:
             self._titles.schedule(key, base_generation, envelope.content, outcome.text)
 
     # ---- steps ---------------------------------------------------------------------------------
+
+    async def _forget(self, inbound: int | None) -> None:
+        """The user is told to send the message again: it must not count as seen (its event id stays free),
+        nor be answered after a restart."""
+        if inbound is None:
+            return
+        try:
+            await self._store.forget_inbound(inbound)
+        except Exception as exc:  # the store is failing: the message is answered after a restart instead
+            log.warning("could not release inbound message %s: %s", inbound, exc)
 
     async def _start_delivery(self, target: TurnTarget, controller: TurnController) -> DeliveryHandle | None:
         try:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+import time
+from collections.abc import Sequence
 from typing import Literal
 
 from core.agent.approvals import ApprovalBroker
@@ -17,9 +21,9 @@ from core.failures import TurnFailurePresenter
 from core.input_builder import RuntimeContext, Summary, TurnInputBuilder
 from core.llm.provider import LLMProvider, ProviderError
 from core.messages import ChatMessage
-from core.router import IngressRouter, RouterClosedError, SubmitResult
+from core.router import AdmissionError, IngressRouter, RouterClosedError, SubmitResult
 from core.runner import TurnRunner
-from core.session import SessionManager
+from core.session import Admitted, SessionManager
 from core.settings import CoreSettings
 from core.store import SessionRecord, StaleStateError, Store
 from core.supervisor import TaskSupervisor
@@ -28,7 +32,7 @@ from core.tools.base import ToolRegistry
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChatCore", "RouterClosedError", "SubmitResult"]
+__all__ = ["AdmissionError", "ChatCore", "RouterClosedError", "SubmitResult"]
 
 
 class ChatCore:
@@ -57,7 +61,7 @@ class ChatCore:
             plain=self._plain, presenter=self.presenter,
             titles=TitleService(store, provider, self.supervisor, self.events, s),
             events=self.events, settings=s)
-        self.sessions = SessionManager(store, self.executor, self.supervisor, s, on_unserved=self._unserved)
+        self.sessions = SessionManager(store, self.executor, self.supervisor, s)
         self.router = IngressRouter(store=store, sessions=self.sessions, plain=self._plain,
                                     presenter=self.presenter, supervisor=self.supervisor, settings=s,
                                     new_context=self._new_context, compact=self.compact)
@@ -67,7 +71,9 @@ class ChatCore:
         self.channels.add(channel)
 
     async def start(self) -> None:
-        """Open the store and close turns a previous process left running (their chat is told once)."""
+        """Open the store, close turns a previous process left running (their chat is told once) and queue
+        the messages it had accepted but not begun to answer, in arrival order; one older than
+        ``resume_max_age`` gets a notice instead of an answer."""
         await self.store.open()
         self._started = True
         for turn in await self.store.close_interrupted_turns():
@@ -77,9 +83,37 @@ class ChatCore:
                 log.warning("interrupted turn %s has an unreadable target", turn.turn_id)
                 continue
             await self._plain.send(target, self.presenter.interrupted_by_restart())
+        await self._resume()
+
+    async def _resume(self) -> None:
+        now = time.time()
+        waiting = await self.store.waiting_inbound()
+        if waiting:
+            log.info("resuming %d message(s) accepted before the restart", len(waiting))
+        for record in waiting:
+            try:
+                envelope = InboundEnvelope.model_validate_json(record.payload)
+            except ValueError:
+                log.warning("inbound message %s is unreadable and is dropped", record.seq)
+                await self.store.finish_inbound([record.seq])
+                continue
+            age = now - envelope.received_at
+            if age <= self.settings.resume_max_age:
+                self.sessions.resume(envelope, record.seq)
+            else:  # in the session's order, so it never overtakes an earlier message's answer
+                self.sessions.schedule(envelope.key(), "too-old notice",
+                                       functools.partial(self._too_old, envelope, record.seq, age))
+
+    async def _too_old(self, envelope: InboundEnvelope, seq: int, age: float, _: Sequence[Admitted]) -> None:
+        await self.store.finish_inbound([seq])  # before the notice: never two notices for one message
+        await self._plain.send(envelope.target(), self.presenter.too_old_after_restart(age))
 
     async def submit(self, envelope: InboundEnvelope) -> SubmitResult:
-        """Hand one inbound message to core. Raises RouterClosedError while shutting down."""
+        """Hand one inbound message to core; returns only after the message is durably accepted (QUEUED: it
+        will be answered, after a crash too), or found a duplicate, or refused as BUSY, or started as a
+        command. Raises RouterClosedError while shutting down and AdmissionError when the message could not
+        be stored: then nothing marks it as seen, and the channel must not acknowledge it to its platform
+        (see ``IngressRouter.submit``)."""
         return await self.router.submit(envelope)
 
     async def stop(self, key: str) -> bool:
@@ -133,18 +167,15 @@ class ChatCore:
         await self.store.rename(key, title)
         self.events.publish(SessionTitleChanged(key, title))
 
-    async def _new_context(self, key: str) -> None:
-        await self.store.new_context(key)
-
-    async def _unserved(self, envelope: InboundEnvelope) -> None:
-        await self._plain.send(envelope.target(), self.presenter.shutting_down())
+    async def _new_context(self, key: str, drop_inbound: Sequence[int]) -> None:
+        await self.store.new_context(key, drop_inbound=drop_inbound)
 
     async def shutdown(self) -> list[str]:
         """Bounded shutdown: no new input, running turns end once, every task is reclaimed.
         Returns the names of tasks that had to be abandoned."""
         total = self.settings.shutdown_timeout
         self.router.close()
-        await self.sessions.shutdown(total / 2)
+        await asyncio.gather(self.router.drain(total / 2), self.sessions.shutdown(total / 2))
         stragglers = await self.supervisor.shutdown(total / 2)
         try:
             await self.provider.aclose()

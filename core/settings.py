@@ -17,6 +17,9 @@ class CoreSettings:
     compaction_threshold: float = 0.75
     """Compact the context (an LLM summary) when its estimate passes this share of context_window."""
     queue_capacity: int = 32
+    resume_max_age: float = 900.0
+    """A message accepted but not yet answered when the bridge stopped is answered after the restart if it is
+    at most this many seconds old; an older one gets a notice asking to send it again."""
     session_idle_seconds: float = 300.0
     """A session worker with nothing to do for this long exits; the session then costs only its row."""
     context_window: int = 32_768

@@ -158,8 +158,14 @@ async def test_shutdown_mid_reply_produces_one_terminal_message_and_reclaims_eve
     assert len(h.core.supervisor) == 0
     live = [m for m in h.platform.messages.values() if m.kind == "live"]
     assert [m.text for m in live] == ["Streaming\n\n⏹ Stopped."]
-    # the queued message is answered with a restart notice, never dropped silently
-    assert len(h.platform.plain("c1")) == 1 and "restarting" in h.platform.plain("c1")[0]
+    # the queued message stays stored, unanswered: the next start answers it, once
+    assert h.platform.plain("c1") == []
+    fake_openai.script(Text("Answered after the restart"))
+    h2 = await make_harness(tmp_path, fake_openai, platform=h.platform)
+    await h2.settle()
+    assert h.platform.visible("c1") == ["Streaming\n\n⏹ Stopped.", "Answered after the restart"]
+    assert fake_openai.requests[-1]["messages"][-1]["content"].startswith("queued behind")
+    await h2.core.shutdown()
 
 
 async def test_auth_failure_is_one_presentable_reply_without_retries_or_secrets(tmp_path, fake_openai):

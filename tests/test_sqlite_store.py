@@ -579,3 +579,107 @@ async def test_a_trace_payload_json_cannot_hold_never_fails_the_commit(db_path: 
     records = db.traces(db_path, KEY)
     assert records[0].payload == {"unencodable_payload": True}
     assert records[1].payload["when"].startswith("<class")  # stored as its str()
+
+
+# --------------------------------------------------------------------------------------------- inbound
+
+
+async def test_an_admitted_message_waits_until_served_and_keeps_its_mark(db_path: pathlib.Path) -> None:
+    clock = FakeClock()
+    store = SqliteStore(db_path, clock=clock)
+    await store.open()
+    try:
+        first = await store.admit_inbound("telegram", "555:1", '{"n": 1}', ttl_seconds=100)
+        second = await store.admit_inbound("web", None, '{"n": 2}', ttl_seconds=100)
+        assert first is not None and second is not None and first < second
+        assert await store.admit_inbound("telegram", "555:1", '{"n": 1}', ttl_seconds=100) is None
+        assert await store.event_seen("telegram", "555:1") and not await store.event_seen("telegram", "555:2")
+        assert [(r.seq, r.payload) for r in await store.waiting_inbound()] == [(first, '{"n": 1}'),
+                                                                               (second, '{"n": 2}')]
+        await store.append_message(KEY, user("one"), begin_turn=("t1", "{}"), serves=first)
+    finally:
+        await store.close()
+    reopened = SqliteStore(db_path, clock=clock)
+    await reopened.open()
+    try:
+        assert [r.seq for r in await reopened.waiting_inbound()] == [second]
+        clock.now += 99
+        assert await reopened.event_seen("telegram", "555:1")  # served, the mark stays for its TTL
+        assert await reopened.admit_inbound("telegram", "555:1", "{}", ttl_seconds=100) is None
+        clock.now += 2
+        assert not await reopened.event_seen("telegram", "555:1")
+        assert await reopened.admit_inbound("telegram", "555:1", "{}", ttl_seconds=100) is not None
+    finally:
+        await reopened.close()
+
+
+async def test_a_waiting_message_keeps_its_mark_past_its_ttl(db_path: pathlib.Path) -> None:
+    clock = FakeClock()
+    store = SqliteStore(db_path, clock=clock)
+    await store.open()
+    try:
+        seq = await store.admit_inbound("telegram", "e1", "{}", ttl_seconds=10)
+        clock.now += 60
+        assert await store.admit_inbound("telegram", "e2", "{}", ttl_seconds=10) is not None  # purges
+        assert await store.admit_inbound("telegram", "e1", "{}", ttl_seconds=10) is None
+        assert seq in [r.seq for r in await store.waiting_inbound()]
+    finally:
+        await store.close()
+
+
+async def test_finished_inbound_keeps_its_mark_and_forgotten_inbound_frees_its_event(store: SqliteStore) -> None:
+    done = await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)
+    gone = await store.admit_inbound("web", "c-2", "{}", ttl_seconds=100)
+    assert done is not None and gone is not None
+    await store.finish_inbound([done])
+    await store.forget_inbound(gone)
+    assert await store.waiting_inbound() == []
+    assert await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100) is None
+    assert await store.admit_inbound("web", "c-2", "{}", ttl_seconds=100) is not None
+
+
+async def test_rows_without_an_event_id_go_once_served(db_path: pathlib.Path, store: SqliteStore) -> None:
+    for i in range(3):
+        seq = await store.admit_inbound("web", None, "{}", ttl_seconds=100)
+        assert seq is not None
+        await store.append_message(KEY, user(f"m{i}"), serves=seq)
+    assert db.rows(db_path, "SELECT count(*) FROM inbound") == [(1,)]  # the last one, until the next admission
+
+
+async def test_new_context_drops_the_waiting_messages_it_is_given(store: SqliteStore) -> None:
+    dropped = await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)
+    kept = await store.admit_inbound("web", "c-2", "{}", ttl_seconds=100)
+    assert dropped is not None and kept is not None
+    await store.new_context(KEY, drop_inbound=[dropped])
+    assert [r.seq for r in await store.waiting_inbound()] == [kept]
+    assert await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100) is None
+
+
+async def test_a_failed_write_serves_nothing(store: SqliteStore) -> None:
+    seq = await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)
+    await store.append_message(KEY, user("first"), begin_turn=("t1", "{}"))
+    with pytest.raises(StoreError):
+        await store.append_message(KEY, user("second"), begin_turn=("t1", "{}"), serves=seq)
+    assert [r.seq for r in await store.waiting_inbound()] == [seq]
+
+
+async def test_every_character_and_timestamp_of_a_commit_round_trips(store: SqliteStore) -> None:
+    await store.append_message(KEY, NewMessage(role="user", content="nul \x00 inside", received_at=1 / 3,
+                                               source=MessageSource(kind="user_input")))
+    odd = NewMessage(role="tool", content="a\x00b 👋 \u2028 \"q\" \\", tool_call_id="call\x00x",
+                     received_at=1_712_345_678.123_456_7, source=MessageSource(kind="tool", extra={"z": "\x00"}))
+    result = await store.commit_turn(KEY, [odd, assistant("end")], expect_generation=0, expect_state_version=1)
+    _, history = await store.history(KEY)
+    assert list(result.messages) == history
+    assert history[0].content == "nul \x00 inside" and history[0].received_at == 1 / 3
+    assert (history[1].content, history[1].tool_call_id) == (odd.content, odd.tool_call_id)
+    assert history[1].received_at == odd.received_at and history[1].source == odd.source
+
+
+async def test_a_commit_of_many_messages_lands_whole(store: SqliteStore) -> None:
+    await store.append_message(KEY, user("q"))
+    many = [assistant(f"part {i}") for i in range(500)]
+    result = await store.commit_turn(KEY, many, expect_generation=0, expect_state_version=1)
+    assert [m.seq for m in result.messages] == list(range(1, 502))
+    _, history = await store.history(KEY)
+    assert [m.content for m in history] == ["q", *(f"part {i}" for i in range(500))]

@@ -2,9 +2,11 @@
 
 Receiving: long polling with the update offset kept in the store (``telegram/offset``), so a restart
 neither replays nor loses updates; or a webhook on the web server's ``/telegram/webhook`` with the
-secret-token header checked in constant time, answered 200 at once and processed in a supervised task.
-Either way each update goes through the adapter (authorize, normalise) and ``ChatCore.submit``; core's
-durable dedupe on "<chat_id>:<message_id>" makes a re-delivered update harmless. A callback query (a press
+secret-token header checked in constant time. Either way each update goes through the adapter (authorize,
+normalise) and ``ChatCore.submit``, which returns once core has stored the message; only then is the
+update acknowledged (the offset saved, the webhook answered 200). A message core could not store is not
+acknowledged, so Telegram delivers it again; core's durable dedupe on "<chat_id>:<message_id>" makes a
+re-delivered update harmless. A callback query (a press
 on an approval button) goes to ``ApprovalButtons`` instead (see ``channels.telegram.approvals``).
 
 The polling loop is ours rather than aiogram's Dispatcher because the offset must be persisted only after
@@ -43,7 +45,7 @@ from channels.telegram.client import TelegramClient
 from channels.telegram.sink import Destination, TelegramSink, entities
 from core.channel import SinkError
 from core.envelope import TurnTarget
-from core.router import COMMANDS, RouterClosedError
+from core.router import COMMANDS, AdmissionError, RouterClosedError
 from core.runtime import ChatCore
 
 log = logging.getLogger(__name__)
@@ -236,15 +238,23 @@ class TelegramChannel:
             if not updates:
                 continue
             for update in updates:
-                if not await self.handle_update(update):
-                    return  # shutting down: leave the offset so the update is fetched again
+                try:
+                    if not await self.handle_update(update):
+                        return  # shutting down: leave the offset so the update is fetched again
+                except AdmissionError:
+                    # not stored: leave the offset, so this update (and those after it) come again
+                    delay = self.settings.poll_backoff[0]
+                    log.warning("a Telegram update could not be stored; fetching it again in %.0fs", delay)
+                    await asyncio.sleep(delay)
+                    break
                 offset = update.update_id + 1
                 # persisted per update: a crash re-fetches at most the one update being handled, and
                 # core's dedupe drops it
                 await self.core.store.set_channel_state(CHANNEL, OFFSET_KEY, str(offset))
 
     async def handle_update(self, update: Update) -> bool:
-        """Hand one update to core. False when core no longer accepts input (shutting down)."""
+        """Hand one update to core. False when core no longer accepts input (shutting down); AdmissionError
+        when core could not store the message. Either way the update must not be acknowledged."""
         if update.callback_query is not None:
             await self.approval_buttons.on_press(update.callback_query)  # always answers the query
             return True
@@ -272,11 +282,18 @@ class TelegramChannel:
             update = Update.model_validate(data, context={"bot": self.bot})
         except Exception:
             return web.Response(status=400)
+        if update.callback_query is not None:  # a button press: answered in its own task
+            try:
+                self.core.supervisor.spawn(f"telegram:update:{update.update_id}", self.handle_update(update))
+            except Exception:
+                return web.Response(status=503)
+            return web.Response(status=200)
         try:
-            self.core.supervisor.spawn(f"telegram:update:{update.update_id}", self.handle_update(update))
-        except Exception:
-            return web.Response(status=503)
-        return web.Response(status=200)  # fast: the work happens in the task
+            accepted = await self.handle_update(update)  # returns once core has stored the message
+        except AdmissionError:
+            accepted = False
+        # 200 only for what core keeps: anything else Telegram delivers again later
+        return web.Response(status=200 if accepted else 503)
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post(WEBHOOK_PATH, self.webhook)

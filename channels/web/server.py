@@ -18,7 +18,7 @@ from aiohttp import web
 from channels.web.channel import CHANNEL, WebChannel, session_id_of, session_key
 from channels.web.sse import HEARTBEAT, Subscriber, encode_event
 from core.envelope import ChannelContext, InboundEnvelope
-from core.runtime import ChatCore, RouterClosedError
+from core.runtime import AdmissionError, ChatCore, RouterClosedError
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,8 @@ class WebServer:
             result = await self.core.submit(envelope)
         except RouterClosedError:
             return _error(503, "the bridge is shutting down; send the message again in a minute")
+        except AdmissionError:  # not stored, so its client_id is still free for the resend
+            return _error(503, "the message could not be saved; send it again")
         return web.json_response({"status": result.value}, status=202)
 
     async def stop(self, request: web.Request) -> web.StreamResponse:

@@ -19,6 +19,7 @@ from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import LLMToolSpec
 from core.runtime import ChatCore
 from core.sqlite_store import SqliteStore
+from core.store import Store
 from core.tools.base import ApprovalPolicy, ToolContext, ToolRegistry
 from tests.fakes.openai_server import FakeOpenAI
 from tests.support.harness import FAST
@@ -74,11 +75,11 @@ class WebChat:
 
 async def start_web_chat(tmp_path: Path, fake: FakeOpenAI, *, auth_token: str = "", hub: StreamHub | None = None,
                          update_interval: float = 0.05, tools: ToolRegistry | None = None,
-                         **settings: Any) -> WebChat:
+                         store: Store | None = None, **settings: Any) -> WebChat:
     s = dataclasses.replace(FAST, **settings)
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key="sk-test",
                               request_timeout=s.request_timeout)
-    core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools)
+    core = ChatCore(store=store or SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools)
     app = web.Application()
     runtime = build(core, app, auth_token=auth_token, hub=hub, update_interval=update_interval)
     await core.start()
