@@ -29,6 +29,7 @@ from core.sqlite.errors import store_errors
 from core.sqlite.rows import MESSAGE_SELECT, SESSION_SELECT
 from core.sqlite.schema import check_sqlite_version, migrate
 from core.sqlite.writer import Params, Row, Writer
+from core.sqlite.writes import Admission, SessionWrite
 from core.store import (
     CommitResult,
     InboundRecord,
@@ -60,7 +61,8 @@ class SqliteStore:
         with store_errors("open"):
             check_sqlite_version()
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            writer = reader = None
+            writer: aiosqlite.Connection | None = None
+            reader: aiosqlite.Connection | None = None
             try:
                 writer = await self._connect()
                 await writer.execute("PRAGMA journal_mode = WAL")
@@ -86,7 +88,8 @@ class SqliteStore:
                 await writer.close()
 
     async def _connect(self) -> aiosqlite.Connection:
-        conn = await aiosqlite.connect(self._path, isolation_level=None)
+        # a merged write has one statement shape per batch size (core.sqlite.writes): room for all of them
+        conn = await aiosqlite.connect(self._path, isolation_level=None, cached_statements=256)
         await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         await conn.execute("PRAGMA foreign_keys = ON")
         return conn
@@ -96,6 +99,12 @@ class SqliteStore:
         if writer is None:
             raise StoreError(f"sqlite store: {op} called while the store is closed")
         return await writer.write(op, sql, params)
+
+    async def _session_write(self, op: str, write: SessionWrite) -> list[Row]:
+        writer = self._writer
+        if writer is None:
+            raise StoreError(f"sqlite store: {op} called while the store is closed")
+        return await writer.session_write(op, write)
 
     async def _read(self, op: str, sql: str, params: Params = ()) -> list[Row]:
         reader = self._reader
@@ -137,10 +146,10 @@ class SqliteStore:
     async def new_context(self, key: str, *, drop_inbound: Sequence[int] = ()) -> SessionRecord:
         """Start a fresh model context: older messages stay in history; generation and state_version bump.
         Inbound messages in ``drop_inbound`` are marked served in the same statement."""
-        found = await self._write("new_context", writes.NEW_CONTEXT, {
-            "key": key, "default_title": DEFAULT_TITLE, "now": self._clock(),
-            "inbound_done": json.dumps(list(drop_inbound)) if drop_inbound else None})
-        return rows.session_from_row(_header(found)[1:])
+        found = await self._session_write("new_context", SessionWrite(
+            key, self._clock(), DEFAULT_TITLE, add_version=1, add_generation=1, fresh_context=True,
+            inbound_done=json.dumps(list(drop_inbound)) if drop_inbound else None))
+        return rows.session_from_row(_header(found)[SESSION_AT:MESSAGE_AT])
 
     async def rename(self, key: str, title: str) -> None:
         """A user rename: sets the title and clears title_is_default, so a late automatic title loses."""
@@ -164,14 +173,11 @@ class SqliteStore:
         message served, in the same statement."""
         now = self._clock()
         ids = (uuid.uuid4().hex,)
-        params: dict[str, Any] = {
-            "key": key, "default_title": DEFAULT_TITLE, "now": now,
-            "begin_turn": begin_turn[0] if begin_turn else None, "turn_target": begin_turn[1] if begin_turn else None,
-            "inbound_done": f"[{int(serves)}]" if serves is not None else None}
-        rows.message_params((message,), ids, params)
-        header = _header(await self._write("append_message", writes.APPEND_MESSAGE, params))
-        session = rows.session_from_row(header[1:])
-        [persisted] = rows.new_messages(key, header[9] - 1, (message,), ids, now)  # next_seq after, minus one
+        header = _header(await self._session_write("append_message", SessionWrite(
+            key, now, DEFAULT_TITLE, rows.message_values((message,), ids), add_version=1, begin_turn=begin_turn,
+            inbound_done=f"[{int(serves)}]" if serves is not None else None)))
+        session = rows.session_from_row(header[SESSION_AT:MESSAGE_AT])
+        [persisted] = rows.new_messages(key, header[NEXT_SEQ] - 1, (message,), ids, now)
         return persisted, session
 
     async def commit_turn(
@@ -193,21 +199,18 @@ class SqliteStore:
         """
         now = self._clock()
         ids = [uuid.uuid4().hex for _ in messages]
-        params: dict[str, Any] = {
-            "key": key, "default_title": DEFAULT_TITLE, "now": now,
-            "expect_generation": expect_generation, "expect_state_version": expect_state_version,
-            "end_turn": end_turn[0] if end_turn else None, "turn_state": end_turn[1] if end_turn else None,
-            "traced_turn": trace[0] if trace and trace[1] else None,
-            "traces": rows.traces_json(trace[1]) if trace and trace[1] else None}
-        rows.message_params(messages, ids, params)
-        found = await self._write("commit_turn", writes.commit_turn(len(messages)), params)
+        found = await self._session_write("commit_turn", SessionWrite(
+            key, now, DEFAULT_TITLE, rows.message_values(messages, ids), add_version=1 if messages else 0,
+            add_revision=1, expect_generation=expect_generation, expect_state_version=expect_state_version,
+            end_turn=end_turn, trace=(trace[0], rows.traces_json(trace[1])) if trace and trace[1] else None,
+            appended=True))
         if not found:
             raise StaleStateError(f"session {key} moved on (expected generation {expect_generation}, "
                                   f"state_version {expect_state_version})")
         header = _header(found)
-        session = rows.session_from_row(header[1:])
-        appended = sorted((rows.appended_message(r) for r in found if r[0] == -2), key=lambda m: m.seq)
-        inserted = rows.new_messages(key, header[9] - len(messages), messages, ids, now)
+        session = rows.session_from_row(header[SESSION_AT:MESSAGE_AT])
+        appended = sorted((rows.message_from_row(r[MESSAGE_AT:]) for r in found if r[1] == -2), key=lambda m: m.seq)
+        inserted = rows.new_messages(key, header[NEXT_SEQ] - len(messages), messages, ids, now)
         return CommitResult.model_construct(session_key=key, history_revision=session.history_revision,
                                             messages=(*appended, *inserted), state_version=session.state_version,
                                             inserted=len(inserted))
@@ -248,18 +251,22 @@ class SqliteStore:
 
         A message without an event id has no dedupe mark to keep: its row goes once it is served."""
         now = self._clock()
-        expires_at = now + ttl_seconds if event_id is not None else now
-        found = await self._write("admit_inbound", writes.ADMIT_INBOUND,
-                                  (channel, event_id, payload, now, expires_at))
-        return int(found[0][0]) if found else None
+        return await self._admit("admit_inbound", Admission(
+            channel, event_id, payload, now, now + ttl_seconds if event_id is not None else now))
 
     async def mark_event_processed(self, channel: str, event_id: str, *, ttl_seconds: float) -> bool:
         """True if this event is new (and is now recorded); False if it was seen within its TTL.
 
         A mark whose TTL has run out counts as new and is replaced."""
         now = self._clock()
-        return bool(await self._write("mark_event_processed", writes.ADMIT_INBOUND,
-                                      (channel, event_id, None, now, now + ttl_seconds)))
+        return await self._admit("mark_event_processed", Admission(channel, event_id, None, now,
+                                                                  now + ttl_seconds)) is not None
+
+    async def _admit(self, op: str, admission: Admission) -> int | None:
+        writer = self._writer
+        if writer is None:
+            raise StoreError(f"sqlite store: {op} called while the store is closed")
+        return await writer.admit(op, admission)
 
     async def event_seen(self, channel: str, event_id: str) -> bool:
         return bool(await self._read(
@@ -309,6 +316,10 @@ class SqliteStore:
                 "key": key, "turn_id": turn_id, "traces": rows.traces_json(records), "now": self._clock()})
 
 
+SESSION_AT, MESSAGE_AT = writes.SESSION_AT, writes.MESSAGE_AT
+NEXT_SEQ = SESSION_AT + writes.SESSION_COLUMNS.index("next_seq")
+
+
 def _header(found: list[Row]) -> Row:
-    """The header row of a ``session_write`` (RETURNING reports rows in no set order)."""
-    return next(r for r in found if r[0] == -1)
+    """The header row of a session write (RETURNING reports rows in no set order)."""
+    return next(r for r in found if r[1] == -1)

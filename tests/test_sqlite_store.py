@@ -424,16 +424,59 @@ async def test_concurrent_writes_fail_alone_and_whole(store: SqliteStore) -> Non
     assert running.turn_id == "t1"
 
 
-async def test_a_write_whose_caller_is_cancelled_lands_whole(store: SqliteStore) -> None:
-    cancelled = asyncio.create_task(store.append_message(KEY, user("sent"), begin_turn=("t1", "{}")))
-    await asyncio.sleep(0)  # the write is on its way to the database thread
-    cancelled.cancel()
+async def test_a_write_cancelled_before_it_started_never_happens(db_path: pathlib.Path, store: SqliteStore) -> None:
+    async with aiosqlite.connect(db_path, isolation_level=None) as other:
+        await other.execute("BEGIN IMMEDIATE")  # the store's first write waits for this lock
+        first = asyncio.create_task(store.append_message(KEY, user("first")))
+        await asyncio.sleep(0.05)
+        cancelled = asyncio.create_task(store.append_message(KEY, user("never"), begin_turn=("t1", "{}")))
+        await asyncio.sleep(0.05)  # queued behind the first
+        cancelled.cancel()
+        await other.execute("COMMIT")
+    await first
     await store.append_message(KEY, user("next"))
     assert cancelled.cancelled()
+    _, history = await store.history(KEY)
+    assert [m.content for m in history] == ["first", "next"]
+    assert await store.close_interrupted_turns() == []
+
+
+async def test_a_write_whose_caller_is_cancelled_once_it_runs_lands_whole(db_path: pathlib.Path,
+                                                                         store: SqliteStore) -> None:
+    async with aiosqlite.connect(db_path, isolation_level=None) as other:
+        await other.execute("BEGIN IMMEDIATE")  # the store's next write waits for this lock
+        running = asyncio.create_task(store.append_message(KEY, user("sent"), begin_turn=("t1", "{}")))
+        await asyncio.sleep(0.2)
+        running.cancel()
+        await other.execute("COMMIT")
+    await store.append_message(KEY, user("next"))
+    assert running.cancelled()
     _, history = await store.history(KEY)
     assert [m.content for m in history] == ["sent", "next"]
     [turn] = await store.close_interrupted_turns()
     assert turn.turn_id == "t1"
+
+
+async def test_concurrent_writes_share_statements_and_still_fail_alone(db_path: pathlib.Path,
+                                                                       store: SqliteStore) -> None:
+    """Writes queued while the writer is busy are merged; one that fails is retried alone and fails alone."""
+    async with aiosqlite.connect(db_path, isolation_level=None) as other:
+        await other.execute("BEGIN IMMEDIATE")
+        first = asyncio.create_task(store.append_message("s0", user("first")))
+        await asyncio.sleep(0.05)  # the first write waits for the lock; the next ones queue behind it
+        rest = [asyncio.create_task(store.append_message(f"s{i}", user(f"m{i}"), begin_turn=(f"t{i}", "{}")))
+                for i in range(1, 6)]
+        dup = asyncio.create_task(store.append_message("s9", user("dup"), begin_turn=("t3", "{}")))
+        seen = [asyncio.create_task(store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)) for _ in range(2)]
+        await other.execute("COMMIT")
+    await first
+    for task in rest:
+        await task
+    with pytest.raises(StoreError):
+        await dup
+    assert [await t for t in seen][1] is None
+    assert db.rows(db_path, "SELECT count(*) FROM messages") == [(6,)]
+    assert {t.turn_id for t in await store.close_interrupted_turns()} == {f"t{i}" for i in range(1, 6)}
 
 
 async def test_writes_queued_when_the_store_closes_get_a_store_error(db_path: pathlib.Path) -> None:

@@ -8,7 +8,6 @@ adds up. A row that is not what was written (an unknown role or source kind, bro
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Sequence
 from typing import Any, get_args
@@ -16,7 +15,7 @@ from typing import Any, get_args
 from pydantic import TypeAdapter
 
 from core.messages import ChatMessage, MessageSource, NewMessage, Role, SourceKind, ToolCall
-from core.sqlite.writes import MESSAGE_COLUMNS, MESSAGE_FIELDS, SESSION_COLUMNS
+from core.sqlite.writes import MESSAGE_COLUMNS, SESSION_COLUMNS
 from core.store import SessionRecord, StoreError, TurnRecord
 
 SESSION_SELECT = ", ".join(SESSION_COLUMNS)
@@ -50,23 +49,12 @@ def message_from_row(row: Sequence[Any]) -> ChatMessage:
         raise StoreError(f"sqlite store: read a malformed message row ({type(exc).__name__})") from None
 
 
-def appended_message(row: Sequence[Any]) -> ChatMessage:
-    """A message a commit reported back (a ``session_write`` row, ``RETURNING`` order)."""
-    return message_from_row((row[13], row[1], row[12], *row[14:21]))
-
-
-def message_params(messages: Sequence[NewMessage], ids: Sequence[str], params: dict[str, Any]) -> None:
-    """Bind ``messages`` as ``:id_0, :role_0, ...`` (``MESSAGE_FIELDS``), the way ``core.sqlite.writes``
-    names them."""
-    for i, (m, message_id) in enumerate(zip(messages, ids, strict=True)):
-        tool_calls = _TOOL_CALLS.dump_json(m.tool_calls).decode() if m.tool_calls else "[]"
-        params.update(zip(_param_names(i), (message_id, m.role, m.content, tool_calls, m.tool_call_id,
-                                            m.source.model_dump_json(), m.received_at), strict=True))
-
-
-@functools.cache
-def _param_names(i: int) -> tuple[str, ...]:
-    return tuple(f"{f}_{i}" for f in MESSAGE_FIELDS)
+def message_values(messages: Sequence[NewMessage], ids: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The values ``core.sqlite.writes`` binds for new messages (``MESSAGE_FIELDS`` order)."""
+    return [(message_id, m.role, m.content,
+             _TOOL_CALLS.dump_json(m.tool_calls).decode() if m.tool_calls else "[]", m.tool_call_id,
+             m.source.model_dump_json(), m.received_at)
+            for m, message_id in zip(messages, ids, strict=True)]
 
 
 def new_messages(key: str, first_seq: int, messages: Sequence[NewMessage], ids: Sequence[str],
