@@ -3,7 +3,8 @@
 One database file in WAL mode, two aiosqlite connections, each with its own thread:
 
 * the *writer* (``core.sqlite.writer``): every write is one SQL statement (``core.sqlite.writes``) in
-  autocommit mode, so each is atomic on its own and costs one round trip to the thread;
+  autocommit mode, so each is atomic on its own; writes made while one is under way are merged into one
+  statement (group commit), so a busy store pays a round trip to the thread and a WAL commit per batch;
 * the *reader*: every read is one statement too, which SQLite runs against one consistent snapshot, so a
   read needs no transaction, never blocks a write and never waits for one.
 
@@ -94,17 +95,16 @@ class SqliteStore:
         await conn.execute("PRAGMA foreign_keys = ON")
         return conn
 
-    async def _write(self, op: str, sql: str, params: Params = ()) -> list[Row]:
-        writer = self._writer
-        if writer is None:
+    def _writing(self, op: str) -> Writer:
+        if self._writer is None:
             raise StoreError(f"sqlite store: {op} called while the store is closed")
-        return await writer.write(op, sql, params)
+        return self._writer
+
+    async def _write(self, op: str, sql: str, params: Params = ()) -> list[Row]:
+        return await self._writing(op).write(op, sql, params)
 
     async def _session_write(self, op: str, write: SessionWrite) -> list[Row]:
-        writer = self._writer
-        if writer is None:
-            raise StoreError(f"sqlite store: {op} called while the store is closed")
-        return await writer.session_write(op, write)
+        return await self._writing(op).session_write(op, write)
 
     async def _read(self, op: str, sql: str, params: Params = ()) -> list[Row]:
         reader = self._reader
@@ -208,11 +208,10 @@ class SqliteStore:
             raise StaleStateError(f"session {key} moved on (expected generation {expect_generation}, "
                                   f"state_version {expect_state_version})")
         header = _header(found)
-        session = rows.session_from_row(header[SESSION_AT:MESSAGE_AT])
         appended = sorted((rows.message_from_row(r[MESSAGE_AT:]) for r in found if r[1] == -2), key=lambda m: m.seq)
         inserted = rows.new_messages(key, header[NEXT_SEQ] - len(messages), messages, ids, now)
-        return CommitResult.model_construct(session_key=key, history_revision=session.history_revision,
-                                            messages=(*appended, *inserted), state_version=session.state_version,
+        return CommitResult.model_construct(session_key=key, history_revision=header[HISTORY_REVISION],
+                                            messages=(*appended, *inserted), state_version=header[STATE_VERSION],
                                             inserted=len(inserted))
 
     async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
@@ -263,10 +262,7 @@ class SqliteStore:
                                                                   now + ttl_seconds)) is not None
 
     async def _admit(self, op: str, admission: Admission) -> int | None:
-        writer = self._writer
-        if writer is None:
-            raise StoreError(f"sqlite store: {op} called while the store is closed")
-        return await writer.admit(op, admission)
+        return await self._writing(op).admit(op, admission)
 
     async def event_seen(self, channel: str, event_id: str) -> bool:
         return bool(await self._read(
@@ -317,7 +313,8 @@ class SqliteStore:
 
 
 SESSION_AT, MESSAGE_AT = writes.SESSION_AT, writes.MESSAGE_AT
-NEXT_SEQ = SESSION_AT + writes.SESSION_COLUMNS.index("next_seq")
+NEXT_SEQ, STATE_VERSION, HISTORY_REVISION = (SESSION_AT + writes.SESSION_COLUMNS.index(c)
+                                             for c in ("next_seq", "state_version", "history_revision"))
 
 
 def _header(found: list[Row]) -> Row:
