@@ -4,19 +4,24 @@
 lines of the form ``dotted.key.path: what was wrong (what was expected)``. ``load_config(None)`` is the
 embedded default: no file, every key at its default (web chat on 127.0.0.1:8765, the local model).
 
+Each channel package owns its table: ``[web]`` is ``channels.web.settings.WebConfig`` and
+``[channels.<name>]`` is ``channels.<name>.settings``'s model, each with the checks only that channel knows;
+this module composes them with the bridge's own tables and runs every check, so ``check`` and ``run``
+agree. The field types they share (secrets, allow lists, group policy, environment defaults) are in
+``channels.common.settings``.
+
 Secret fields are plain ``str`` values marked with ``json_schema_extra={"secret": True}``; they are masked in
 ``repr()``, in :meth:`AppConfig.masked_dump` and in every error message, and listed by
 :meth:`AppConfig.secret_values` for the log redaction filter.
 
-A key left out of a channel table falls back to the environment variable named in DESIGN.md §6 (for example
-``channels.telegram.token`` → ``TELEGRAM_BOT_TOKEN``); ``llm.api_key`` falls back to ``OPENAI_API_KEY`` or
-``ANTHROPIC_API_KEY`` for those providers.
+A key left out of a channel table falls back to the environment variable its model names with
+``env_default`` (DESIGN.md §6: ``channels.telegram.token`` → ``TELEGRAM_BOT_TOKEN``); ``llm.api_key`` falls
+back to ``OPENAI_API_KEY`` or ``ANTHROPIC_API_KEY`` for those providers.
 """
 
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import os
 import re
 import tomllib
@@ -28,18 +33,37 @@ from urllib.parse import urlsplit
 from pydantic import (
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
     model_validator,
 )
-from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
+from channels.common.settings import (
+    ChannelSection,
+    Checks,
+    Float,
+    Int,
+    Loc,
+    PositiveFloat,
+    Secret,
+    Section,
+    dotted,
+    env_default_of,
+    is_loopback_host,
+    is_secret,
+    show_value,
+    url_problem,
+)
+from channels.feishu.settings import FeishuConfig
+from channels.slack.settings import SlackConfig
+from channels.telegram.settings import TelegramConfig
+from channels.web.settings import WebConfig
 from core.settings import CoreSettings
 
-Loc = tuple[str | int, ...]
+__all__ = ["AppConfig", "ConfigError", "dotted", "is_loopback_host", "load_config"]
+
 MissingEnv = dict[Loc, list[tuple[str, str]]]
 """Per config path: the environment variables it referenced that were unset or empty, with that state."""
 
@@ -62,19 +86,7 @@ class ConfigError(Exception):
         return "\n".join(self.problems)
 
 
-# ---- field types ---------------------------------------------------------------------------------------
-
-
-def _no_bool_int(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise PydanticCustomError("int_type", "Input should be a valid integer")
-    return value
-
-
-def _no_bool_float(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise PydanticCustomError("float_type", "Input should be a valid number")
-    return value
+# ---- field types (the shared ones are in channels.common.settings) ---------------------------------------
 
 
 def _empty_to_none(value: Any) -> Any:
@@ -85,46 +97,10 @@ def _lower(value: Any) -> Any:
     return value.strip().lower() if isinstance(value, str) else value
 
 
-def _allow_entry(value: Any) -> Any:
-    # Telegram/Slack/Feishu user ids may be written as TOML integers; usernames as strings.
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(value, str) and not value.strip():
-        raise PydanticCustomError("allow_entry", "expected a user id or username, or \"*\"")
-    return value.strip() if isinstance(value, str) else value
-
-
-Int = Annotated[int, BeforeValidator(_no_bool_int)]
-Float = Annotated[float, BeforeValidator(_no_bool_float)]
-PositiveFloat = Annotated[Float, Field(gt=0)]
-Secret = Annotated[str, Field(json_schema_extra={"secret": True})]
-AllowFrom = list[Annotated[str, BeforeValidator(_allow_entry)]]
-GroupPolicy = Literal["mention", "all", "off"]
-
-
-def _is_secret(info: FieldInfo) -> bool:
-    extra = info.json_schema_extra
-    return isinstance(extra, dict) and extra.get("secret") is True
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
-        fields = type(self).model_fields
-        for name, value in super().__repr_args__():
-            if name in fields and _is_secret(fields[name]) and isinstance(value, dict):
-                yield name, {key: "***" if item else "" for key, item in value.items()}
-            elif name in fields and _is_secret(fields[name]) and value:
-                yield name, "***"
-            else:
-                yield name, value
-
-
 # ---- sections ------------------------------------------------------------------------------------------
 
 
-class BridgeConfig(_Section):
+class BridgeConfig(Section):
     data_dir: str = "data"
     log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = "info"
     shutdown_timeout: PositiveFloat = 10.0
@@ -138,7 +114,7 @@ LLM_DEFAULT_BASE_URLS: dict[str, str] = {
 LLM_KEY_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
 
-class LLMConfig(_Section):
+class LLMConfig(Section):
     provider: Literal["openai", "anthropic", "local"] = "local"
     model: str = ""
     """Required for openai/anthropic; for local, "" means the bundled model."""
@@ -168,7 +144,7 @@ def _mcp_name(value: Any) -> Any:
     return value
 
 
-class McpServerEntry(_Section):
+class McpServerEntry(Section):
     """One ``[[agent.mcp_servers]]`` entry: ``command`` (stdio) or ``url`` (streamable HTTP)."""
 
     name: Annotated[str, BeforeValidator(_mcp_name)]
@@ -182,13 +158,13 @@ class McpServerEntry(_Section):
     call_timeout_seconds: PositiveFloat = 60.0
 
 
-class FetchUrlConfig(_Section):
+class FetchUrlConfig(Section):
     enabled: bool = False
     max_bytes: Annotated[Int, Field(ge=1)] = 200_000
     timeout_seconds: PositiveFloat = 15.0
 
 
-class AgentConfig(_Section):
+class AgentConfig(Section):
     system_prompt: str = "You are a helpful assistant."
     max_turns: Annotated[Int, Field(ge=1)] = 20
     approval: Literal["ask", "auto", "deny"] = "ask"
@@ -201,64 +177,18 @@ class AgentConfig(_Section):
     mcp_servers: list[McpServerEntry] = Field(default_factory=list)
 
 
-class WebConfig(_Section):
-    enabled: bool = True
-    host: str = "127.0.0.1"
-    port: Annotated[Int, Field(ge=1, le=65535)] = 8765
-    auth_token: Secret = ""
+class ChannelsConfig(Section):
+    """``[channels.*]``: one table per platform, each modelled in its channel package."""
 
-
-class TelegramConfig(_Section):
-    enabled: bool = False
-    token: Secret = ""
-    api_base: str = "https://api.telegram.org"
-    mode: Literal["polling", "webhook"] = "polling"
-    webhook_url: str = ""
-    webhook_secret: Secret = ""
-    allow_from: AllowFrom = Field(default_factory=lambda: ["*"])
-    group_policy: GroupPolicy = "mention"
-    edit_interval_ms: Annotated[Int, Field(ge=100)] = 1000
-    stream_transport: Literal["auto", "edit", "draft"] = "auto"
-
-
-class SlackConfig(_Section):
-    enabled: bool = False
-    bot_token: Secret = ""
-    app_token: Secret = ""
-    signing_secret: Secret = ""
-    mode: Literal["socket", "http"] = "socket"
-    api_base: str = "https://slack.com/api/"
-    allow_from: AllowFrom = Field(default_factory=lambda: ["*"])
-    group_policy: GroupPolicy = "mention"
-
-
-class FeishuConfig(_Section):
-    enabled: bool = False
-    app_id: str = ""
-    app_secret: Secret = ""
-    domain: str = "https://open.feishu.cn"
-    mode: Literal["websocket", "webhook"] = "websocket"
-    verification_token: Secret = ""
-    encrypt_key: Secret = ""
-    allow_from: AllowFrom = Field(default_factory=lambda: ["*"])
-    group_policy: GroupPolicy = "mention"
-
-
-class ChannelsConfig(_Section):
     telegram: TelegramConfig = Field(default_factory=TelegramConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
     feishu: FeishuConfig = Field(default_factory=FeishuConfig)
 
-
-# Keys that, when left out of their table, are read from the environment (DESIGN.md §6 defaults).
-CHANNEL_ENV_DEFAULTS: dict[str, dict[str, str]] = {
-    "telegram": {"token": "TELEGRAM_BOT_TOKEN"},
-    "slack": {"bot_token": "SLACK_BOT_TOKEN", "app_token": "SLACK_APP_TOKEN"},
-    "feishu": {"app_id": "FEISHU_APP_ID", "app_secret": "FEISHU_APP_SECRET"},
-}
+    def sections(self) -> dict[str, ChannelSection]:
+        return {name: getattr(self, name) for name in type(self).model_fields}
 
 
-class AppConfig(_Section):
+class AppConfig(Section):
     """The whole operator config. Constructing one that is inconsistent raises :class:`ConfigError`."""
 
     bridge: BridgeConfig = Field(default_factory=BridgeConfig)
@@ -278,7 +208,7 @@ class AppConfig(_Section):
     # ---- views ---------------------------------------------------------------------------------------
 
     def enabled_channels(self) -> list[str]:
-        return [name for name in ChannelsConfig.model_fields if getattr(self.channels, name).enabled]
+        return [name for name, section in self.channels.sections().items() if section.enabled]
 
     def secret_values(self) -> list[str]:
         """Every non-empty secret (enabled or not), longest first, for redacting logs."""
@@ -317,11 +247,11 @@ def _iter_secrets(model: BaseModel, loc: Loc = ()) -> Iterator[tuple[Loc, str, s
             for i, item in enumerate(value):
                 if isinstance(item, BaseModel):
                     yield from _iter_secrets(item, (*loc, name, i))
-        elif _is_secret(info) and isinstance(value, dict):
+        elif is_secret(info) and isinstance(value, dict):
             for key, item in value.items():
                 if isinstance(item, str):
                     yield (*loc, name, key), key, item
-        elif _is_secret(info) and isinstance(value, str):
+        elif is_secret(info) and isinstance(value, str):
             yield (*loc, name), name, value
 
 
@@ -331,9 +261,9 @@ def _masked(model: BaseModel, secrets: list[str]) -> dict[str, Any]:
         value = getattr(model, name)
         if isinstance(value, BaseModel):
             out[name] = _masked(value, secrets)
-        elif _is_secret(info) and isinstance(value, dict):
+        elif is_secret(info) and isinstance(value, dict):
             out[name] = {key: "***" if item else "" for key, item in value.items()}
-        elif _is_secret(info):
+        elif is_secret(info):
             out[name] = "***" if value else ""
         elif isinstance(value, str):
             out[name] = _scrub(value, secrets)
@@ -355,43 +285,9 @@ def _scrub(text: str, secrets: list[str]) -> str:
 # ---- cross-field checks ----------------------------------------------------------------------------------
 
 
-def is_loopback_host(host: str) -> bool:
-    """127.0.0.0/8, ::1 and localhost."""
-    name = host.strip().strip("[]").lower().rstrip(".")
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def _url_problem(value: str) -> str | None:
-    try:
-        parts = urlsplit(value)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:
-        ok = False
-    return None if ok else f"expected an http:// or https:// URL (got {_show(value)})"
-
-
 def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -> list[str]:
-    problems: list[str] = []
-
-    def add(loc: Loc, message: str) -> None:
-        problems.append(f"{dotted(loc)}: {message}")
-
-    def require(loc: Loc, value: str, why: str) -> None:
-        refs = missing.get(loc)
-        if refs:
-            add(loc, "; ".join(f"environment variable {name} is {state}" for name, state in refs))
-        elif not value.strip():
-            add(loc, f"required {why} (got empty)")
-
-    def url(loc: Loc, value: str) -> None:
-        problem = _url_problem(value)
-        if problem:
-            add(loc, problem)
+    checks = Checks((), missing)
+    add, require, url = checks.add, checks.require, checks.url
 
     if not cfg.bridge.data_dir.strip():
         add(("bridge", "data_dir"), "expected a directory path (got empty)")
@@ -415,58 +311,27 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -
     if llm.model_path is not None and llm.provider != "local":
         add(("llm", "model_path"), f"only used with provider 'local' (provider is {llm.provider!r})")
 
-    web = cfg.web
-    if web.enabled:
-        if not web.host.strip():
-            add(("web", "host"), "expected a host name or address (got empty)")
-        elif not is_loopback_host(web.host):
-            require(
-                ("web", "auth_token"),
-                web.auth_token,
-                f"when web.host is not a loopback address (host is {web.host!r})",
-            )
+    web = Checks(("web",), missing)
+    cfg.web.check(web)
+    problems = [*checks.problems, *web.problems]
 
-    def needs_web(channel: str, mode: str) -> None:
-        if not web.enabled:
-            add(
-                ("channels", channel, "mode"),
-                f"mode {mode!r} is served by the web server, but [web] enabled = false "
-                f"(enable [web] or use the other mode)",
-            )
+    # Each enabled channel checks its own table; whether the web server is there to serve it is ours.
+    for name, section in cfg.channels.sections().items():
+        if not section.enabled:
+            continue
+        channel = Checks(("channels", name), missing)
+        section.check(channel)
+        if section.served_by_web() and not cfg.web.enabled:
+            mode = getattr(section, "mode", "")
+            channel.add("mode", f"mode {mode!r} is served by the web server, but [web] enabled = false "
+                                "(enable [web] or use the other mode)")
+        problems.extend(channel.problems)
 
-    tg = cfg.channels.telegram
-    if tg.enabled:
-        require(("channels", "telegram", "token"), tg.token, "when channels.telegram.enabled = true")
-        url(("channels", "telegram", "api_base"), tg.api_base)
-        if tg.mode == "webhook":
-            needs_web("telegram", tg.mode)
-            if tg.webhook_url:
-                url(("channels", "telegram", "webhook_url"), tg.webhook_url)
-
-    slack = cfg.channels.slack
-    if slack.enabled:
-        require(("channels", "slack", "bot_token"), slack.bot_token, "when channels.slack.enabled = true")
-        if slack.mode == "socket":
-            require(("channels", "slack", "app_token"), slack.app_token, "in socket mode")
-        else:
-            require(("channels", "slack", "signing_secret"), slack.signing_secret, "in http mode")
-            needs_web("slack", slack.mode)
-        url(("channels", "slack", "api_base"), slack.api_base)
-
-    fs = cfg.channels.feishu
-    if fs.enabled:
-        require(("channels", "feishu", "app_id"), fs.app_id, "when channels.feishu.enabled = true")
-        require(("channels", "feishu", "app_secret"), fs.app_secret, "when channels.feishu.enabled = true")
-        if fs.mode == "webhook":
-            require(("channels", "feishu", "verification_token"), fs.verification_token, "in webhook mode")
-            needs_web("feishu", fs.mode)
-        url(("channels", "feishu", "domain"), fs.domain)
-
-    _check_mcp_servers(cfg, missing, add)
-
-    if not web.enabled and not cfg.enabled_channels():
-        add(("web", "enabled"), "nothing would run: the web chat and every channel are disabled")
-    return problems
+    rest = Checks((), missing)
+    _check_mcp_servers(cfg, missing, rest.add)
+    if not cfg.web.enabled and not cfg.enabled_channels():
+        rest.add(("web", "enabled"), "nothing would run: the web chat and every channel are disabled")
+    return [*problems, *rest.problems]
 
 
 def _check_mcp_servers(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
@@ -488,7 +353,7 @@ def _check_mcp_servers(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str
         else:
             assert server.url is not None
             if (*at, "url") not in missing:
-                problem = _url_problem(server.url)
+                problem = url_problem(server.url)
                 if problem:
                     add((*at, "url"), problem)
             for key in ("args", "env"):
@@ -585,12 +450,15 @@ def _fill_env_defaults(data: dict[str, Any], resolver: _Resolver) -> None:
     """Keys the operator left out fall back to their environment variable (DESIGN.md §6 defaults)."""
     channels = data.get("channels")
     if isinstance(channels, dict):
-        for channel, keys in CHANNEL_ENV_DEFAULTS.items():
+        for channel, info in ChannelsConfig.model_fields.items():
             table = channels.get(channel)
-            if isinstance(table, dict):
-                for key, env_name in keys.items():
-                    if key not in table:
-                        table[key] = resolver.resolve(f"${{{env_name}}}", ("channels", channel, key))
+            model = info.annotation
+            if not isinstance(table, dict) or not (isinstance(model, type) and issubclass(model, BaseModel)):
+                continue
+            for key, field in model.model_fields.items():
+                env_name = env_default_of(field)
+                if env_name is not None and key not in table:
+                    table[key] = resolver.resolve(f"${{{env_name}}}", ("channels", channel, key))
     llm = data.get("llm")
     if isinstance(llm, dict) and "api_key" not in llm and llm.get("provider") in LLM_KEY_ENV:
         llm["api_key"] = resolver.resolve(f"${{{LLM_KEY_ENV[llm['provider']]}}}", ("llm", "api_key"))
@@ -640,13 +508,6 @@ def _prune(data: dict[str, Any], loc: Loc) -> None:
 # ---- describing validation errors ------------------------------------------------------------------------
 
 
-def dotted(loc: Loc) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
-    return out or "(top level)"
-
-
 def _model_at(loc: Loc) -> type[BaseModel] | None:
     model: type[BaseModel] = AppConfig
     parts = list(loc)
@@ -668,7 +529,7 @@ def _secret_loc(loc: Loc) -> bool:
         return True  # a value inside a secret table (agent.mcp_servers[0].env.TOKEN)
     model = _model_at(loc[:-1])
     info = model.model_fields.get(loc[-1]) if model and loc and isinstance(loc[-1], str) else None
-    return info is not None and _is_secret(info)
+    return info is not None and is_secret(info)
 
 
 def _unknown_key(loc: Loc) -> str:
@@ -684,18 +545,6 @@ def _unknown_key(loc: Loc) -> str:
 
 def _number(value: Any) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return repr(value if len(value) <= 60 else value[:57] + "...")
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)
 
 
 def _expected(err: Mapping[str, Any]) -> str:
@@ -747,5 +596,5 @@ def _describe(err: Mapping[str, Any], resolver: _Resolver) -> str:
     elif loc in resolver.from_env:
         got = " (got the value of " + ", ".join(f"${{{n}}}" for n in resolver.from_env[loc]) + ")"
     else:
-        got = f" (got {_show(err.get('input'))})"
+        got = f" (got {show_value(err.get('input'))})"
     return f"{path}: {expected}{got}"

@@ -185,14 +185,35 @@ def test_mode_specific_secrets(tmp_path: Path) -> None:
 # ---- cross-field rules ---------------------------------------------------------------------------------
 
 
+WEBHOOK = 'webhook_url = "https://bot.example.com/telegram/webhook"\nwebhook_secret = "s3cret"\n'
+
+
 def test_webhook_mode_without_web_server(tmp_path: Path) -> None:
-    text = '[web]\nenabled = false\n[channels.telegram]\nenabled = true\ntoken = "t"\nmode = "webhook"\n'
+    text = f'[web]\nenabled = false\n[channels.telegram]\nenabled = true\ntoken = "t"\nmode = "webhook"\n{WEBHOOK}'
     found = problems(tmp_path, text)
     assert len(found) == 1
     assert found[0].startswith("channels.telegram.mode: mode 'webhook' is served by the web server")
     # the same channel in polling mode is fine without the web server
     cfg = load_config(write(tmp_path, text.replace('"webhook"', '"polling"')), env={})
     assert cfg.enabled_channels() == ["telegram"]
+
+
+def test_telegram_webhook_mode_needs_url_and_secret(tmp_path: Path) -> None:
+    found = problems(tmp_path, '[channels.telegram]\nenabled = true\ntoken = "t"\nmode = "webhook"\n')
+    assert [line.split(":", 1)[0] for line in found] == ["channels.telegram.webhook_url",
+                                                        "channels.telegram.webhook_secret"]
+    assert all("required in webhook mode" in line for line in found)
+    assert load_config(write(tmp_path, f'[channels.telegram]\nenabled = true\ntoken = "t"\nmode = "webhook"\n'
+                                       f'{WEBHOOK}'), env={}).channels.telegram.mode == "webhook"
+
+
+def test_telegram_webhook_url_must_be_https_and_secret_in_telegrams_alphabet(tmp_path: Path) -> None:
+    found = problems(tmp_path, '[channels.telegram]\nenabled = true\ntoken = "t"\nmode = "webhook"\n'
+                               'webhook_url = "http://bot.example.com/telegram/webhook"\n'
+                               'webhook_secret = "has spaces and $ymbols"\n')
+    assert found[0].startswith("channels.telegram.webhook_url: Telegram posts webhooks only to https://")
+    assert found[1].startswith("channels.telegram.webhook_secret: expected 1 to 256 characters")
+    assert not any("$ymbols" in line for line in found)
 
 
 def test_non_loopback_web_needs_a_token(tmp_path: Path) -> None:

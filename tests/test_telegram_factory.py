@@ -7,6 +7,7 @@ import asyncio
 import aiohttp
 
 from bridge.app import run_app
+from bridge.cli import main
 from bridge.config import load_config
 from tests.fakes.telegram import FakeTelegram
 from tests.test_app import free_port, write_config
@@ -50,8 +51,8 @@ api_base = "{tg.base_url}"
             assert await asyncio.wait_for(task, 20) == 0
 
 
-async def test_webhook_mode_without_url_refuses_to_start(tmp_path, capsys, fake_openai):
-    config = load_config(write_config(tmp_path, f"""
+def test_webhook_mode_without_url_and_secret_is_refused_by_check_and_run(tmp_path, capsys, fake_openai):
+    path = write_config(tmp_path, f"""
 [bridge]
 data_dir = "{tmp_path / 'data'}"
 [llm]
@@ -62,7 +63,11 @@ base_url = "{fake_openai.base_url}"
 enabled = true
 token = "123:abc"
 mode = "webhook"
-"""))
-    assert await run_app(config, config_path=None) == 3
-    err = capsys.readouterr().err
-    assert "webhook_url" in err and "123:abc" not in err
+""")
+    for command in ("check", "run"):
+        assert main([command, "-c", str(path)]) == 2, command
+        out, err = capsys.readouterr()
+        assert "channels.telegram.webhook_url: required in webhook mode" in err
+        assert "channels.telegram.webhook_secret: required in webhook mode" in err
+        assert "123:abc" not in out + err
+    assert not (tmp_path / "data").exists()  # run never started

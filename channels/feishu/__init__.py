@@ -1,0 +1,1 @@
+"""The Feishu / Lark channel. This build has its settings only; ``chatbridge run`` refuses to enable it."""
