@@ -13,10 +13,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from bridge.channels import ChannelRuntime, factory_for
+from bridge.channels import factory_for
 from bridge.config import AppConfig
 from bridge.logs import configure_logging
 from bridge.mcp import start_mcp_servers
+from channels.common.errors import ChannelStartupError
+from core.channel import ERROR, Channel
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import LLMProvider
 from core.runtime import ChatCore
@@ -119,21 +121,30 @@ def check_channels(config: AppConfig) -> None:
             "yet. Set enabled = false in their [channels.*] tables.")
 
 
-def build_channels(config: AppConfig, core: ChatCore, app: web.Application) -> list[ChannelRuntime]:
+def build_channels(config: AppConfig, core: ChatCore, app: web.Application) -> list[Channel]:
+    """Each enabled channel, built from its own settings with its host, and registered for delivery."""
+    sections = config.channels.sections()
     names = [*config.enabled_channels(), *(["web"] if config.web.enabled and factory_for("web") else [])]
-    runtimes = []
+    channels: list[Channel] = []
     for name in names:
         factory = factory_for(name)
         assert factory is not None  # check_channels ran first
-        runtimes.append(factory(config, core, app))
-    return runtimes
+        settings = config.web if name == "web" else sections[name]
+        channel = factory(settings, core.host_for(name), app)
+        core.add_channel(channel)
+        channels.append(channel)
+    return channels
 
 
-def build_http_app(channels: list[ChannelRuntime]) -> web.Application:
+def build_http_app(channels: list[Channel]) -> web.Application:
     app = web.Application()
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "channels": {c.name: c.state() for c in channels}})
+        states = {c.name: c.state() for c in channels}
+        failing = sorted(name for name, state in states.items() if state == ERROR)
+        if failing:
+            return web.json_response({"status": "error", "failing": failing, "channels": states}, status=503)
+        return web.json_response({"status": "ok", "channels": states})
 
     app.router.add_get("/healthz", healthz)
     return app
@@ -165,17 +176,17 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
-    channels: list[ChannelRuntime] = []
+    channels: list[Channel] = []
     app = build_http_app(channels)
     try:
         channels.extend(build_channels(config, core, app))
-    except StartupError as exc:
+    except (StartupError, ChannelStartupError) as exc:
         print(f"chatbridge: {exc}", file=sys.stderr)
         await core.shutdown()
         await _quietly(mcp.aclose(), "closing MCP servers")
         return EXIT_STARTUP
     runner: web.AppRunner | None = None
-    started: list[ChannelRuntime] = []
+    started: list[Channel] = []
     try:
         await core.start()
         if config.web.enabled:
@@ -190,7 +201,11 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
                 return EXIT_STARTUP
             log.info("listening on http://%s:%d", config.web.host, config.web.port)
         for channel in channels:
-            await channel.start()
+            try:
+                await channel.start()
+            except ChannelStartupError as exc:
+                print(f"chatbridge: {exc}", file=sys.stderr)
+                return EXIT_STARTUP
             started.append(channel)
             log.info("channel %s: %s", channel.name, channel.state())
         log.info("chatbridge started (config: %s, data: %s)", config_path or "embedded default", data_dir)

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 
 class ChannelContext(BaseModel):
     """Opaque, JSON-serialisable platform data.
 
-    Only the originating channel reads ``data``; core stores it and hands it back unchanged with the
-    turn target or an error reply, so a reply target survives a restart.
+    Only the originating channel reads ``data``: it writes its own typed context here once, when it
+    normalises a message, and reads the same type back from a turn target (``channels.common.context``).
+    Core stores it and hands it back unchanged with the turn target or an error reply, so a reply target
+    survives a restart.
     """
 
     model_config = ConfigDict(frozen=True)
 
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: dict[str, JsonValue] = Field(default_factory=dict)
 
 
 class ReplyTo(BaseModel):

@@ -1,4 +1,8 @@
-"""ChatCore: wires the reply chain together and is the single entry point for channels and the bridge."""
+"""ChatCore: wires the reply chain together; the bridge drives it, channels reach it through a host.
+
+Channels never hold the ChatCore: ``host_for(name)`` gives each one the narrow ``core.host`` interface,
+and ``add_channel`` registers it for delivery (``open_sink``, ``send_plain``).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,14 @@ from typing import Literal
 
 from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor, summary_message
-from core.channel import ChannelPort, ChannelRegistry
+from core.channel import Channel, ChannelRegistry
 from core.committer import TurnCommitter
 from core.delivery import PlainSender, TurnDeliveryService
 from core.envelope import InboundEnvelope, TurnTarget
 from core.events import EventBus, SessionTitleChanged, TurnCommitted
 from core.executor import ConversationExecutor
 from core.failures import TurnFailurePresenter
+from core.host import CoreHost
 from core.input_builder import RuntimeContext, Summary, TurnInputBuilder
 from core.llm.provider import LLMProvider, ProviderError
 from core.messages import ChatMessage
@@ -63,8 +68,13 @@ class ChatCore:
                                     new_context=self._new_context, compact=self.compact)
         self._started = False
 
-    def add_channel(self, channel: ChannelPort) -> None:
+    def add_channel(self, channel: Channel) -> None:
+        """Register ``channel`` for delivery: turn targets and notices naming it go through it."""
         self.channels.add(channel)
+
+    def host_for(self, channel: str) -> CoreHost:
+        """What the channel named ``channel`` is handed instead of this object (``core.host``)."""
+        return CoreHost(self, channel)
 
     async def start(self) -> None:
         """Open the store and close turns a previous process left running (their chat is told once)."""

@@ -12,7 +12,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class SupervisorClosedError(RuntimeError):
+class ShuttingDownError(RuntimeError):
+    """The process is shutting down and takes no new work; the caller reports it, never drops work silently."""
+
+
+class SupervisorClosedError(ShuttingDownError):
     """Raised by ``spawn`` after shutdown began: the caller must report the failure, not drop the work."""
 
 

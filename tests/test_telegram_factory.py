@@ -71,3 +71,53 @@ mode = "webhook"
         assert "channels.telegram.webhook_secret: required in webhook mode" in err
         assert "123:abc" not in out + err
     assert not (tmp_path / "data").exists()  # run never started
+
+
+async def test_healthz_answers_503_naming_a_failing_channel_and_200_once_it_recovers(tmp_path, fake_openai):
+    port = free_port()
+    async with FakeTelegram() as tg:
+        tg.fail("getMe", status=401, description="Unauthorized", times=1000)  # a revoked token, until fixed
+        config = load_config(write_config(tmp_path, f"""
+[bridge]
+data_dir = "{tmp_path / 'data'}"
+[llm]
+provider = "openai"
+model = "fake"
+base_url = "{fake_openai.base_url}"
+[web]
+port = {port}
+[channels.telegram]
+enabled = true
+token = "{tg.token}"
+api_base = "{tg.base_url}"
+"""))
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_app(config, config_path=None, stop=stop))
+        try:
+            async with aiohttp.ClientSession() as http:
+                async def health() -> tuple[int, dict]:
+                    for _ in range(500):
+                        try:
+                            async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                                return resp.status, await resp.json()
+                        except aiohttp.ClientConnectionError:
+                            await asyncio.sleep(0.02)
+                    raise AssertionError("server did not come up")
+
+                for _ in range(300):
+                    status, body = await health()
+                    if body["channels"].get("telegram") == "error":
+                        break
+                    await asyncio.sleep(0.02)
+                assert (status, body) == (503, {"status": "error", "failing": ["telegram"],
+                                                "channels": {"telegram": "error", "web": "serving"}})
+                tg.faults.clear()  # the operator fixed the token: the channel's own retry recovers
+                for _ in range(500):
+                    status, body = await health()
+                    if status == 200:
+                        break
+                    await asyncio.sleep(0.02)
+                assert body == {"status": "ok", "channels": {"telegram": "polling", "web": "serving"}}
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(task, 20) == 0

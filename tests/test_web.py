@@ -338,15 +338,27 @@ def test_replay_buffer_is_bounded_by_bytes():
 
 
 async def test_health_reports_the_web_channel_and_close_ends_open_streams(chat, http):
-    assert chat.runtime.state() == "serving"
+    assert chat.channel.state() == "serving"
     sid = await new_session(http, chat.base_url)
     sse = await open_stream(http, chat.base_url, sid)
     await sse.next()
-    await chat.runtime.stop()
-    await chat.runtime.close()
+    await chat.channel.stop()
+    await chat.channel.close()
     with pytest.raises(EOFError):
         await sse.next()
-    assert chat.runtime.state() == "closed"
+    assert chat.channel.state() == "closed"
+
+
+async def test_the_web_channels_background_work_ends_with_the_cores_bounded_shutdown(chat):
+    def alive() -> list[str]:
+        return [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("web:") and not t.done()]
+
+    assert alive() == ["web:reclaim-idle-streams"]
+    await chat.channel.stop()
+    assert await chat.core.shutdown() == []
+    assert alive() == []  # supervised: reclaimed by the core's shutdown, not left to the channel's close
+    await chat.channel.close()
+    assert chat.channel.state() == "closed"
 
 
 def test_run_refuses_a_non_loopback_bind_without_a_token(tmp_path, capsys):
@@ -411,7 +423,7 @@ auth_token = "tok-123"
 
 async def test_an_idle_stream_carries_heartbeat_comments(tmp_path, fake_openai, http):
     chat = await start_web_chat(tmp_path, fake_openai)
-    chat.runtime.server.heartbeat = 0.05
+    chat.channel.server.heartbeat = 0.05
     try:
         sid = await new_session(http, chat.base_url)
         sse = await open_stream(http, chat.base_url, sid)

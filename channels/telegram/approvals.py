@@ -7,7 +7,7 @@ it stays far below Telegram's 64-byte limit whatever the call id looks like.
 
 A press is honoured only from the user whose message started the turn (``ApprovalRequest.requested_by``)
 or, when ``allow_from`` is a list rather than "*", from a user on it; anyone else gets an alert and nothing
-changes. A decision goes to ``ChatCore.decide``; the callback query is always answered, and the message is
+changes. A decision goes to the channel host's ``decide``; the callback query is always answered, and the message is
 edited to show the decision (the edit carries no keyboard, which removes it). An approval that ends without
 a press (timed out, the turn stopped) is edited the same way by the sink; a press the bridge no longer
 knows (after a restart, or once the turn ended) is answered "no longer pending" and its keyboard removed.
@@ -117,7 +117,7 @@ class ApprovalButtons:
         if not self.may_decide(query.from_user, entry):
             await self._answer(query, NOT_YOURS, alert=True)
             return
-        decided = self._channel.core.decide(entry.session_key, entry.call_id, decision,
+        decided = self._channel.host.decide(entry.session_key, entry.call_id, decision,
                                             decided_by=str(query.from_user.id))
         if not decided:
             entry.outcome = "ended"

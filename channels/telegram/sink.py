@@ -31,6 +31,7 @@ from channels.common.reconciler import Reconciler
 from channels.common.splitter import utf16_len
 from channels.telegram import render
 from channels.telegram.approvals import PendingApproval, keyboard, request_text
+from channels.telegram.context import TelegramContext
 from core.agent.approvals import DENIED_BY_TIMEOUT
 from core.channel import SinkError
 from core.envelope import TurnTarget
@@ -57,12 +58,8 @@ class Destination:
 
     @classmethod
     def of(cls, target: TurnTarget) -> Destination:
-        data = target.channel_context.data
-        thread = target.thread.thread_id if target.thread else None
-        chat_type = str(data.get("chat_type") or ("private" if int(target.chat_id) > 0 else "supergroup"))
-        reply_to = data.get("message_id") if chat_type != "private" else None
-        return cls(int(target.chat_id), int(thread) if thread else None, chat_type,
-                   int(reply_to) if reply_to else None)
+        ctx = TelegramContext.of(target)
+        return cls(int(target.chat_id), ctx.topic_id, ctx.chat_type, None if ctx.private else ctx.message_id)
 
 
 def entities(part: Part) -> list[MessageEntity] | None:
@@ -159,7 +156,7 @@ class TelegramSink:
         self._pending = parts
         if self._flusher is None or self._flusher.done():
             try:
-                self._flusher = self.channel.core.supervisor.spawn(
+                self._flusher = self.channel.host.spawn(
                     f"telegram:flush:{snapshot.turn_id}", self._flush())
             except Exception:  # shutting down: the final reconcile still repeats the whole state
                 self._flusher = None
@@ -284,7 +281,7 @@ class TelegramSink:
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
         try:
-            return self.channel.core.supervisor.spawn(name, coro)
+            return self.channel.host.spawn(name, coro)
         except Exception:  # shutting down
             return None
 

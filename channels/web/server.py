@@ -1,4 +1,8 @@
-"""HTTP API and chat page of the web channel (DESIGN.md §6), on the bridge's aiohttp application."""
+"""HTTP API and chat page of the web channel (DESIGN.md §6), on the bridge's aiohttp application.
+
+Everything it does to sessions goes through the channel's ``SessionHost`` (core.host): submit, stop,
+decide, list, history, rename.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +15,17 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from channels.web.channel import CHANNEL, WebChannel, session_id_of, session_key
+from channels.web.context import CHANNEL, WebContext, session_id_of, session_key
 from channels.web.sse import HEARTBEAT, Subscriber, encode_event
-from core.envelope import ChannelContext, InboundEnvelope
-from core.runtime import ChatCore, RouterClosedError
+from core.envelope import InboundEnvelope
+from core.host import SessionHost, ShuttingDownError
+
+if TYPE_CHECKING:
+    from channels.web.channel import WebChannel
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +36,8 @@ MAX_TEXT = 32_000
 MAX_TITLE = 200
 MAX_CALL_ID = 256
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+HEARTBEAT_SECONDS = 15.0
+"""A comment line on every idle SSE connection this often keeps proxies from closing it."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -48,9 +57,9 @@ def _error(status: int, message: str) -> web.Response:
 
 
 class WebServer:
-    def __init__(self, core: ChatCore, channel: WebChannel, *, auth_token: str = "",
-                 heartbeat: float = 15.0, max_pending: int = 5000) -> None:
-        self.core = core
+    def __init__(self, host: SessionHost, channel: WebChannel, *, auth_token: str = "",
+                 heartbeat: float = HEARTBEAT_SECONDS, max_pending: int = 5000) -> None:
+        self.host = host
         self.channel = channel
         self.auth_token = auth_token
         self.heartbeat = heartbeat
@@ -137,14 +146,14 @@ class WebServer:
         return body
 
     async def list_sessions(self, request: web.Request) -> web.StreamResponse:
-        records = await self.core.list_sessions(prefix="web:")
+        records = await self.host.list_sessions()
         return web.json_response({"sessions": [
             {"id": session_id_of(r.key), "title": r.title, "history_revision": r.history_revision,
              "updated_at": r.updated_at} for r in records]})
 
     async def create_session(self, request: web.Request) -> web.StreamResponse:
         sid = uuid.uuid4().hex[:16]
-        record = await self.core.create_session(session_key(sid))
+        record = await self.host.create_session(session_key(sid))
         self.channel.publish_feed("session_created", {"session_id": sid, "title": record.title})
         return web.json_response({"id": sid, "title": record.title}, status=201)
 
@@ -153,13 +162,13 @@ class WebServer:
         title = self._text_field(await self._json(request), "title").strip()
         if not title or len(title) > MAX_TITLE:
             return _error(400, f"title must be 1 to {MAX_TITLE} characters")
-        await self.core.create_session(session_key(sid))
-        await self.core.rename(session_key(sid), title)
+        await self.host.create_session(session_key(sid))
+        await self.host.rename(session_key(sid), title)
         return web.json_response({"id": sid, "title": title})
 
     async def history(self, request: web.Request) -> web.StreamResponse:
         sid = self._session_id(request)
-        revision, messages = await self.core.history(session_key(sid))
+        revision, messages = await self.host.history(session_key(sid))
         return web.json_response({"history_revision": revision, "messages": [m.history_view() for m in messages]})
 
     @staticmethod
@@ -185,16 +194,16 @@ class WebServer:
             return _error(503, "the bridge is shutting down; send the message again in a minute")
         envelope = InboundEnvelope(
             channel=CHANNEL, chat_id=sid, session_key=session_key(sid), sender_id=SENDER, content=text,
-            event_id=client_id, channel_context=ChannelContext(data={"client_id": client_id} if client_id else {}))
+            event_id=client_id, channel_context=WebContext(client_id=client_id).wrap())
         try:
-            result = await self.core.submit(envelope)
-        except RouterClosedError:
+            result = await self.host.submit(envelope)
+        except ShuttingDownError:
             return _error(503, "the bridge is shutting down; send the message again in a minute")
         return web.json_response({"status": result.value}, status=202)
 
     async def stop(self, request: web.Request) -> web.StreamResponse:
         sid = self._session_id(request)
-        stopped = await self.core.stop(session_key(sid))
+        stopped = await self.host.stop(session_key(sid))
         return web.json_response({"stopped": stopped})
 
     async def decide(self, request: web.Request) -> web.StreamResponse:
@@ -206,7 +215,7 @@ class WebServer:
         decision = (await self._json(request)).get("decision")
         if decision not in ("allow", "deny"):
             return _error(400, "'decision' must be \"allow\" or \"deny\"")
-        if not self.core.decide(session_key(sid), call_id, decision, decided_by=SENDER):
+        if not self.host.decide(session_key(sid), call_id, decision, decided_by=SENDER):
             return _error(404, "no such pending approval (already decided, timed out, or the turn ended)")
         return web.json_response({"call_id": call_id, "decision": decision})
 

@@ -13,7 +13,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from channels.web.factory import WebRuntime, build
+from channels.web.channel import WebChannel
+from channels.web.factory import build
 from channels.web.sse import StreamHub
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import LLMToolSpec
@@ -55,20 +56,20 @@ def registry(*tools: RecordingTool) -> ToolRegistry:
 
 
 class WebChat:
-    def __init__(self, core: ChatCore, runtime: WebRuntime, runner: web.AppRunner, base_url: str) -> None:
+    def __init__(self, core: ChatCore, channel: WebChannel, runner: web.AppRunner, base_url: str) -> None:
         self.core = core
-        self.runtime = runtime
+        self.channel = channel
         self.runner = runner
         self.base_url = base_url
 
     @property
     def hub(self) -> StreamHub:
-        return self.runtime.channel.hub
+        return self.channel.hub
 
     async def close(self) -> None:
-        await self.runtime.stop()
+        await self.channel.stop()
         await self.core.shutdown()
-        await self.runtime.close()
+        await self.channel.close()
         await self.runner.cleanup()
 
 
@@ -80,15 +81,16 @@ async def start_web_chat(tmp_path: Path, fake: FakeOpenAI, *, auth_token: str = 
                               request_timeout=s.request_timeout)
     core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools)
     app = web.Application()
-    runtime = build(core, app, auth_token=auth_token, hub=hub, update_interval=update_interval)
+    channel = build(core.host_for("web"), app, auth_token=auth_token, hub=hub, update_interval=update_interval)
+    core.add_channel(channel)
     await core.start()
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await runtime.start()
-    return WebChat(core, runtime, runner, f"http://127.0.0.1:{port}")
+    port = runner.addresses[0][1]
+    await channel.start()
+    return WebChat(core, channel, runner, f"http://127.0.0.1:{port}")
 
 
 @dataclass
