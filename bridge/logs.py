@@ -1,12 +1,19 @@
-"""Logging set-up: levels from the config and a filter that keeps secrets out of every log line."""
+"""Logging set-up: levels from the config, a filter that keeps secrets out of every log line, and the id of
+the turn a record was logged for (``core.turn_log``) on every line logged inside a turn."""
 
 from __future__ import annotations
 
 import logging
 import sys
 from collections.abc import Iterable
+from typing import TextIO
+
+from core.turn_log import TurnIdFilter
 
 MASK = "***"
+FORMAT = "%(asctime)s %(levelname)s %(name)s%(turn)s: %(message)s"
+NOISY_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2", "openai", "anthropic", "aiohttp.access")
+"""Libraries that log every request at INFO: kept at WARNING unless the level asks for less."""
 
 
 class SecretRedactor(logging.Filter):
@@ -34,16 +41,18 @@ class SecretRedactor(logging.Filter):
         return True
 
 
-def configure_logging(level: str, secrets: Iterable[str]) -> SecretRedactor:
+def configure_logging(level: str, secrets: Iterable[str], stream: TextIO | None = None) -> SecretRedactor:
+    """Replace the root handlers with one writing to ``stream`` (stderr) for the rest of the process."""
     redactor = SecretRedactor(secrets)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.addFilter(TurnIdFilter())
     handler.addFilter(redactor)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai", "anthropic", "aiohttp.access"):
+    for noisy in NOISY_LOGGERS:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
     return redactor

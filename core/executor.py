@@ -30,6 +30,7 @@ from core.settings import CoreSettings
 from core.snapshot import TurnSnapshot
 from core.store import Store, TurnState
 from core.title import TitleService
+from core.turn_log import turn_scope
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,18 @@ class ConversationExecutor:
         self._settings = settings
 
     async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache) -> None:
-        """Run one turn. ``context`` is the session worker's cache of its context between turns."""
+        """Run one turn. ``context`` is the session worker's cache of its context between turns.
+
+        Everything logged for the turn (in tasks it spawns too) carries its id; it ends with one INFO line."""
+        turn_id = uuid.uuid4().hex
+        with turn_scope(turn_id, envelope.key()) as result:
+            result.outcome = await self._execute(envelope, cancel, context, turn_id)
+
+    async def _execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache,
+                       turn_id: str) -> str:
+        """The six steps; returns how the turn ended (for the turn's log line)."""
         target = envelope.target()
         key = target.session_key
-        turn_id = uuid.uuid4().hex
 
         # 1. persist the user message
         try:
@@ -69,7 +78,7 @@ class ConversationExecutor:
             context.clear()
             log.error("persisting the user message in %s failed: %s", key, exc)
             await self._plain.send(target, self._presenter.failure(TurnFailure(TurnFailureKind.INPUT_PERSISTENCE)))
-            return
+            return f"failed ({TurnFailureKind.INPUT_PERSISTENCE.value})"
         context.appended(message, record)
 
         controller = TurnController(turn_id, key)
@@ -112,6 +121,7 @@ class ConversationExecutor:
         # 6. title in the background
         if isinstance(outcome, Completed) and committed.result and committed.result.history_revision == 1:
             self._titles.schedule(key, base_generation, envelope.content, outcome.text)
+        return _outcome_label(outcome)
 
     # ---- steps ---------------------------------------------------------------------------------
 
@@ -174,6 +184,12 @@ class ConversationExecutor:
             await self._store.end_turn(turn_id, state)
         except Exception as exc:
             log.warning("could not close turn record %s: %s", turn_id, exc)
+
+
+def _outcome_label(outcome: TurnRunOutcome) -> str:
+    if isinstance(outcome, Failed):
+        return f"failed ({outcome.failure.kind.value})"
+    return type(outcome).__name__.lower()
 
 
 __all__ = ["ConversationExecutor", "Stale"]
