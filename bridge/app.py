@@ -15,6 +15,7 @@ from aiohttp import web
 
 from bridge.channels import factory_for
 from bridge.config import AppConfig
+from bridge.exit_codes import ExitCode
 from bridge.logs import configure_logging
 from bridge.mcp import start_mcp_servers
 from channels.common.errors import ChannelStartupError
@@ -24,13 +25,12 @@ from core.llm.provider import LLMProvider
 from core.runtime import ChatCore
 from core.settings import CoreSettings
 from core.sqlite_store import SqliteStore
+from core.store import StoreError
 from core.tools.base import ToolRegistry
 from core.tools.builtin import CurrentTime, FetchUrl
 
 log = logging.getLogger("chatbridge")
 
-EXIT_OK = 0
-EXIT_STARTUP = 3
 
 
 class StartupError(Exception):
@@ -160,7 +160,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         provider = build_provider(config)
     except StartupError as exc:
         print(f"chatbridge: {exc}", file=sys.stderr)
-        return EXIT_STARTUP
+        return ExitCode.STARTUP
 
     # MCP servers start before the core, so their tools are in the registry from the first turn; one that
     # fails is logged and left out, and the rest keep working.
@@ -184,11 +184,16 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         print(f"chatbridge: {exc}", file=sys.stderr)
         await core.shutdown()
         await _quietly(mcp.aclose(), "closing MCP servers")
-        return EXIT_STARTUP
+        return ExitCode.STARTUP
     runner: web.AppRunner | None = None
     started: list[Channel] = []
     try:
-        await core.start()
+        try:
+            await core.start()
+        except StoreError as exc:
+            print(f"chatbridge: cannot use the database in [bridge] data_dir = {str(data_dir)!r}: {exc}",
+                  file=sys.stderr)
+            return ExitCode.STARTUP
         if config.web.enabled:
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
@@ -198,14 +203,14 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
             except OSError as exc:
                 print(f"chatbridge: cannot listen on {config.web.host}:{config.web.port}: {exc.strerror or exc}",
                       file=sys.stderr)
-                return EXIT_STARTUP
+                return ExitCode.STARTUP
             log.info("listening on http://%s:%d", config.web.host, config.web.port)
         for channel in channels:
             try:
                 await channel.start()
             except ChannelStartupError as exc:
                 print(f"chatbridge: {exc}", file=sys.stderr)
-                return EXIT_STARTUP
+                return ExitCode.STARTUP
             started.append(channel)
             log.info("channel %s: %s", channel.name, channel.state())
         log.info("chatbridge started (config: %s, data: %s)", config_path or "embedded default", data_dir)
@@ -213,7 +218,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
             on_started()
         await stop.wait()
         log.info("shutting down")
-        return EXIT_OK
+        return ExitCode.OK
     finally:
         # Stop input first, let the core finish running turns through still-open transports, then close.
         for channel in reversed(started):
