@@ -21,7 +21,7 @@ from bridge.mcp import start_mcp_servers
 from channels.common.errors import ChannelStartupError
 from core.channel import ERROR, Channel
 from core.llm.openai_provider import OpenAIProvider
-from core.llm.provider import LLMProvider
+from core.llm.provider import DEFAULT_MAX_OUTPUT_TOKENS, LLMProvider
 from core.runtime import ChatCore
 from core.settings import CoreSettings
 from core.sqlite_store import SqliteStore
@@ -57,7 +57,7 @@ def build_provider(config: AppConfig) -> LLMProvider:
 
         return AnthropicProvider(model=llm.model, base_url=llm.effective_base_url, api_key=llm.api_key,
                                  request_timeout=float(llm.request_timeout),
-                                 max_tokens_default=llm.max_output_tokens or 1024)
+                                 max_tokens_default=llm.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS)
     if llm.provider == "local":
         return _build_local_provider(config)
     raise StartupError(

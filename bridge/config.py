@@ -61,13 +61,17 @@ from channels.slack.settings import SlackConfig
 from channels.telegram.settings import TelegramConfig
 from channels.web.settings import WebConfig
 from core.settings import CoreSettings
+from core.tools.base import DEFAULT_APPROVAL
+from core.tools.builtin import FetchUrl
+from core.tools.mcp import DEFAULT_CALL_TIMEOUT, DEFAULT_STARTUP_TIMEOUT, NAME_PATTERN
 
 __all__ = ["AppConfig", "ConfigError", "dotted", "is_loopback_host", "load_config"]
 
 MissingEnv = dict[Loc, list[tuple[str, str]]]
 """Per config path: the environment variables it referenced that were unset or empty, with that state."""
 
-DEFAULT_RETRY_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 30.0)
+CORE = CoreSettings()
+"""Core's defaults: the keys that configure core take theirs from here, so each is defined once."""
 EMBEDDED_DEFAULT = "the embedded default"
 
 
@@ -103,8 +107,8 @@ def _lower(value: Any) -> Any:
 class BridgeConfig(Section):
     data_dir: str = "data"
     log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = "info"
-    shutdown_timeout: PositiveFloat = 10.0
-    dedupe_ttl_hours: Annotated[Float, Field(ge=24)] = 48.0
+    shutdown_timeout: PositiveFloat = CORE.shutdown_timeout
+    dedupe_ttl_hours: Annotated[Float, Field(ge=24)] = CORE.dedupe_ttl_seconds / 3600
 
 
 LLM_DEFAULT_BASE_URLS: dict[str, str] = {
@@ -121,11 +125,9 @@ class LLMConfig(Section):
     base_url: str = ""
     """"" = the provider's official endpoint (see ``effective_base_url``)."""
     api_key: Secret = ""
-    request_timeout: PositiveFloat = 60.0
-    retry_delays: list[Annotated[Float, Field(ge=0)]] = Field(
-        default_factory=lambda: list(DEFAULT_RETRY_DELAYS)
-    )
-    context_window: Annotated[Int, Field(ge=1)] = 32_768
+    request_timeout: PositiveFloat = CORE.request_timeout
+    retry_delays: list[Annotated[Float, Field(ge=0)]] = Field(default_factory=lambda: list(CORE.retry_delays))
+    context_window: Annotated[Int, Field(ge=1)] = CORE.context_window
     max_output_tokens: Annotated[Annotated[Int, Field(ge=1)] | None, BeforeValidator(_empty_to_none)] = None
     model_path: Annotated[str | None, BeforeValidator(_empty_to_none)] = None
     temperature: Annotated[Annotated[Float, Field(ge=0, le=2)] | None, BeforeValidator(_empty_to_none)] = None
@@ -135,11 +137,8 @@ class LLMConfig(Section):
         return self.base_url or LLM_DEFAULT_BASE_URLS.get(self.provider, "")
 
 
-MCP_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
 def _mcp_name(value: Any) -> Any:
-    if isinstance(value, str) and not MCP_NAME.match(value):
+    if isinstance(value, str) and not NAME_PATTERN.match(value):
         raise PydanticCustomError("mcp_name", "expected letters, digits, '_' or '-' (it prefixes the tool names)")
     return value
 
@@ -153,25 +152,25 @@ class McpServerEntry(Section):
     env: dict[str, str] = Field(default_factory=dict, json_schema_extra={"secret": True})
     """Every value is treated as a secret (masked, redacted from logs)."""
     url: str | None = None
-    approval: Literal["ask", "auto", "deny"] = "ask"
-    startup_timeout_seconds: PositiveFloat = 20.0
-    call_timeout_seconds: PositiveFloat = 60.0
+    approval: Literal["ask", "auto", "deny"] = DEFAULT_APPROVAL
+    startup_timeout_seconds: PositiveFloat = DEFAULT_STARTUP_TIMEOUT
+    call_timeout_seconds: PositiveFloat = DEFAULT_CALL_TIMEOUT
 
 
 class FetchUrlConfig(Section):
     enabled: bool = False
-    max_bytes: Annotated[Int, Field(ge=1)] = 200_000
-    timeout_seconds: PositiveFloat = 15.0
+    max_bytes: Annotated[Int, Field(ge=1)] = FetchUrl.MAX_BYTES
+    timeout_seconds: PositiveFloat = FetchUrl.TIMEOUT_SECONDS
 
 
 class AgentConfig(Section):
-    system_prompt: str = "You are a helpful assistant."
-    max_turns: Annotated[Int, Field(ge=1)] = 20
-    approval: Literal["ask", "auto", "deny"] = "ask"
-    queue_capacity: Annotated[Int, Field(ge=1)] = 32
-    session_idle_seconds: PositiveFloat = 300.0
-    titles: bool = True
-    approval_timeout_seconds: PositiveFloat = 600.0
+    system_prompt: str = CORE.system_prompt
+    max_turns: Annotated[Int, Field(ge=1)] = CORE.max_turns
+    approval: Literal["ask", "auto", "deny"] = DEFAULT_APPROVAL
+    queue_capacity: Annotated[Int, Field(ge=1)] = CORE.queue_capacity
+    session_idle_seconds: PositiveFloat = CORE.session_idle_seconds
+    titles: bool = CORE.titles
+    approval_timeout_seconds: PositiveFloat = CORE.approval_timeout
     tool_approval: dict[str, Literal["ask", "auto", "deny"]] = Field(default_factory=dict)
     fetch_url: FetchUrlConfig = Field(default_factory=lambda: FetchUrlConfig())
     mcp_servers: list[McpServerEntry] = Field(default_factory=list)

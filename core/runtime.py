@@ -137,7 +137,7 @@ class ChatCore:
         return await self.store.list_sessions(prefix=prefix)
 
     async def create_session(self, key: str) -> SessionRecord:
-        return await self.store.get_or_create_session(key, default_title=self.settings.default_title)
+        return await self.store.get_or_create_session(key)
 
     async def rename(self, key: str, title: str) -> None:
         await self.store.rename(key, title)

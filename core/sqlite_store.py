@@ -35,6 +35,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from core.messages import ChatMessage, MessageSource, NewMessage, Role, SourceKind, ToolCall
 from core.store import (
+    DEFAULT_TITLE,
     CommitResult,
     SessionRecord,
     StaleStateError,
@@ -44,7 +45,6 @@ from core.store import (
     TurnState,
 )
 
-DEFAULT_TITLE = "New chat"
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 5000
 PURGE_INTERVAL_SECONDS = 60.0

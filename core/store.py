@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict
 
 from core.messages import ChatMessage, NewMessage
 
+DEFAULT_TITLE = "New chat"
+"""A session's title until the first exchange names it (or a user renames it)."""
+
 TurnState = Literal["running", "completed", "cancelled", "failed", "stale", "interrupted"]
 
 
@@ -82,7 +85,7 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
     # sessions
-    async def get_or_create_session(self, key: str, *, default_title: str = "New chat") -> SessionRecord: ...
+    async def get_or_create_session(self, key: str, *, default_title: str = DEFAULT_TITLE) -> SessionRecord: ...
 
     async def get_session(self, key: str) -> SessionRecord | None: ...
 

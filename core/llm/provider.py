@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, Protocol
 
+DEFAULT_REQUEST_TIMEOUT = 60.0
+"""Seconds to wait for a model's answer to start, and then for each next streamed chunk."""
+DEFAULT_MAX_OUTPUT_TOKENS = 1024
+"""Output tokens asked for when the operator sets no ``max_output_tokens`` and the API needs a number."""
+
 
 @dataclass(frozen=True, slots=True)
 class LLMToolSpec:

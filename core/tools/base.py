@@ -13,6 +13,8 @@ from typing import Any, Literal, Protocol
 from core.llm.provider import LLMToolSpec
 
 ApprovalPolicy = Literal["auto", "ask", "deny"]
+DEFAULT_APPROVAL: ApprovalPolicy = "ask"
+"""A tool call waits for Allow / Deny in the chat unless the operator or the tool says otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +41,7 @@ class Tool(Protocol):
 
 
 class ToolRegistry:
-    def __init__(self, default_policy: ApprovalPolicy = "ask",
+    def __init__(self, default_policy: ApprovalPolicy = DEFAULT_APPROVAL,
                  overrides: dict[str, ApprovalPolicy] | None = None) -> None:
         self._tools: dict[str, Tool] = {}
         self._default = default_policy

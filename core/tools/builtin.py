@@ -77,7 +77,10 @@ class _CheckedResolver(AbstractResolver):
 
 
 class FetchUrl:
-    def __init__(self, *, max_bytes: int = 200_000, timeout_seconds: float = 15.0,
+    MAX_BYTES = 200_000
+    TIMEOUT_SECONDS = 15.0
+
+    def __init__(self, *, max_bytes: int = MAX_BYTES, timeout_seconds: float = TIMEOUT_SECONDS,
                  allow_loopback: bool = False) -> None:
         """``allow_loopback`` exists for tests against a local server only; the config cannot set it."""
         self._max_bytes = max_bytes

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 from urllib.parse import urlsplit
 
 from core.llm.provider import LLMToolSpec
-from core.tools.base import ApprovalPolicy, ToolContext
+from core.tools.base import DEFAULT_APPROVAL, ApprovalPolicy, ToolContext
 
 if TYPE_CHECKING:  # the SDK is imported when a server is started, not when core is
     from mcp import ClientSession
@@ -40,6 +40,12 @@ CLOSE_GRACE_SECONDS = 8.0
 shutdown waits up to a few seconds for the process to exit, then terminates and kills it)."""
 
 
+DEFAULT_STARTUP_TIMEOUT = 20.0
+"""Seconds a server has to start, initialize and list its tools."""
+DEFAULT_CALL_TIMEOUT = 60.0
+"""Seconds one tool call may take."""
+
+
 @dataclass(frozen=True, slots=True)
 class McpServerConfig:
     """One MCP server as the operator configured it: ``command`` (stdio) or ``url`` (streamable HTTP)."""
@@ -49,9 +55,9 @@ class McpServerConfig:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     url: str | None = None
-    approval: ApprovalPolicy = "ask"
-    startup_timeout: float = 20.0
-    call_timeout: float = 60.0
+    approval: ApprovalPolicy = DEFAULT_APPROVAL
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+    call_timeout: float = DEFAULT_CALL_TIMEOUT
 
     def __post_init__(self) -> None:
         if not NAME_PATTERN.match(self.name):
