@@ -56,7 +56,7 @@ class TurnIdFilter(logging.Filter):
     """Sets ``record.turn_id`` (None outside a turn) and ``record.turn`` (" turn=<id>" or "") for formats."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        turn_id = _CURRENT.get()
+        turn_id = current_turn_id()
         record.turn_id = turn_id
         record.turn = f" turn={turn_id}" if turn_id else ""
         return True

@@ -1,6 +1,6 @@
 """Seed 001 §11.2: the client side of history deltas."""
 
-from core.history_mirror import DeltaResult, HistoryMirror
+from tests.support.history_mirror import DeltaResult, HistoryMirror
 
 
 def msg(i: int) -> dict:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from core.supervisor import TaskSupervisor
 from core.tools.base import ToolContext, ToolRegistry
 from core.tools.mcp import McpManager, McpServerConfig, McpToolError, McpToolSource, result_text
 
@@ -119,7 +120,8 @@ async def test_startup_timeout_is_reported() -> None:
 
 
 async def test_closed_source_refuses_calls() -> None:
-    source = McpToolSource(echo_config())
+    supervisor = TaskSupervisor("mcp")
+    source = McpToolSource(echo_config(), spawn=supervisor.spawn)
     tools = await source.start()
     echo_tool = next(t for t in tools if t.remote_name == "echo")
     await source.aclose()

@@ -103,7 +103,7 @@ def request_status(err: ProviderError) -> RequestStatus:
 class AgentLoop:
     def __init__(self, *, provider: LLMProvider, tools: ToolRegistry, broker: ApprovalBroker,
                  settings: CoreSettings, session_key: str, turn_id: str, requested_by: str | None,
-                 emit: Callable[[TurnEvent], None], spawn: Spawn | None = None) -> None:
+                 emit: Callable[[TurnEvent], None], spawn: Spawn) -> None:
         self._provider = provider
         self._tools = tools
         self._broker = broker

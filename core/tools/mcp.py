@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 from urllib.parse import urlsplit
 
 from core.llm.provider import LLMToolSpec
+from core.supervisor import Spawn, TaskSupervisor
 from core.tools.base import DEFAULT_APPROVAL, ApprovalPolicy, ToolContext
 
 if TYPE_CHECKING:  # the SDK is imported when a server is started, not when core is
@@ -147,8 +148,10 @@ class _Call:
 class McpToolSource:
     """One MCP server held open by its own task; tool calls reach it through a queue."""
 
-    def __init__(self, config: McpServerConfig, *, errlog: TextIO | None = None) -> None:
+    def __init__(self, config: McpServerConfig, *, spawn: Spawn, errlog: TextIO | None = None) -> None:
+        """``spawn`` starts the serving task (a supervisor's, so it has a bounded shutdown)."""
         self.config = config
+        self._spawn = spawn
         self._errlog = errlog
         self._queue: asyncio.Queue[_Call | None] = asyncio.Queue()
         self._ready: asyncio.Future[list[McpTool]] | None = None
@@ -170,7 +173,7 @@ class McpToolSource:
             raise RuntimeError("McpToolSource.start called twice")
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
-        self._task = asyncio.create_task(self._serve(), name=f"mcp:{self.config.name}")
+        self._task = self._spawn(f"mcp:{self.config.name}", self._serve())
         try:
             tools = await asyncio.wait_for(asyncio.shield(self._ready), self.config.startup_timeout)
         except TimeoutError:
@@ -482,6 +485,7 @@ class McpManager:
 
     def __init__(self, *, errlog: TextIO | None = None) -> None:
         self._errlog = errlog
+        self._supervisor = TaskSupervisor("mcp")  # the servers outlive the core: they have their own
         self._sources: list[McpToolSource] = []
         self.statuses: list[McpServerStatus] = []
 
@@ -498,7 +502,7 @@ class McpManager:
         for cfg in configs:
             if timeout is not None and timeout < cfg.startup_timeout:
                 cfg = _replace_timeout(cfg, timeout)
-            sources.append(McpToolSource(cfg, errlog=self._errlog))
+            sources.append(McpToolSource(cfg, spawn=self._supervisor.spawn, errlog=self._errlog))
         results = await asyncio.gather(*(s.start() for s in sources), return_exceptions=True)
         failures: list[str] = []
         for source, result in zip(sources, results, strict=True):
@@ -522,6 +526,7 @@ class McpManager:
         """Close every server concurrently, bounded by ``timeout`` each."""
         sources, self._sources = self._sources, []
         await asyncio.gather(*(s.aclose(timeout) for s in sources), return_exceptions=True)
+        await self._supervisor.shutdown(timeout)
 
 
 def _replace_timeout(cfg: McpServerConfig, timeout: float) -> McpServerConfig:

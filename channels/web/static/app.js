@@ -1,7 +1,7 @@
 /* chatbridge web chat: plain JavaScript, no build step.
  *
  * Exposes window.chatbridge = {renderMarkdown, escapeHtml, HistoryMirror, app} (the browser test uses them).
- * History rules (same as core/history_mirror.py): apply only the next revision, ignore duplicate message
+ * History rules (same as tests/support/history_mirror.py): apply only the next revision, ignore duplicate message
  * ids, one full fetch on a gap, deltas of other sessions only mark them unread.
  */
 "use strict";

@@ -1,9 +1,10 @@
-"""HistoryMirror: the client side of history deltas (seed 001 §11), as reference logic.
+"""HistoryMirror: the client side of history deltas (seed 001 §11), as reference logic for tests.
 
 A client keeps one mirror per session. It applies a TurnCommitted delta only when it carries the next
 revision, ignores messages it already has (by id), and asks for one full fetch on a revision gap. Deltas
 for a session other than the open one only mark that session unread. The web page implements the same
-rules in JavaScript; this module is what they are tested against.
+rules in JavaScript (channels/web/static/app.js); this module states them in Python, and the page's
+behaviour is tested against the same cases.
 """
 
 from __future__ import annotations
