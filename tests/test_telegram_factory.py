@@ -121,3 +121,23 @@ api_base = "{tg.base_url}"
         finally:
             stop.set()
             assert await asyncio.wait_for(task, 20) == 0
+
+
+async def test_a_token_that_cannot_be_a_bot_token_stops_run_with_the_channels_own_message(
+        tmp_path, capsys, fake_openai):
+    config = load_config(write_config(tmp_path, f"""
+[bridge]
+data_dir = "{tmp_path / 'data'}"
+[llm]
+provider = "openai"
+model = "fake"
+base_url = "{fake_openai.base_url}"
+[web]
+port = {free_port()}
+[channels.telegram]
+enabled = true
+token = "pasted-the-wrong-thing"
+"""))
+    assert await run_app(config, config_path=None) == 3
+    err = capsys.readouterr().err
+    assert "[channels.telegram] token is not a bot token" in err and "pasted-the-wrong-thing" not in err
