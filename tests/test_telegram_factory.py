@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 
@@ -112,11 +113,12 @@ api_base = "{tg.base_url}"
                 assert (status, body) == (503, {"status": "error", "failing": ["telegram"],
                                                 "channels": {"telegram": "error", "web": "serving"}})
                 tg.faults.clear()  # the operator fixed the token: the channel's own retry recovers
-                for _ in range(500):
+                deadline = time.monotonic() + 60  # its backoff grows (1, 2, 5, ... s) while the token is bad
+                while time.monotonic() < deadline:
                     status, body = await health()
                     if status == 200:
                         break
-                    await asyncio.sleep(0.02)
+                    await asyncio.sleep(0.05)
                 assert body == {"status": "ok", "channels": {"telegram": "polling", "web": "serving"}}
         finally:
             stop.set()
