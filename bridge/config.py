@@ -201,11 +201,44 @@ class AgentConfig(_Section):
     mcp_servers: list[McpServerEntry] = Field(default_factory=list)
 
 
+def _host_entry(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    name = value.strip().lower().rstrip(".")
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    try:
+        ipaddress.ip_address(name)
+        return name
+    except ValueError:
+        pass
+    if not name or not re.fullmatch(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*", name):
+        raise PydanticCustomError(
+            "host_name", "expected a host name such as \"chat.example.com\" (no scheme, port or path)")
+    return name
+
+
+def _network_entry(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return str(ipaddress.ip_network(value.strip(), strict=False))
+    except ValueError:
+        raise PydanticCustomError(
+            "ip_network", "expected an IP address or network such as \"127.0.0.1\" or \"10.0.0.0/8\"") from None
+
+
 class WebConfig(_Section):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: Annotated[Int, Field(ge=1, le=65535)] = 8765
     auth_token: Secret = ""
+    allowed_hosts: list[Annotated[str, BeforeValidator(_host_entry)]] = Field(default_factory=list)
+    """Host names the web chat answers besides loopback names, IP literals and ``host``."""
+    trusted_proxies: list[Annotated[str, BeforeValidator(_network_entry)]] = Field(default_factory=list)
+    """Addresses (or networks) whose X-Forwarded-Proto/-Host/-For headers are believed."""
+    max_streams: Annotated[Int, Field(ge=1)] = 200
+    max_streams_per_client: Annotated[Int, Field(ge=1)] = 20
 
 
 class TelegramConfig(_Section):
@@ -425,6 +458,10 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -
                 web.auth_token,
                 f"when web.host is not a loopback address (host is {web.host!r})",
             )
+
+        if web.max_streams_per_client > web.max_streams:
+            add(("web", "max_streams_per_client"),
+                f"must not exceed web.max_streams ({web.max_streams}) (got {web.max_streams_per_client})")
 
     def needs_web(channel: str, mode: str) -> None:
         if not web.enabled:
