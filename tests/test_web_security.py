@@ -314,6 +314,22 @@ async def test_wrong_tokens_are_slowed_down_per_address_without_locking_out_the_
         await chat.close()
 
 
+async def test_undecodable_credentials_are_just_wrong(tmp_path, fake_openai):
+    chat = await start_web_chat(tmp_path, fake_openai, auth_token=TOKEN)
+    try:
+        host, port = chat.base_url.removeprefix("http://").split(":")
+        for header in (b"Authorization: Bearer \xff\xfe" + TOKEN.encode(), b"Cookie: chatbridge_session=\xff\xfe"):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"GET /api/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + header +
+                         b"\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            status_line = await reader.readline()
+            writer.close()
+            assert status_line.split()[1] == b"401", (header, status_line)
+    finally:
+        await chat.close()
+
+
 def test_the_guess_table_stays_bounded():
     limiter = GuessLimiter(burst=3, max_clients=100)
     for i in range(1000):
@@ -381,6 +397,9 @@ def test_the_accept_error_flood_is_logged_once_a_minute(caplog):
     now = [0.0]
     limiter = RepeatLimiter([ACCEPT_EXHAUSTED], interval=60, clock=lambda: now[0])
     asyncio_log = logging.getLogger("asyncio")
+    installed = list(asyncio_log.filters)  # a run_app earlier in this process installed the real one
+    for f in installed:
+        asyncio_log.removeFilter(f)
     asyncio_log.addFilter(limiter)
     loop = asyncio.new_event_loop()
     try:
@@ -399,6 +418,8 @@ def test_the_accept_error_flood_is_logged_once_a_minute(caplog):
     finally:
         loop.close()
         asyncio_log.removeFilter(limiter)
+        for f in installed:
+            asyncio_log.addFilter(f)
 
 
 def test_run_logging_throttles_the_accept_error():

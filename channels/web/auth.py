@@ -82,11 +82,14 @@ class TokenCheck:
     def required(self) -> bool:
         return bool(self.token)
 
+    # Header values may carry undecodable bytes as surrogates; "surrogatepass" keeps them distinct bytes that
+    # can never equal valid UTF-8 (where "replace" would turn them into "?", which could).
     def token_ok(self, presented: str) -> bool:
-        return hmac.compare_digest(presented.encode(), self._token)
+        return hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), self._token)
 
     def cookie_ok(self, presented: str) -> bool:
-        return bool(presented) and hmac.compare_digest(presented.encode(), self.cookie_value.encode())
+        return bool(presented) and hmac.compare_digest(presented.encode("utf-8", "surrogatepass"),
+                                                       self.cookie_value.encode())
 
 
 class GuessLimiter:

@@ -326,37 +326,32 @@ class WebServer:
             return _error(503, refused, headers={"Retry-After": "5"})
         return client
 
-    async def _open_sse(self, request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                           "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        await resp.prepare(request)
-        return resp
-
     async def _pump(self, request: web.Request, sub: Subscriber, first: bytes) -> web.StreamResponse:
         task = asyncio.current_task()
         if task is not None:
             self.connections.add(task)
         self._listening[sub] = request
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            resp = await self._open_sse(request)
-            try:
-                await resp.write(first)
-                while True:
-                    try:
-                        data = await asyncio.wait_for(sub.queue.get(), self.heartbeat)
-                    except TimeoutError:
-                        await resp.write(HEARTBEAT)
-                        continue
-                    if data is None:
-                        break
-                    await resp.write(data)
-            except (ConnectionError, RuntimeError):
-                pass  # the client went away
-            return resp
+            await resp.prepare(request)
+            await resp.write(first)
+            while True:
+                try:
+                    data = await asyncio.wait_for(sub.queue.get(), self.heartbeat)
+                except TimeoutError:
+                    await resp.write(HEARTBEAT)
+                    continue
+                if data is None:
+                    break
+                await resp.write(data)
+        except (ConnectionError, RuntimeError):
+            pass  # the client went away (aiohttp finishes a response whose connection is gone quietly)
         finally:
             self._listening.pop(sub, None)
             if task is not None:
                 self.connections.discard(task)
+        return resp
 
     def reap_closed(self) -> int:
         """End the streams whose client has gone; returns how many. Run about once a second."""
