@@ -225,6 +225,35 @@ def test_non_loopback_web_needs_a_token(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, '[web]\nhost = "::1"\n'), env={}).web.host == "::1"
 
 
+def test_web_access_keys_are_validated_by_name(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, '[web]\nallowed_hosts = ["Chat.Example.com.", "[::1]", "10.1.2.3"]\n'
+                                      'trusted_proxies = ["127.0.0.1", "10.0.0.0/8", "fd00::1"]\n'
+                                      "max_streams = 50\nmax_streams_per_client = 5\n"), env={})
+    assert cfg.web.allowed_hosts == ["chat.example.com", "::1", "10.1.2.3"]
+    assert cfg.web.trusted_proxies == ["127.0.0.1/32", "10.0.0.0/8", "fd00::1/128"]
+    assert (cfg.web.max_streams, cfg.web.max_streams_per_client) == (50, 5)
+    default = load_config(None, env={}).web
+    assert (default.allowed_hosts, default.trusted_proxies) == ([], [])
+    assert (default.max_streams, default.max_streams_per_client) == (200, 20)
+
+    found = problems(tmp_path, '[web]\nallowed_hosts = ["https://chat.example.com", "chat.example.com:8443", ""]\n'
+                               'trusted_proxies = ["proxy.local", "10.0.0.0/33"]\nmax_streams = 0\n')
+    host_hint = 'expected a host name such as "chat.example.com" (no scheme, port or path)'
+    net_hint = 'expected an IP address or network such as "127.0.0.1" or "10.0.0.0/8"'
+    assert found == [
+        f"web.allowed_hosts[0]: {host_hint} (got 'https://chat.example.com')",
+        f"web.allowed_hosts[1]: {host_hint} (got 'chat.example.com:8443')",
+        f"web.allowed_hosts[2]: {host_hint} (got '')",
+        f"web.trusted_proxies[0]: {net_hint} (got 'proxy.local')",
+        f"web.trusted_proxies[1]: {net_hint} (got '10.0.0.0/33')",
+        "web.max_streams: expected a value >= 1 (got 0)",
+    ]
+    assert problems(tmp_path, "[web]\nmax_streams = 10\nmax_streams_per_client = 11\n") == [
+        "web.max_streams_per_client: must not exceed web.max_streams (10) (got 11)"]
+    assert problems(tmp_path, '[web]\nallowed_hosts = "chat.example.com"\n') == [
+        "web.allowed_hosts: expected a list (got 'chat.example.com')"]
+
+
 @pytest.mark.parametrize(
     ("host", "loopback"),
     [("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True), ("localhost", True),

@@ -95,12 +95,38 @@ async def test_last_event_id_replays_exactly_the_missed_events(chat, http, fake_
     b = await open_stream(http, chat.base_url, sid, last_event_id=resume_from)
     replayed = [await b.next() for _ in missed]
     assert [(e.id, e.name, e.data) for e in replayed] == [(e.id, e.name, e.data) for e in missed]
-    assert all(e.name != "task_state" for e in replayed)
+    # then the snapshot (DESIGN.md §6: missed events, then task_state, then live events): no turn running now
+    state = await b.next()
+    assert state.name == "task_state" and state.data["turn"] is None and state.data["approvals"] == []
+    assert state.id == missed[-1].id
     # and nothing more: the next event on b is the next live one
     await say(http, chat.base_url, sid, "again")
     nxt = await b.next()
     assert nxt.name == "turn" and seq_of(nxt.id)[1] == seq_of(missed[-1].id)[1] + 1
     await b.until(terminal_turn)
+    a.resp.close()
+    b.resp.close()
+
+
+async def test_a_replay_mid_turn_ends_with_the_turn_so_far_then_goes_live(chat, http, fake_openai):
+    hold = asyncio.Event()
+    fake_openai.script(Text("first part, then the rest", chunk_size=3, hold=hold, hold_after=11))
+    sid = await new_session(http, chat.base_url)
+    a = await open_stream(http, chat.base_url, sid)
+    await a.next()
+    await say(http, chat.base_url, sid, "go", client_id="c-7")
+    first_turn = await a.until(lambda e: e.name == "turn")
+    await a.until(lambda e: e.name == "turn" and "first part" in chat.hub.get(sid).live.text)
+    b = await open_stream(http, chat.base_url, sid, last_event_id=first_turn.id)
+    missed = [e for e in a.events if seq_of(e.id)[1] > seq_of(first_turn.id)[1]]
+    assert [(await b.next()).id for _ in missed] == [e.id for e in missed]
+    state = await b.next()
+    assert state.name == "task_state" and state.id == a.events[-1].id
+    assert state.data["turn"]["state"] == "running" and state.data["turn"]["client_id"] == "c-7"
+    assert state.data["turn"]["text"].startswith("first part")
+    hold.set()
+    end = await b.until(lambda e: e.name == "turn" and e.data["state"] != "running")
+    assert seq_of(end.id)[1] > seq_of(state.id)[1]
     a.resp.close()
     b.resp.close()
 
@@ -261,7 +287,8 @@ async def test_sessions_list_rename_and_title_event(chat, http):
         assert resp.status == 400
     async with http.post(f"{chat.base_url}/api/sessions/bad%20id/messages", json={"text": "x"}) as resp:
         assert resp.status in (400, 404)
-    async with http.post(f"{chat.base_url}/api/sessions/{sid}/messages", data=b"not json") as resp:
+    async with http.post(f"{chat.base_url}/api/sessions/{sid}/messages", data=b"not json",
+                         headers={"Content-Type": "application/json"}) as resp:
         assert resp.status == 400
     sse.resp.close()
 
@@ -353,7 +380,7 @@ async def test_the_web_channels_background_work_ends_with_the_cores_bounded_shut
     def alive() -> list[str]:
         return [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("web:") and not t.done()]
 
-    assert alive() == ["web:reclaim-idle-streams"]
+    assert sorted(alive()) == ["web:end-abandoned-streams", "web:reclaim-idle-streams"]
     await chat.channel.stop()
     assert await chat.core.shutdown() == []
     assert alive() == []  # supervised: reclaimed by the core's shutdown, not left to the channel's close

@@ -132,6 +132,9 @@ async def test_bad_decisions_and_unknown_calls(chat, http, fake_openai, tool):
         status, data = await decide(http, base, sid, "call_A1", body)
         assert status == 400 and "decision" in data["error"]
     async with http.post(f"{base}/api/sessions/{sid}/approvals/call_A1", data="allow") as resp:
+        assert resp.status == 415  # not sent as JSON (what a foreign page's form or no-cors fetch would send)
+    async with http.post(f"{base}/api/sessions/{sid}/approvals/call_A1", data='"allow"',
+                         headers={"Content-Type": "application/json"}) as resp:
         assert resp.status == 400  # not a JSON object
     assert (await decide(http, base, sid, "call_OTHER", {"decision": "allow"}))[0] == 404
     other = await new_session(http, base)

@@ -5,8 +5,10 @@ the stream (from there every connected client gets it, and a reconnecting one re
 ``send_plain`` (busy notices, command replies, fallbacks) appends a ``notice`` event. History deltas and
 titles come from core events, through the channel's ``SessionHost``; the HTTP API is ``WebServer``.
 
-Lifecycle: ``start`` begins reclaiming idle streams (a supervised task); ``stop`` refuses new messages
-(503) while running turns finish; ``close`` ends every open stream.
+Lifecycle: ``start`` loads the key that signs login cookies (kept in the channel's durable state, so a
+restart keeps browsers signed in), and begins reclaiming idle streams and ending streams whose client left
+(supervised tasks); ``stop`` refuses new messages (503) while running turns finish; ``close`` ends every
+open stream.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from typing import Any
 
 from aiohttp import web
 
 from channels.web.context import CHANNEL, WebContext, session_id_of
-from channels.web.server import HEARTBEAT_SECONDS, WebServer
+from channels.web.server import HEARTBEAT_SECONDS, WebAccess, WebServer
 from channels.web.sse import StreamHub, Subscriber, encode_event
 from core.channel import SinkError
 from core.envelope import TurnTarget
@@ -34,6 +37,9 @@ UPDATE_INTERVAL = 0.05
 """Seconds between two ``turn`` events of one turn (latest snapshot wins)."""
 SWEEP_INTERVAL = 60.0
 """Seconds between two passes that reclaim idle session streams."""
+REAP_INTERVAL = 1.0
+"""Seconds between two passes that end streams whose client went away."""
+COOKIE_KEY_STATE = "login_cookie_key"
 
 
 class WebSink:
@@ -71,17 +77,18 @@ class WebChannel:
 
     name = CHANNEL
 
-    def __init__(self, host: SessionHost, *, auth_token: str = "", hub: StreamHub | None = None,
+    def __init__(self, host: SessionHost, *, access: WebAccess | None = None, hub: StreamHub | None = None,
                  update_interval: float = UPDATE_INTERVAL, heartbeat: float = HEARTBEAT_SECONDS,
-                 sweep_interval: float = SWEEP_INTERVAL) -> None:
+                 sweep_interval: float = SWEEP_INTERVAL, reap_interval: float = REAP_INTERVAL) -> None:
         self.host = host
         self.hub = hub if hub is not None else StreamHub()
         self.update_interval = update_interval
         self._sweep_interval = sweep_interval
+        self._reap_interval = reap_interval
         self._feed: set[Subscriber] = set()  # the session-list feed (/api/events)
-        self.server = WebServer(host, self, auth_token=auth_token, heartbeat=heartbeat)
+        self.server = WebServer(host, self, access=access, heartbeat=heartbeat)
         self._unsubscribe = host.subscribe(self.on_core_event)
-        self._sweeper: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._state = "ready"
 
     def install(self, app: web.Application) -> None:
@@ -94,8 +101,24 @@ class WebChannel:
         return self._state
 
     async def start(self) -> None:
-        self._sweeper = self.host.spawn("web:reclaim-idle-streams", self._sweep())
+        if self.server.access.auth_token and self.server.access.cookie_key is None:
+            self.server.use_cookie_key(await self._cookie_key())
+        self._tasks = [self.host.spawn("web:reclaim-idle-streams", self._sweep()),
+                       self.host.spawn("web:end-abandoned-streams", self._reap())]
         self._state = "serving"
+
+    async def _cookie_key(self) -> bytes:
+        stored = await self.host.get_state(COOKIE_KEY_STATE)
+        if stored:
+            return bytes.fromhex(stored)
+        key = secrets.token_bytes(32)
+        await self.host.set_state(COOKIE_KEY_STATE, key.hex())
+        return key
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(self._reap_interval)
+            self.server.reap_closed()
 
     async def _sweep(self) -> None:
         while True:
@@ -109,11 +132,11 @@ class WebChannel:
         self._state = "stopping"
 
     async def close(self) -> None:
-        sweeper, self._sweeper = self._sweeper, None
-        if sweeper is not None:  # core's shutdown may have cancelled it already
-            sweeper.cancel()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:  # core's shutdown may have cancelled them already
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+                await task
         self._unsubscribe()
         await self.server.close()
         self._state = "closed"

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from channels.web.channel import WebChannel
 from channels.web.factory import build
+from channels.web.server import WebAccess
 from channels.web.sse import StreamHub
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import LLMToolSpec
@@ -75,13 +76,17 @@ class WebChat:
 
 async def start_web_chat(tmp_path: Path, fake: FakeOpenAI, *, auth_token: str = "", hub: StreamHub | None = None,
                          update_interval: float = 0.05, tools: ToolRegistry | None = None,
+                         access: WebAccess | None = None, reap_interval: float = 1.0,
                          **settings: Any) -> WebChat:
     s = dataclasses.replace(FAST, **settings)
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key="sk-test",
                               request_timeout=s.request_timeout)
     core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools)
     app = web.Application()
-    channel = build(core.host_for("web"), app, auth_token=auth_token, hub=hub, update_interval=update_interval)
+    if access is None:
+        access = WebAccess(auth_token=auth_token)
+    channel = build(core.host_for("web"), app, access=access, hub=hub, update_interval=update_interval,
+                    reap_interval=reap_interval)
     core.add_channel(channel)
     await core.start()
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
