@@ -6,7 +6,15 @@ embedded default: no file, every key at its default (web chat on 127.0.0.1:8765,
 
 Secret fields are plain ``str`` values marked with ``json_schema_extra={"secret": True}``; they are masked in
 ``repr()``, in :meth:`AppConfig.masked_dump` and in every error message, and listed by
-:meth:`AppConfig.secret_values` for the log redaction filter.
+:meth:`AppConfig.secret_values` for the log redaction filter. Error messages and the dump also mask any
+string that looks like a credential (``bridge.masking``): a secret pasted into the wrong key is not echoed.
+
+A ``${NAME}`` that is unset or empty is an error where the value is required, and otherwise a warning
+(collected by ``load_config(..., warnings=[])``; ``check`` and ``run`` print them). The model's ``api_key``
+is required when the provider needs one: ``openai`` and ``anthropic`` need a key for every ``base_url`` that
+is not on this machine (their official endpoints included); a server on this machine (Ollama, vLLM,
+llama.cpp, a local proxy) is the operator's own and commonly takes requests without one, so there an empty
+key is allowed (with a warning when it came from an unset variable). ``local`` uses no key.
 
 A key left out of a channel table falls back to the environment variable named in DESIGN.md §6 (for example
 ``channels.telegram.token`` → ``TELEGRAM_BOT_TOKEN``); ``llm.api_key`` falls back to ``OPENAI_API_KEY`` or
@@ -37,6 +45,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
+from bridge.masking import looks_secret, mask
 from core.settings import CoreSettings
 
 Loc = tuple[str | int, ...]
@@ -270,9 +279,13 @@ class AppConfig(_Section):
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> AppConfig:
         context = info.context if isinstance(info.context, dict) else {}
-        problems = _cross_check(self, context.get("missing_env") or {})
+        missing: Mapping[Loc, list[tuple[str, str]]] = context.get("missing_env") or {}
+        problems = _cross_check(self, missing, context.get("from_env") or {})
         if problems:
             raise ConfigError(problems)  # not a ValueError: pydantic lets it through unchanged
+        warnings = context.get("warnings")
+        if isinstance(warnings, list):
+            warnings.extend(_unset_warnings(self, missing, context.get("implicit_env") or set()))
         return self
 
     # ---- views ---------------------------------------------------------------------------------------
@@ -347,9 +360,7 @@ def _masked(model: BaseModel, secrets: list[str]) -> dict[str, Any]:
 
 def _scrub(text: str, secrets: list[str]) -> str:
     # A secret pasted into a non-secret key (a URL, the system prompt) must not leak either.
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
+    return mask(text, secrets)
 
 
 # ---- cross-field checks ----------------------------------------------------------------------------------
@@ -366,20 +377,29 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def _url_problem(value: str) -> str | None:
+def _url_problem(value: str, env_names: list[str] | None = None) -> str | None:
     try:
         parts = urlsplit(value)
         ok = parts.scheme in ("http", "https") and bool(parts.hostname)
     except ValueError:
         ok = False
-    return None if ok else f"expected an http:// or https:// URL (got {_show(value)})"
+    return None if ok else f"expected an http:// or https:// URL ({_got(value, env_names)})"
 
 
-def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -> list[str]:
+def _got(value: Any, env_names: list[str] | None) -> str:
+    if env_names:  # the value came from the environment: name the variables, never echo what they hold
+        return "got the value of " + ", ".join(f"${{{n}}}" for n in env_names)
+    return f"got {_show(value)}"
+
+
+def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
+                 from_env: Mapping[Loc, list[str]] | None = None) -> list[str]:
     problems: list[str] = []
+    secrets = cfg.secret_values()
+    from_env = from_env or {}
 
     def add(loc: Loc, message: str) -> None:
-        problems.append(f"{dotted(loc)}: {message}")
+        problems.append(mask(f"{dotted(loc)}: {message}", secrets))
 
     def require(loc: Loc, value: str, why: str) -> None:
         refs = missing.get(loc)
@@ -389,7 +409,7 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -
             add(loc, f"required {why} (got empty)")
 
     def url(loc: Loc, value: str) -> None:
-        problem = _url_problem(value)
+        problem = _url_problem(value, from_env.get(loc))
         if problem:
             add(loc, problem)
 
@@ -462,7 +482,7 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -
             needs_web("feishu", fs.mode)
         url(("channels", "feishu", "domain"), fs.domain)
 
-    _check_mcp_servers(cfg, missing, add)
+    _check_mcp_servers(cfg, missing, from_env, add)
 
     if not web.enabled and not cfg.enabled_channels():
         add(("web", "enabled"), "nothing would run: the web chat and every channel are disabled")
@@ -470,7 +490,7 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -
 
 
 def _check_mcp_servers(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
-                       add: Callable[[Loc, str], None]) -> None:
+                       from_env: Mapping[Loc, list[str]], add: Callable[[Loc, str], None]) -> None:
     seen: dict[str, int] = {}
     for i, server in enumerate(cfg.agent.mcp_servers):
         at: Loc = ("agent", "mcp_servers", i)
@@ -488,7 +508,7 @@ def _check_mcp_servers(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str
         else:
             assert server.url is not None
             if (*at, "url") not in missing:
-                problem = _url_problem(server.url)
+                problem = _url_problem(server.url, from_env.get((*at, "url")))
                 if problem:
                     add((*at, "url"), problem)
             for key in ("args", "env"):
@@ -501,6 +521,28 @@ def _url_host(value: str) -> str | None:
         return urlsplit(value).hostname
     except ValueError:
         return None
+
+
+def _unset_warnings(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
+                    implicit: set[Loc]) -> list[str]:
+    """One line per ``${NAME}`` the operator wrote that is unset or empty where that is allowed (where it
+    is not, :func:`_cross_check` already made it an error). Fallbacks the operator did not write (a channel
+    token read from its conventional variable) are not mentioned."""
+    lines: list[str] = []
+    for loc, refs in missing.items():
+        if loc in implicit:
+            continue
+        unset = "; ".join(f"environment variable {name} is {state}" for name, state in refs)
+        if loc == ("llm", "api_key"):
+            if cfg.llm.provider == "local":
+                consequence = "the local provider uses no key"
+            else:
+                consequence = (f"no key is sent to {cfg.llm.effective_base_url} (fine only if that server "
+                               "takes requests without one)")
+        else:
+            consequence = "the value is empty"
+        lines.append(f"{dotted(loc)}: {unset}; {consequence}")
+    return lines
 
 
 # ---- loading -------------------------------------------------------------------------------------------
@@ -516,6 +558,8 @@ class _Resolver:
         self.env = env
         self.missing: MissingEnv = {}
         self.from_env: dict[Loc, list[str]] = {}
+        self.implicit: set[Loc] = set()
+        """Keys filled from their conventional variable because the operator left them out."""
 
     def resolve(self, value: Any, loc: Loc = ()) -> Any:
         if isinstance(value, str):
@@ -591,27 +635,36 @@ def _fill_env_defaults(data: dict[str, Any], resolver: _Resolver) -> None:
                 for key, env_name in keys.items():
                     if key not in table:
                         table[key] = resolver.resolve(f"${{{env_name}}}", ("channels", channel, key))
+                        resolver.implicit.add(("channels", channel, key))
     llm = data.get("llm")
     if isinstance(llm, dict) and "api_key" not in llm and llm.get("provider") in LLM_KEY_ENV:
         llm["api_key"] = resolver.resolve(f"${{{LLM_KEY_ENV[llm['provider']]}}}", ("llm", "api_key"))
+        resolver.implicit.add(("llm", "api_key"))
 
 
-def load_config(path: str | Path | None, *, env: Mapping[str, str] | None = None) -> AppConfig:
-    """Load, resolve and validate the config at ``path`` (None: the embedded default)."""
+def load_config(path: str | Path | None, *, env: Mapping[str, str] | None = None,
+                warnings: list[str] | None = None) -> AppConfig:
+    """Load, resolve and validate the config at ``path`` (None: the embedded default). ``warnings``, if
+    given, receives one line per thing that may be wrong but does not stop the config from being used."""
     environ: Mapping[str, str] = os.environ if env is None else env
     source = None if path is None else str(path)
     raw: dict[str, Any] = {} if path is None else _read_toml(Path(path))
     resolver = _Resolver(environ)
     data = resolver.resolve(raw)
     _fill_env_defaults(data, resolver)
-    context = {"missing_env": resolver.missing}
+    context = {"missing_env": resolver.missing, "from_env": resolver.from_env, "implicit_env": resolver.implicit}
+    secrets = [value for loc, value in _leaves(data) if _secret_loc(loc)]
     try:
-        return AppConfig.model_validate(data, context=context)
+        found: list[str] = []
+        config = AppConfig.model_validate(data, context={**context, "warnings": found})
+        if warnings is not None:
+            warnings.extend(mask(w, secrets) for w in found)
+        return config
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        problems = [_describe(err, resolver) for err in errors]
+        problems = [mask(_describe(err, resolver), secrets) for err in errors]
     except ConfigError as exc:
-        raise ConfigError(exc.problems, source=source) from None
+        raise ConfigError([mask(p, secrets) for p in exc.problems], source=source) from None
     # Report the cross-field problems too, so one `check` lists everything: validate again with the
     # offending keys removed (they take their defaults) and keep what that second pass finds.
     for err in errors:
@@ -619,10 +672,22 @@ def load_config(path: str | Path | None, *, env: Mapping[str, str] | None = None
     try:
         AppConfig.model_validate(data, context=context)
     except ConfigError as exc:
-        problems.extend(exc.problems)
+        problems.extend(mask(p, secrets) for p in exc.problems)
     except ValidationError:
         pass
     raise ConfigError(list(dict.fromkeys(problems)), source=source)
+
+
+def _leaves(value: Any, loc: Loc = ()) -> Iterator[tuple[Loc, str]]:
+    """Every string in the raw config data with its path (to find the secret ones before validation)."""
+    if isinstance(value, str):
+        yield loc, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*loc, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _leaves(item, (*loc, i))
 
 
 def _prune(data: dict[str, Any], loc: Loc) -> None:
@@ -689,6 +754,8 @@ def _number(value: Any) -> str:
 def _show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, str) and looks_secret(value):
+        return "a value that looks like a secret, not shown"
     if isinstance(value, str):
         return repr(value if len(value) <= 60 else value[:57] + "...")
     if isinstance(value, dict):
@@ -744,8 +811,6 @@ def _describe(err: Mapping[str, Any], resolver: _Resolver) -> str:
         return f"{path}: {unset} ({expected})"
     if _secret_loc(loc):
         got = ""  # never echo what might be a secret
-    elif loc in resolver.from_env:
-        got = " (got the value of " + ", ".join(f"${{{n}}}" for n in resolver.from_env[loc]) + ")"
     else:
-        got = f" (got {_show(err.get('input'))})"
+        got = f" ({_got(err.get('input'), resolver.from_env.get(loc))})"
     return f"{path}: {expected}{got}"
