@@ -65,14 +65,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(path: str | None) -> AppConfig | None:
+    warnings: list[str] = []
     try:
-        return load_config(path)
+        config = load_config(path, warnings=warnings)
     except ConfigError as exc:
         where = exc.source or path or EMBEDDED_DEFAULT
         print(f"config error in {where}:", file=sys.stderr)
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return None
+    if warnings:
+        print(f"config warning in {path or EMBEDDED_DEFAULT}:", file=sys.stderr)
+        for warning in warnings:
+            print(f"  {warning}", file=sys.stderr)
+    return config
 
 
 def _check(option: str | None) -> int:

@@ -12,7 +12,15 @@ agree. The field types they share (secrets, allow lists, group policy, environme
 
 Secret fields are plain ``str`` values marked with ``json_schema_extra={"secret": True}``; they are masked in
 ``repr()``, in :meth:`AppConfig.masked_dump` and in every error message, and listed by
-:meth:`AppConfig.secret_values` for the log redaction filter.
+:meth:`AppConfig.secret_values` for the log redaction filter. Error messages and the dump also mask any
+string that looks like a credential (``channels.common.masking``): a secret pasted into the wrong key is not echoed.
+
+A ``${NAME}`` that is unset or empty is an error where the value is required, and otherwise a warning
+(collected by ``load_config(..., warnings=[])``; ``check`` and ``run`` print them). The model's ``api_key``
+is required when the provider needs one: ``openai`` and ``anthropic`` need a key for every ``base_url`` that
+is not on this machine (their official endpoints included); a server on this machine (Ollama, vLLM,
+llama.cpp, a local proxy) is the operator's own and commonly takes requests without one, so there an empty
+key is allowed (with a warning when it came from an unset variable). ``local`` uses no key.
 
 A key left out of a channel table falls back to the environment variable its model names with
 ``env_default`` (DESIGN.md §6: ``channels.telegram.token`` → ``TELEGRAM_BOT_TOKEN``); ``llm.api_key`` falls
@@ -40,6 +48,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from channels.common.masking import mask
 from channels.common.settings import (
     ChannelSection,
     Checks,
@@ -53,8 +62,10 @@ from channels.common.settings import (
     env_default_of,
     is_loopback_host,
     is_secret,
-    show_value,
     url_problem,
+)
+from channels.common.settings import (
+    got as got_from,
 )
 from channels.feishu.settings import FeishuConfig
 from channels.slack.settings import SlackConfig
@@ -199,9 +210,13 @@ class AppConfig(Section):
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> AppConfig:
         context = info.context if isinstance(info.context, dict) else {}
-        problems = _cross_check(self, context.get("missing_env") or {})
+        missing: Mapping[Loc, list[tuple[str, str]]] = context.get("missing_env") or {}
+        problems = _cross_check(self, missing, context.get("from_env") or {})
         if problems:
             raise ConfigError(problems)  # not a ValueError: pydantic lets it through unchanged
+        warnings = context.get("warnings")
+        if isinstance(warnings, list):
+            warnings.extend(_unset_warnings(self, missing, context.get("implicit_env") or set()))
         return self
 
     # ---- views ---------------------------------------------------------------------------------------
@@ -276,16 +291,17 @@ def _masked(model: BaseModel, secrets: list[str]) -> dict[str, Any]:
 
 def _scrub(text: str, secrets: list[str]) -> str:
     # A secret pasted into a non-secret key (a URL, the system prompt) must not leak either.
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
+    return mask(text, secrets)
 
 
 # ---- cross-field checks ----------------------------------------------------------------------------------
 
 
-def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -> list[str]:
-    checks = Checks((), missing)
+def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
+                 from_env: Mapping[Loc, list[str]] | None = None) -> list[str]:
+    """Every cross-field problem, with secret values and credential-shaped strings masked."""
+    from_env = from_env or {}
+    checks = Checks((), missing, from_env)
     add, require, url = checks.add, checks.require, checks.url
 
     if not cfg.bridge.data_dir.strip():
@@ -310,7 +326,7 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -
     if llm.model_path is not None and llm.provider != "local":
         add(("llm", "model_path"), f"only used with provider 'local' (provider is {llm.provider!r})")
 
-    web = Checks(("web",), missing)
+    web = Checks(("web",), missing, from_env)
     cfg.web.check(web)
     problems = [*checks.problems, *web.problems]
 
@@ -318,7 +334,7 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -
     for name, section in cfg.channels.sections().items():
         if not section.enabled:
             continue
-        channel = Checks(("channels", name), missing)
+        channel = Checks(("channels", name), missing, from_env)
         section.check(channel)
         if section.served_by_web() and not cfg.web.enabled:
             mode = getattr(section, "mode", "")
@@ -326,15 +342,16 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -
                                 "(enable [web] or use the other mode)")
         problems.extend(channel.problems)
 
-    rest = Checks((), missing)
-    _check_mcp_servers(cfg, missing, rest.add)
+    rest = Checks((), missing, from_env)
+    _check_mcp_servers(cfg, missing, from_env, rest.add)
     if not cfg.web.enabled and not cfg.enabled_channels():
         rest.add(("web", "enabled"), "nothing would run: the web chat and every channel are disabled")
-    return [*problems, *rest.problems]
+    secrets = cfg.secret_values()
+    return [mask(p, secrets) for p in [*problems, *rest.problems]]
 
 
 def _check_mcp_servers(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
-                       add: Callable[[Loc, str], None]) -> None:
+                       from_env: Mapping[Loc, list[str]], add: Callable[[Loc, str], None]) -> None:
     seen: dict[str, int] = {}
     for i, server in enumerate(cfg.agent.mcp_servers):
         at: Loc = ("agent", "mcp_servers", i)
@@ -352,7 +369,7 @@ def _check_mcp_servers(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str
         else:
             assert server.url is not None
             if (*at, "url") not in missing:
-                problem = url_problem(server.url)
+                problem = url_problem(server.url, from_env.get((*at, "url")))
                 if problem:
                     add((*at, "url"), problem)
             for key in ("args", "env"):
@@ -365,6 +382,28 @@ def _url_host(value: str) -> str | None:
         return urlsplit(value).hostname
     except ValueError:
         return None
+
+
+def _unset_warnings(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
+                    implicit: set[Loc]) -> list[str]:
+    """One line per ``${NAME}`` the operator wrote that is unset or empty where that is allowed (where it
+    is not, :func:`_cross_check` already made it an error). Fallbacks the operator did not write (a channel
+    token read from its conventional variable) are not mentioned."""
+    lines: list[str] = []
+    for loc, refs in missing.items():
+        if loc in implicit:
+            continue
+        unset = "; ".join(f"environment variable {name} is {state}" for name, state in refs)
+        if loc == ("llm", "api_key"):
+            if cfg.llm.provider == "local":
+                consequence = "the local provider uses no key"
+            else:
+                consequence = (f"no key is sent to {cfg.llm.effective_base_url} (fine only if that server "
+                               "takes requests without one)")
+        else:
+            consequence = "the value is empty"
+        lines.append(f"{dotted(loc)}: {unset}; {consequence}")
+    return lines
 
 
 # ---- loading -------------------------------------------------------------------------------------------
@@ -380,6 +419,8 @@ class _Resolver:
         self.env = env
         self.missing: MissingEnv = {}
         self.from_env: dict[Loc, list[str]] = {}
+        self.implicit: set[Loc] = set()
+        """Keys filled from their conventional variable because the operator left them out."""
 
     def resolve(self, value: Any, loc: Loc = ()) -> Any:
         if isinstance(value, str):
@@ -458,27 +499,36 @@ def _fill_env_defaults(data: dict[str, Any], resolver: _Resolver) -> None:
                 env_name = env_default_of(field)
                 if env_name is not None and key not in table:
                     table[key] = resolver.resolve(f"${{{env_name}}}", ("channels", channel, key))
+                    resolver.implicit.add(("channels", channel, key))
     llm = data.get("llm")
     if isinstance(llm, dict) and "api_key" not in llm and llm.get("provider") in LLM_KEY_ENV:
         llm["api_key"] = resolver.resolve(f"${{{LLM_KEY_ENV[llm['provider']]}}}", ("llm", "api_key"))
+        resolver.implicit.add(("llm", "api_key"))
 
 
-def load_config(path: str | Path | None, *, env: Mapping[str, str] | None = None) -> AppConfig:
-    """Load, resolve and validate the config at ``path`` (None: the embedded default)."""
+def load_config(path: str | Path | None, *, env: Mapping[str, str] | None = None,
+                warnings: list[str] | None = None) -> AppConfig:
+    """Load, resolve and validate the config at ``path`` (None: the embedded default). ``warnings``, if
+    given, receives one line per thing that may be wrong but does not stop the config from being used."""
     environ: Mapping[str, str] = os.environ if env is None else env
     source = None if path is None else str(path)
     raw: dict[str, Any] = {} if path is None else _read_toml(Path(path))
     resolver = _Resolver(environ)
     data = resolver.resolve(raw)
     _fill_env_defaults(data, resolver)
-    context = {"missing_env": resolver.missing}
+    context = {"missing_env": resolver.missing, "from_env": resolver.from_env, "implicit_env": resolver.implicit}
+    secrets = [value for loc, value in _leaves(data) if _secret_loc(loc)]
     try:
-        return AppConfig.model_validate(data, context=context)
+        found: list[str] = []
+        config = AppConfig.model_validate(data, context={**context, "warnings": found})
+        if warnings is not None:
+            warnings.extend(mask(w, secrets) for w in found)
+        return config
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        problems = [_describe(err, resolver) for err in errors]
+        problems = [mask(_describe(err, resolver), secrets) for err in errors]
     except ConfigError as exc:
-        raise ConfigError(exc.problems, source=source) from None
+        raise ConfigError([mask(p, secrets) for p in exc.problems], source=source) from None
     # Report the cross-field problems too, so one `check` lists everything: validate again with the
     # offending keys removed (they take their defaults) and keep what that second pass finds.
     for err in errors:
@@ -486,10 +536,22 @@ def load_config(path: str | Path | None, *, env: Mapping[str, str] | None = None
     try:
         AppConfig.model_validate(data, context=context)
     except ConfigError as exc:
-        problems.extend(exc.problems)
+        problems.extend(mask(p, secrets) for p in exc.problems)
     except ValidationError:
         pass
     raise ConfigError(list(dict.fromkeys(problems)), source=source)
+
+
+def _leaves(value: Any, loc: Loc = ()) -> Iterator[tuple[Loc, str]]:
+    """Every string in the raw config data with its path (to find the secret ones before validation)."""
+    if isinstance(value, str):
+        yield loc, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*loc, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _leaves(item, (*loc, i))
 
 
 def _prune(data: dict[str, Any], loc: Loc) -> None:
@@ -592,8 +654,6 @@ def _describe(err: Mapping[str, Any], resolver: _Resolver) -> str:
         return f"{path}: {unset} ({expected})"
     if _secret_loc(loc):
         got = ""  # never echo what might be a secret
-    elif loc in resolver.from_env:
-        got = " (got the value of " + ", ".join(f"${{{n}}}" for n in resolver.from_env[loc]) + ")"
     else:
-        got = f" (got {show_value(err.get('input'))})"
+        got = f" ({got_from(err.get('input'), resolver.from_env.get(loc))})"
     return f"{path}: {expected}{got}"

@@ -79,8 +79,8 @@ class SessionHost(ChannelHost, Protocol):
 
     async def create_session(self, key: str) -> SessionRecord: ...
 
-    async def rename(self, key: str, title: str) -> None:
-        """A user rename: always wins over the automatic title."""
+    async def rename(self, key: str, title: str) -> str:
+        """A user rename: always wins over the automatic title. Returns the title as stored."""
         ...
 
     async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]: ...
@@ -145,8 +145,8 @@ class CoreHost:
     async def create_session(self, key: str) -> SessionRecord:
         return await self._core.create_session(self._own(key))
 
-    async def rename(self, key: str, title: str) -> None:
-        await self._core.rename(self._own(key), title)
+    async def rename(self, key: str, title: str) -> str:
+        return await self._core.rename(self._own(key), title)
 
     async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
         return await self._core.history(self._own(key), limit=limit)

@@ -28,6 +28,7 @@ from core.session import SessionManager
 from core.settings import CoreSettings
 from core.store import SessionRecord, StaleStateError, Store
 from core.supervisor import TaskSupervisor
+from core.text import sound_text
 from core.title import TitleService
 from core.tools.base import ToolRegistry
 
@@ -139,9 +140,12 @@ class ChatCore:
     async def create_session(self, key: str) -> SessionRecord:
         return await self.store.get_or_create_session(key)
 
-    async def rename(self, key: str, title: str) -> None:
+    async def rename(self, key: str, title: str) -> str:
+        """A user's rename; returns the title as stored (made sound: ``core.text``)."""
+        title = sound_text(title)
         await self.store.rename(key, title)
         self.events.publish(SessionTitleChanged(key, title))
+        return title
 
     async def _new_context(self, key: str) -> None:
         await self.store.new_context(key)

@@ -478,3 +478,71 @@ env = { TOKEN = 12345678 }
     assert "agent.mcp_servers[1].startup_timeout_seconds: expected a value > 0 (got 0)" in found
     assert "agent.mcp_servers[1].env.TOKEN: expected a string" in found
     assert not any("12345678" in line for line in found)
+
+
+# ---- secrets in error messages, unset keys -------------------------------------------------------------
+
+PASTED = "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
+TG_TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+
+
+@pytest.mark.parametrize("text", [
+    f'[web]\nport = "{PASTED}"\n',
+    f'[llm]\nprovider = "{PASTED}"\n',
+    f'[llm]\nprovider = "openai"\nmodel = "m"\napi_key = "x"\nbase_url = "{PASTED}"\n',
+    f'[bridge]\nlog_level = "{PASTED}"\n',
+    f'[channels.telegram]\nenabled = true\ntoken = "{TG_TOKEN}"\napi_base = "{TG_TOKEN}"\n',
+    '[channels.feishu]\nenabled = true\napp_id = "a"\napp_secret = "plainsecret"\ndomain = "plainsecret"\n',
+    '[llm]\nprovider = "openai"\nmodel = "m"\napi_key = "x"\nbase_url = "${OPENAI_API_KEY}"\n',
+    '[[agent.mcp_servers]]\nname = "m"\nurl = "localhost/mcp?key=${MCP_KEY}"\n',
+])
+def test_a_secret_in_the_wrong_key_is_never_echoed(tmp_path: Path, text: str) -> None:
+    env = {"OPENAI_API_KEY": "env-key-value-000", "MCP_KEY": "mcp-key-value-111"}
+    found = problems(tmp_path, text, env=env)
+    assert found  # each is an error...
+    joined = "\n".join(found)
+    for secret in (PASTED, TG_TOKEN, "plainsecret", "env-key-value-000", "mcp-key-value-111", "AbCdEfGh"):
+        assert secret not in joined  # ...that does not repeat the secret
+
+
+def test_the_dump_masks_a_secret_pasted_into_a_free_text_key(tmp_path: Path) -> None:
+    text = f'[llm]\nprovider = "openai"\nmodel = "{PASTED}"\napi_key = "k"\n'
+    dump = load_config(write(tmp_path, text), env={}).masked_dump()
+    assert dump["llm"]["model"] == "***"
+    assert load_config(write(tmp_path, '[llm]\nmodel = "Qwen2.5-72B-Instruct"\n'), env={}).masked_dump()[
+        "llm"]["model"] == "Qwen2.5-72B-Instruct"  # an ordinary name stays readable
+
+
+@pytest.mark.parametrize(("llm", "expected"), [
+    ('provider = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:11434/v1"',
+     "llm.api_key: environment variable NOT_SET_VAR is not set; no key is sent to http://127.0.0.1:11434/v1 "
+     "(fine only if that server takes requests without one)"),
+    ('provider = "anthropic"\nmodel = "m"\nbase_url = "http://localhost:4000"',
+     "llm.api_key: environment variable NOT_SET_VAR is not set; no key is sent to http://localhost:4000 "
+     "(fine only if that server takes requests without one)"),
+    ('provider = "local"', "llm.api_key: environment variable NOT_SET_VAR is not set; the local provider uses no key"),
+])
+def test_an_unset_key_variable_that_is_not_required_is_a_warning(tmp_path: Path, llm: str, expected: str) -> None:
+    warnings: list[str] = []
+    load_config(write(tmp_path, f'[llm]\n{llm}\napi_key = "${{NOT_SET_VAR}}"\n'), env={}, warnings=warnings)
+    assert warnings == [expected]
+
+
+@pytest.mark.parametrize("llm", [
+    'provider = "openai"\nmodel = "m"',  # the official endpoint
+    'provider = "openai"\nmodel = "m"\nbase_url = "https://llm.example.com/v1"',
+    'provider = "openai"\nmodel = "m"\nbase_url = "http://10.1.2.3:8000/v1"',  # not this machine
+    'provider = "anthropic"\nmodel = "m"',
+])
+def test_an_unset_key_variable_is_an_error_where_the_provider_needs_a_key(tmp_path: Path, llm: str) -> None:
+    assert problems(tmp_path, f'[llm]\n{llm}\napi_key = "${{NOT_SET_VAR}}"\n') == [
+        "llm.api_key: environment variable NOT_SET_VAR is not set"]
+    assert problems(tmp_path, f'[llm]\n{llm}\napi_key = "${{EMPTY_VAR}}"\n', env={"EMPTY_VAR": ""}) == [
+        "llm.api_key: environment variable EMPTY_VAR is empty"]
+
+
+def test_no_warning_for_a_fallback_the_operator_did_not_write(tmp_path: Path) -> None:
+    warnings: list[str] = []
+    text = '[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "http://localhost:11434/v1"\n'
+    load_config(write(tmp_path, text), env={}, warnings=warnings)
+    assert warnings == []

@@ -28,6 +28,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
+from channels.common.masking import looks_secret
+
 Loc = tuple[str | int, ...]
 MissingEnv = Mapping[Loc, list[tuple[str, str]]]
 """Per config path: the environment variables it referenced that were unset or empty, with that state."""
@@ -123,9 +125,12 @@ def dotted(loc: Loc) -> str:
 
 
 def show_value(value: Any) -> str:
-    """A short rendering of an operator's value for an error line (never used for secrets)."""
+    """A short rendering of an operator's value for an error line (never used for secret keys; a value that
+    looks like a credential, pasted into the wrong key, is not shown either)."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, str) and looks_secret(value):
+        return "a value that looks like a secret, not shown"
     if isinstance(value, str):
         return repr(value if len(value) <= 60 else value[:57] + "...")
     if isinstance(value, dict):
@@ -135,13 +140,20 @@ def show_value(value: Any) -> str:
     return repr(value)
 
 
-def url_problem(value: str) -> str | None:
+def got(value: Any, env_names: list[str] | None = None) -> str:
+    """"got <value>" for an error line, or the variables it came from (never echo what they hold)."""
+    if env_names:
+        return "got the value of " + ", ".join(f"${{{n}}}" for n in env_names)
+    return f"got {show_value(value)}"
+
+
+def url_problem(value: str, env_names: list[str] | None = None) -> str | None:
     try:
         parts = urlsplit(value)
         ok = parts.scheme in ("http", "https") and bool(parts.hostname)
     except ValueError:
         ok = False
-    return None if ok else f"expected an http:// or https:// URL (got {show_value(value)})"
+    return None if ok else f"expected an http:// or https:// URL ({got(value, env_names)})"
 
 
 def is_loopback_host(host: str) -> bool:
@@ -162,9 +174,12 @@ class Checks:
     ``[channels.telegram]`` reports ``channels.telegram.token: ...``.
     """
 
-    def __init__(self, at: Loc, missing: MissingEnv | None = None) -> None:
+    def __init__(self, at: Loc, missing: MissingEnv | None = None,
+                 from_env: Mapping[Loc, list[str]] | None = None) -> None:
         self.at = at
         self.missing: MissingEnv = missing or {}
+        self.from_env: Mapping[Loc, list[str]] = from_env or {}
+        """Per config path: the environment variables its value came from (named instead of echoed)."""
         self.problems: list[str] = []
 
     def loc(self, key: str | Loc) -> Loc:
@@ -187,7 +202,7 @@ class Checks:
             self.add(key, f"required {why} (got empty)")
 
     def url(self, key: str | Loc, value: str) -> None:
-        problem = url_problem(value)
+        problem = url_problem(value, self.from_env.get(self.loc(key)))
         if problem:
             self.add(key, problem)
 

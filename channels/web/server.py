@@ -272,8 +272,8 @@ class WebServer:
         if not title or len(title) > MAX_TITLE:
             return _error(400, f"title must be 1 to {MAX_TITLE} characters")
         await self.host.create_session(session_key(sid))
-        await self.host.rename(session_key(sid), title)
-        return web.json_response({"id": sid, "title": title})
+        stored = await self.host.rename(session_key(sid), title)
+        return web.json_response({"id": sid, "title": stored})
 
     async def history(self, request: web.Request) -> web.StreamResponse:
         sid = self._session_id(request)
