@@ -125,8 +125,10 @@ class ChatCore:
         self.events.publish(TurnCommitted(key, result.history_revision, result.messages))
         return f"Compacted {len(messages)} messages into a summary; the conversation continues from it."
 
-    async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
-        return await self.store.history(key, limit=limit)
+    async def history(self, key: str, *, limit: int = 1000,
+                      before: str | None = None) -> tuple[int, list[ChatMessage]]:
+        """See ``Store.history`` (``before`` pages backwards; UnknownMessageError for a foreign id)."""
+        return await self.store.history(key, limit=limit, before=before)
 
     async def list_sessions(self, *, prefix: str | None = None) -> list[SessionRecord]:
         return await self.store.list_sessions(prefix=prefix)

@@ -180,6 +180,49 @@ async def test_after_a_crash_a_resyncing_client_finds_the_restart_notice_in_hist
         await chat.close()
 
 
+async def test_history_pages_backwards_with_before_and_limit(chat, http, fake_openai):
+    fake_openai.default = Text("answer")
+    sid = await new_session(http, chat.base_url)
+    sse = await open_stream(http, chat.base_url, sid)
+    await sse.next()
+    for i in range(6):
+        await say(http, chat.base_url, sid, f"question {i}")
+        await sse.until(terminal_turn)
+    base = f"{chat.base_url}/api/sessions/{sid}/history"
+
+    async with http.get(base) as resp:  # the default page holds all twelve
+        body = await resp.json()
+    assert body["history_revision"] == 6 and body["has_more"] is False
+    everything = body["messages"]
+    assert len(everything) == 12
+
+    pages, before = [], None
+    while True:
+        query = {"limit": "5", **({"before": before} if before else {})}
+        async with http.get(base, params=query) as resp:
+            assert resp.status == 200
+            body = await resp.json()
+        pages.insert(0, body["messages"])
+        if not body["has_more"]:
+            break
+        before = body["messages"][0]["id"]
+    assert [len(p) for p in pages] == [2, 5, 5]
+    assert [m["id"] for p in pages for m in p] == [m["id"] for m in everything]
+
+    other = await new_session(http, chat.base_url)
+    for query in ({"limit": "0"}, {"limit": "1001"}, {"limit": "ten"}, {"limit": "²"}, {"limit": "9" * 5000},
+                  {"before": "not an id!"}, {"before": "0" * 32}):
+        async with http.get(base, params=query) as resp:
+            assert resp.status == 400, query
+            assert "error" in await resp.json()
+    async with http.get(f"{chat.base_url}/api/sessions/{other}/history",
+                        params={"before": everything[3]["id"]}) as resp:
+        assert resp.status == 400  # a message of another conversation
+    async with http.get(base, params={"limit": "1000"}) as resp:
+        assert resp.status == 200
+    sse.resp.close()
+
+
 async def test_a_20000_character_reply_costs_less_than_four_times_its_length(chat, http, fake_openai):
     rng = random.Random(7)
     reply = "".join(rng.choice(string.ascii_letters + "  \n") for _ in range(20_000))
