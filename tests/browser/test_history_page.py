@@ -128,7 +128,8 @@ async def test_a_stream_the_browser_gave_up_on_is_reopened_and_history_refetched
 
     await page.route("**/api/sessions/*/stream", proxy_502_once)
     chat.runtime.channel.close_connections()  # the stream drops; the browser's reconnect gets the 502
-    await expect(page.locator("#status")).to_have_text("disconnected; retrying…")
+    # the browser retries after the stream's 2 s, gets the 502 and gives up; the page tries again 3 s later
+    await expect(page.locator("#status")).to_have_text("disconnected; retrying…", timeout=15_000)
     async with aiohttp.ClientSession() as http:  # meanwhile the conversation moves on elsewhere
         async with http.post(f"{chat.base_url}/api/sessions/{sid}/messages", json={"text": "from elsewhere"}) as r:
             assert r.status == 202

@@ -7,8 +7,10 @@
  * The libraries are files under /static/vendor (see the README there); the page uses no inline script,
  * no inline event handler and no eval, so it runs under a strict Content-Security-Policy.
  *
- * Streaming stays cheap: a finished code block is highlighted once (cached by its text), and a live reply
- * is re-rendered at most as often as its last render cost allows, so a long reply never freezes the page.
+ * Streaming stays cheap: text is rendered per top-level block and a block whose source did not change is
+ * neither rendered, sanitized, highlighted nor put into the page again; code is highlighted once per text;
+ * and a live reply is re-rendered at most as often as its last render cost allows, so a long reply never
+ * freezes the page.
  *
  * Exposes window.chatbridge = {renderMarkdown, HistoryMirror, app, ...} (the browser tests use them).
  * History rules (same as core/history_mirror.py): apply only the next revision, ignore duplicate message
@@ -74,12 +76,75 @@
     if (node.tagName === "A") { node.setAttribute("target", "_blank"); node.setAttribute("rel", "noopener noreferrer nofollow"); }
   });
 
-  /** Model Markdown → sanitized HTML (a string; see fillMarkdown for the element with copy buttons). */
-  function renderMarkdown(src) { return window.DOMPurify.sanitize(md.render(String(src)), PURIFY); }
+  // A reply is rendered per top-level block (paragraph, list, table, code block, ...). The whole text is
+  // parsed every time, so the structure is exactly that of one full render, but a block whose source did not
+  // change reuses its sanitized rendering (cloned), and an element keeps the nodes of its unchanged leading
+  // blocks: while a reply streams, only its last block is rendered, sanitized and put into the page again.
+  const BLOCK_CACHE_CHARS = 4000000;
+  const blockCache = new Map();  // key (block kind, references, source lines) → sanitized DocumentFragment
+  let blockCacheChars = 0;
+  const blockState = new WeakMap();  // element → [{key, nodes}] of the blocks it shows
 
+  function markdownBlocks(src) {
+    const text = String(src).replace(/\r\n?/g, "\n").replace(/\u0000/g, "\uFFFD"); // as markdown-it sees it
+    const env = {};
+    const tokens = md.parse(text, env);
+    const lines = text.split("\n");
+    const refs = env.references ? Object.keys(env.references).join("\u0001") : "";
+    const blocks = [];
+    for (let i = 0; i < tokens.length;) {
+      const start = i;
+      let depth = 0;
+      do { depth += tokens[i].nesting; i++; } while (depth > 0 && i < tokens.length);
+      const first = tokens[start];
+      const map = first.map || [0, 0];
+      const key = first.type + "\u0000" + refs + "\u0000" + lines.slice(map[0], map[1]).join("\n");
+      blocks.push({ key, tokens: tokens.slice(start, i), env });
+    }
+    return blocks;
+  }
+
+  function blockFragment(block) {
+    let frag = blockCache.get(block.key);
+    if (frag === undefined) {
+      const html = md.renderer.render(block.tokens, md.options, block.env);
+      frag = window.DOMPurify.sanitize(html, Object.assign({ RETURN_DOM_FRAGMENT: true }, PURIFY));
+      blockCache.set(block.key, frag);
+      blockCacheChars += block.key.length;
+      for (const k of blockCache.keys()) { // oldest first; a streamed block leaves many versions behind
+        if (blockCacheChars <= BLOCK_CACHE_CHARS) break;
+        blockCache.delete(k); blockCacheChars -= k.length;
+      }
+    }
+    return frag.cloneNode(true);
+  }
+
+  /** Model Markdown → sanitized HTML (a string; the page itself uses fillMarkdown). */
+  function renderMarkdown(src) {
+    const div = document.createElement("div");
+    for (const block of markdownBlocks(src)) div.appendChild(blockFragment(block));
+    return div.innerHTML;
+  }
+
+  /** Show Markdown `src` in `el`, keeping the nodes of the blocks `el` already shows unchanged. */
   function fillMarkdown(el, src) {
-    el.innerHTML = renderMarkdown(src);
-    for (const pre of el.querySelectorAll("pre")) {
+    const blocks = markdownBlocks(src);
+    const shown = blockState.get(el) || [];
+    let same = 0;
+    while (same < shown.length && same < blocks.length && shown[same].key === blocks[same].key) same++;
+    for (const old of shown.slice(same)) for (const n of old.nodes) n.remove();
+    const kept = shown.slice(0, same);
+    for (const block of blocks.slice(same)) {
+      const frag = blockFragment(block);
+      addCopyButtons(frag);
+      kept.push({ key: block.key, nodes: Array.from(frag.childNodes) });
+      el.appendChild(frag);
+    }
+    blockState.set(el, kept);
+  }
+
+  function addCopyButtons(root) {
+    for (const pre of root.querySelectorAll("pre")) {
       const code = pre.querySelector("code");
       if (!code) continue;
       const box = document.createElement("div");
@@ -168,6 +233,7 @@
     feed: null,
     loadingOlder: false,   // an older history page is on its way
     rendered: new Map(),   // message key → its element (stored messages never change: rendered once)
+    liveView: null,        // {turnId, div, body, extra}: the element of the live reply
     stats: Object.assign(stats, { fullFetches: 0, olderPages: 0,
                                   deltas: { applied: 0, duplicate: 0, needs_full_fetch: 0, marked_unread: 0 } }),
   };
@@ -470,7 +536,9 @@
     for (const [cid, text] of app.pending) {
       const d = document.createElement("div"); d.className = "msg user pending"; d.dataset.clientId = cid; d.textContent = text; frag.appendChild(d);
     }
-    const liveBox = document.createElement("div"); liveBox.id = "live"; frag.appendChild(liveBox);
+    let liveBox = $("live"); // kept (with the live reply in it) across rebuilds
+    if (!liveBox) { liveBox = document.createElement("div"); liveBox.id = "live"; }
+    frag.appendChild(liveBox);
     box.replaceChildren(frag);
     renderTop();
     renderSessions();
@@ -492,32 +560,43 @@
     liveTimer = setTimeout(() => { liveTimer = null; renderLive(); }, wait);
   }
 
+  // The live reply keeps one element per turn: its text is updated block by block (fillMarkdown), its tool
+  // lines, approvals and error are rebuilt (they are short).
   function renderLive() {
     if (liveTimer !== null) { clearTimeout(liveTimer); liveTimer = null; }
     const started = performance.now();
     const stick = nearBottom();
     const holder = $("live");
     if (!holder) return;
-    holder.textContent = "";
     const live = app.live;
     const running = !!(live && live.state === "running");
     $("stop").hidden = !running;
-    if (live && !live.committed) {
-      const div = document.createElement("div");
-      div.className = "msg assistant live" + (running ? " typing" : "");
-      div.dataset.turn = live.turn_id;
-      const body = document.createElement("div");
-      body.className = "body";
-      fillMarkdown(body, live.text);
-      div.appendChild(body);
+    if (!live || live.committed) {
+      holder.textContent = "";
+      app.liveView = null;
+    } else {
+      let view = app.liveView;
+      if (!view || view.turnId !== live.turn_id || !holder.contains(view.div)) {
+        const div = document.createElement("div");
+        const body = document.createElement("div");
+        body.className = "body";
+        const extra = document.createElement("div");
+        div.append(body, extra);
+        view = app.liveView = { turnId: live.turn_id, div, body, extra };
+        holder.replaceChildren(div);
+      }
+      view.div.className = "msg assistant live" + (running ? " typing" : "");
+      view.div.dataset.turn = live.turn_id;
+      fillMarkdown(view.body, live.text);
+      const parts = [];
       if (live.tools && live.tools.length) {
         const ul = document.createElement("ul"); ul.className = "tools";
         for (const t of live.tools) { const li = document.createElement("li"); li.className = t.status; li.textContent = t.name + " — " + t.status.replace("_", " ") + (t.summary ? ": " + t.summary : ""); ul.appendChild(li); }
-        div.appendChild(ul);
+        parts.push(ul);
       }
-      for (const a of (running && live.approvals) || []) div.appendChild(approvalEl(a));
-      if (live.error) { const e = document.createElement("div"); e.className = "turn-error"; e.textContent = live.error; div.appendChild(e); }
-      holder.appendChild(div);
+      for (const a of (running && live.approvals) || []) parts.push(approvalEl(a));
+      if (live.error) { const e = document.createElement("div"); e.className = "turn-error"; e.textContent = live.error; parts.push(e); }
+      view.extra.replaceChildren(...parts);
     }
     scrollDown(stick);
     liveDoneAt = performance.now();
