@@ -4,6 +4,7 @@ Screenshots go to test-artifacts/."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -190,3 +191,47 @@ async def test_a_streamed_reply_highlights_each_finished_code_block_once(browser
     # events that re-rendered the reply, nor when the committed reply replaced the live one
     assert [calls.count(body) for body in bodies] == [1, 1, 1]
     assert renders > 3
+
+
+TRICKY = """Intro with a [reference][r] that is defined at the end.
+
+1. loose item
+
+2. second loose item
+
+Heading by underline
+--------------------
+
+| a | b |
+|---|---|
+| 1 | 2 |
+| 3 | 4 |
+
+> quoted
+lazy continuation
+
+```
+unclosed until the very end
+[r]: https://example.org/ref
+"""
+
+
+async def test_the_live_reply_rendered_block_by_block_equals_a_full_render(browser, chat, fake_openai):
+    from playwright.async_api import expect
+
+    text = TRICKY + "```\n\n[r]: https://example.org/ref\n\ntail"
+    hold = asyncio.Event()
+    fake_openai.script(Text(text, chunk_size=3, delay=0.002, hold=hold, hold_after=len(text) - 1))
+    page = await open_page(browser, chat.base_url + "/")
+    await send(page, "tricky")
+    live = page.locator("#live .msg.assistant.live")
+    await expect(live).to_contain_text("tai")
+    compared = await page.evaluate("""() => {
+        const body = document.querySelector('#live .body').cloneNode(true);
+        for (const box of body.querySelectorAll('.code')) box.replaceWith(box.querySelector('pre'));
+        return [body.innerHTML, window.chatbridge.renderMarkdown(window.chatbridge.app.live.text)];
+    }""")
+    assert compared[0] == compared[1]
+    assert 'href="https://example.org/ref"' in compared[0]  # the late definition reached the earlier block
+    hold.set()
+    await expect(page.locator("#messages .msg.assistant:not(.live)")).to_have_count(1)
