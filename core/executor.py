@@ -3,7 +3,8 @@
 1. persist the user message (source: channel, sender, received_at, reply_to)
 2. TurnInputBuilder.prepare (system prompt + context + runtime context, once)
 3. TurnRunner (model ⟂ cancel; at most one overflow recovery)
-4. TurnCommitter (generation/state_version check, atomic persistence, then the terminal snapshot)
+4. TurnCommitter (generation/state_version check, atomic persistence — a turn without an answer keeps
+   its terminal notice in history — then the terminal snapshot)
 5. DeliveryHandle.wait → plain fallback at most once
 6. TitleService.schedule (background)
 """
@@ -109,7 +110,7 @@ class ConversationExecutor:
             context.committed(committed.result)
         else:
             context.clear()
-        terminal = self._finish(controller, outcome)
+        terminal = self._finish(controller, outcome, committed.notice)
         if committed.result is None:  # the commit did not close the turn record
             await self._record_turn_end(turn_id, terminal)
 
@@ -132,12 +133,12 @@ class ConversationExecutor:
             log.warning("live delivery unavailable for %s, replying plainly: %s", target.session_key, exc)
             return None
 
-    def _finish(self, controller: TurnController, outcome: TurnRunOutcome) -> TurnSnapshot:
+    @staticmethod
+    def _finish(controller: TurnController, outcome: TurnRunOutcome, notice: str | None) -> TurnSnapshot:
+        """The terminal snapshot; its error is the notice the commit persisted (one text, live and in history)."""
         if isinstance(outcome, Completed):
             return controller.finish("completed", text=outcome.text)
-        if isinstance(outcome, Failed):
-            return controller.finish("failed", error=self._presenter.failure(outcome.failure))
-        return controller.finish("cancelled", error=self._presenter.cancelled(""))
+        return controller.finish("failed" if isinstance(outcome, Failed) else "cancelled", error=notice)
 
     async def _deliver_terminal(self, target: TurnTarget, handle: DeliveryHandle | None,
                                 outcome: TurnRunOutcome, terminal: TurnSnapshot) -> None:

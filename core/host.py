@@ -83,7 +83,11 @@ class SessionHost(ChannelHost, Protocol):
         """A user rename: always wins over the automatic title. Returns the title as stored."""
         ...
 
-    async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]: ...
+    async def history(self, key: str, *, limit: int = 1000,
+                      before: str | None = None) -> tuple[int, list[ChatMessage]]:
+        """(history_revision, the newest ``limit`` messages, or those just older than message ``before``);
+        ``core.store.UnknownMessageError`` when ``before`` is not a message of ``key``."""
+        ...
 
     async def stop(self, key: str) -> bool:
         """Stop the running turn of ``key`` (False when none runs)."""
@@ -148,8 +152,9 @@ class CoreHost:
     async def rename(self, key: str, title: str) -> str:
         return await self._core.rename(self._own(key), title)
 
-    async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
-        return await self._core.history(self._own(key), limit=limit)
+    async def history(self, key: str, *, limit: int = 1000,
+                      before: str | None = None) -> tuple[int, list[ChatMessage]]:
+        return await self._core.history(self._own(key), limit=limit, before=before)
 
     async def stop(self, key: str) -> bool:
         return await self._core.stop(self._own(key))

@@ -54,11 +54,12 @@ class ChatCore:
         builder = TurnInputBuilder(store, s)
         self._builder = builder
         self._compactor = Compactor(provider, builder, s)
+        self._committer = TurnCommitter(store, self.events, self.presenter)
         self.executor = ConversationExecutor(
             store=store, builder=builder,
             runner=TurnRunner(provider, builder, store, self.supervisor, s, tools=self.tools,
                               broker=self.approvals, compactor=self._compactor),
-            committer=TurnCommitter(store, self.events),
+            committer=self._committer,
             delivery=TurnDeliveryService(self.channels, self.supervisor, s),
             plain=self._plain, presenter=self.presenter,
             titles=TitleService(store, provider, self.supervisor, self.events, s),
@@ -78,16 +79,20 @@ class ChatCore:
         return CoreHost(self, channel)
 
     async def start(self) -> None:
-        """Open the store and close turns a previous process left running (their chat is told once)."""
+        """Open the store and close turns a previous process left running: each one's notice goes into its
+        session's history (a page that reconnects after the restart finds it there), then its chat is told
+        once."""
         await self.store.open()
         self._started = True
         for turn in await self.store.close_interrupted_turns():
+            notice = self.presenter.interrupted_by_restart()
+            await self._committer.commit_notice(turn.session_key, turn.turn_id, notice)
             try:
                 target = TurnTarget.model_validate_json(turn.target_json)
             except ValueError:
                 log.warning("interrupted turn %s has an unreadable target", turn.turn_id)
                 continue
-            await self._plain.send(target, self.presenter.interrupted_by_restart())
+            await self._plain.send(target, notice)
 
     async def submit(self, envelope: InboundEnvelope) -> SubmitResult:
         """Hand one inbound message to core. Raises RouterClosedError while shutting down."""
@@ -131,8 +136,10 @@ class ChatCore:
         self.events.publish(TurnCommitted(key, result.history_revision, result.messages))
         return f"Compacted {len(messages)} messages into a summary; the conversation continues from it."
 
-    async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
-        return await self.store.history(key, limit=limit)
+    async def history(self, key: str, *, limit: int = 1000,
+                      before: str | None = None) -> tuple[int, list[ChatMessage]]:
+        """See ``Store.history`` (``before`` pages backwards; UnknownMessageError for a foreign id)."""
+        return await self.store.history(key, limit=limit, before=before)
 
     async def list_sessions(self, *, prefix: str | None = None) -> list[SessionRecord]:
         return await self.store.list_sessions(prefix=prefix)

@@ -26,6 +26,11 @@ class StaleStateError(StoreError):
     """A conditional write found the session moved on (generation or state_version changed)."""
 
 
+class UnknownMessageError(LookupError):
+    """A history page was asked for relative to a message id that is not in that session (bad input, not a
+    storage failure)."""
+
+
 class SessionRecord(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -129,8 +134,12 @@ class Store(Protocol):
         """
         ...
 
-    async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
-        """(history_revision, the newest ``limit`` messages in seq order), consistent with each other."""
+    async def history(self, key: str, *, limit: int = 1000,
+                      before: str | None = None) -> tuple[int, list[ChatMessage]]:
+        """(history_revision, the newest ``limit`` messages in seq order), consistent with each other.
+
+        ``before`` (a message id of this session) pages backwards: the newest ``limit`` messages older than
+        that one. Raises UnknownMessageError when the session has no such message."""
         ...
 
     async def context_messages(self, key: str, *, limit: int) -> tuple[int, list[ChatMessage]]:

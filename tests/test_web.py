@@ -11,7 +11,7 @@ import pytest
 
 from channels.web.sse import StreamHub
 from tests.browser.server import open_stream, seq_of, start_web_chat
-from tests.fakes.openai_server import Text
+from tests.fakes.openai_server import HttpError, Text
 
 
 @pytest.fixture
@@ -160,6 +160,93 @@ async def test_wrong_epoch_or_evicted_id_gets_resync_required_then_task_state(tm
         assert hub is not None and hub.buffered <= 4
     finally:
         await chat.close()
+
+
+async def test_a_failed_turns_notice_is_in_its_delta_and_in_history(chat, http, fake_openai):
+    fake_openai.script(HttpError.auth())
+    sid = await new_session(http, chat.base_url)
+    sse = await open_stream(http, chat.base_url, sid)
+    await sse.next()
+    await say(http, chat.base_url, sid, "hi")
+    committed = await sse.until(lambda e: e.name == "turn_committed")
+    end = await sse.until(terminal_turn)
+    assert end.data["state"] == "failed"
+    assert [(m["role"], m["kind"], m["content"]) for m in committed.data["messages"]] == [
+        ("user", "user_input", "hi"), ("assistant", "notice", end.data["error"])]
+    async with http.get(f"{chat.base_url}/api/sessions/{sid}/history") as resp:
+        body = await resp.json()
+    assert body["history_revision"] == committed.data["history_revision"] == 1
+    assert [m["id"] for m in body["messages"]] == [m["id"] for m in committed.data["messages"]]
+    sse.resp.close()
+
+
+async def test_after_a_crash_a_resyncing_client_finds_the_restart_notice_in_history(tmp_path, fake_openai, http):
+    from core.messages import MessageSource, NewMessage
+    from core.sqlite_store import SqliteStore
+
+    store = SqliteStore(tmp_path / "chat.db")  # what the killed process left: a message and its running turn
+    await store.open()
+    target = '{"channel":"web","chat_id":"s1","session_key":"web:s1","channel_context":{"data":{}}}'
+    await store.append_message("web:s1", NewMessage(role="user", content="tell me", source=MessageSource(
+        kind="user_input", from_channel="web", turn_id="t1")), begin_turn=("t1", target))
+    await store.close()
+
+    chat = await start_web_chat(tmp_path, fake_openai)
+    try:
+        sse = await open_stream(http, chat.base_url, "s1", last_event_id="0a1b2c3dx1-17")  # the old process's id
+        assert [(await sse.next()).name for _ in range(2)] == ["resync_required", "task_state"]
+        assert sse.events[1].data["turn"] is None
+        async with http.get(f"{chat.base_url}/api/sessions/s1/history") as resp:
+            body = await resp.json()
+        assert body["history_revision"] == 1
+        assert [(m["kind"], m["content"]) for m in body["messages"]] == [
+            ("user_input", "tell me"), ("notice", chat.core.presenter.interrupted_by_restart())]
+        sse.resp.close()
+    finally:
+        await chat.close()
+
+
+async def test_history_pages_backwards_with_before_and_limit(chat, http, fake_openai):
+    fake_openai.default = Text("answer")
+    sid = await new_session(http, chat.base_url)
+    sse = await open_stream(http, chat.base_url, sid)
+    await sse.next()
+    for i in range(6):
+        await say(http, chat.base_url, sid, f"question {i}")
+        await sse.until(terminal_turn)
+    base = f"{chat.base_url}/api/sessions/{sid}/history"
+
+    async with http.get(base) as resp:  # the default page holds all twelve
+        body = await resp.json()
+    assert body["history_revision"] == 6 and body["has_more"] is False
+    everything = body["messages"]
+    assert len(everything) == 12
+
+    pages, before = [], None
+    while True:
+        query = {"limit": "5", **({"before": before} if before else {})}
+        async with http.get(base, params=query) as resp:
+            assert resp.status == 200
+            body = await resp.json()
+        pages.insert(0, body["messages"])
+        if not body["has_more"]:
+            break
+        before = body["messages"][0]["id"]
+    assert [len(p) for p in pages] == [2, 5, 5]
+    assert [m["id"] for p in pages for m in p] == [m["id"] for m in everything]
+
+    other = await new_session(http, chat.base_url)
+    for query in ({"limit": "0"}, {"limit": "1001"}, {"limit": "ten"}, {"limit": "²"}, {"limit": "9" * 5000},
+                  {"before": "not an id!"}, {"before": "0" * 32}):
+        async with http.get(base, params=query) as resp:
+            assert resp.status == 400, query
+            assert "error" in await resp.json()
+    async with http.get(f"{chat.base_url}/api/sessions/{other}/history",
+                        params={"before": everything[3]["id"]}) as resp:
+        assert resp.status == 400  # a message of another conversation
+    async with http.get(base, params={"limit": "1000"}) as resp:
+        assert resp.status == 200
+    sse.resp.close()
 
 
 async def test_a_20000_character_reply_costs_less_than_four_times_its_length(chat, http, fake_openai):

@@ -37,6 +37,7 @@ from channels.web.guard import RequestGuard, add_security_headers, is_chat_path
 from channels.web.sse import HEARTBEAT, Subscriber, encode_event
 from core.envelope import InboundEnvelope
 from core.host import SessionHost, ShuttingDownError
+from core.store import UnknownMessageError
 
 if TYPE_CHECKING:
     from channels.web.channel import WebChannel
@@ -49,6 +50,9 @@ SENDER = "web-user"
 MAX_TEXT = 32_000
 MAX_TITLE = 200
 MAX_CALL_ID = 256
+HISTORY_PAGE = 200
+"""Messages per history page unless ``limit`` says otherwise; ``HISTORY_MAX`` bounds ``limit``."""
+HISTORY_MAX = 1000
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 HEARTBEAT_SECONDS = 15.0
 """A comment line on every idle SSE connection this often keeps proxies from closing it."""
@@ -276,9 +280,23 @@ class WebServer:
         return web.json_response({"id": sid, "title": stored})
 
     async def history(self, request: web.Request) -> web.StreamResponse:
+        """The newest ``limit`` messages, or with ``before=<message id>`` the ones older than that message;
+        ``has_more`` tells whether older ones remain (the page loads them when scrolled to the top)."""
         sid = self._session_id(request)
-        revision, messages = await self.host.history(session_key(sid))
-        return web.json_response({"history_revision": revision, "messages": [m.history_view() for m in messages]})
+        raw_limit = request.query.get("limit", str(HISTORY_PAGE))
+        if not (raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 6
+                and 1 <= int(raw_limit) <= HISTORY_MAX):
+            return _error(400, f"'limit' must be a whole number from 1 to {HISTORY_MAX}")
+        limit = int(raw_limit)
+        before = request.query.get("before")
+        if before is not None and not _ID.match(before):
+            return _error(400, "'before' must be a message id")
+        try:  # one more than asked: whether older messages remain, without a second query
+            revision, messages = await self.host.history(session_key(sid), limit=limit + 1, before=before)
+        except UnknownMessageError:
+            return _error(400, "'before' is not a message of this conversation")
+        return web.json_response({"history_revision": revision, "has_more": len(messages) > limit,
+                                  "messages": [m.history_view() for m in messages[-limit:]]})
 
     @staticmethod
     def _text_field(body: dict[str, Any], name: str) -> str:
