@@ -1,0 +1,1 @@
+"""The Slack channel (slack-bolt, async): rendering, inbound normalisation and approval blocks."""
