@@ -374,6 +374,43 @@ async def test_bolt_socket_mode_handler_receives_and_acks(fake_slack: FakeSlack)
         await handler.close_async()
 
 
+async def test_bolt_over_socket_mode_acks_actions_and_commands_with_payloads(fake_slack: FakeSlack) -> None:
+    app = AsyncApp(client=web_client(fake_slack))
+    decided: list[tuple[str, str]] = []
+
+    @app.action("approve")
+    async def on_approve(ack: Any, body: dict[str, Any], respond: Any) -> None:
+        await ack()
+        decided.append((body["user"]["id"], body["actions"][0]["value"]))
+        await respond(text="Only the person who asked can decide.", response_type="ephemeral",
+                      replace_original=False)
+
+    @app.command("/stop")
+    async def on_stop(ack: Any, command: dict[str, Any]) -> None:
+        await ack(text=f"Stopping ({command['user_id']})")
+
+    handler = AsyncSocketModeHandler(app, fake_slack.app_token, ping_interval=0.2)
+    await handler.connect_async()
+    try:
+        posted = await web_client(fake_slack).chat_postMessage(channel="C0GENERAL", text="Approve?", blocks=[
+            {"type": "actions", "block_id": "ap", "elements": [
+                {"type": "button", "action_id": "approve", "value": "ref-9",
+                 "text": {"type": "plain_text", "text": "Allow"}}]}])
+        press = fake_slack.press(fake_slack.message("C0GENERAL", posted["ts"]), "Allow", user="U0BOB")
+        env = await fake_slack.socket.deliver(press, "interactive")
+        await fake_slack.socket.wait_acked(env)
+        await wait_until(lambda: bool(fake_slack.responses))
+        assert decided == [("U0BOB", "ref-9")]
+        assert fake_slack.responses[0]["text"] == "Only the person who asked can decide."
+        assert fake_slack.responses[0]["response_type"] == "ephemeral"
+
+        command = await fake_slack.socket.deliver(fake_slack.slash_command("/stop"), "slash_commands")
+        ack = await fake_slack.socket.wait_acked(command)
+        assert ack.payload == {"text": "Stopping (U0ALICE)"}
+    finally:
+        await handler.close_async()
+
+
 # ---- HTTP mode (signed requests into bolt's aiohttp adapter) -------------------------------------------------
 
 
