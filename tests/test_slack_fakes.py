@@ -243,6 +243,25 @@ async def test_switchable_per_channel_rate_rule() -> None:
         assert slack.message("D0ALICE", ts).text == "2"
 
 
+async def test_published_tiers_limit_the_whole_workspace() -> None:
+    clock = FakeClock()
+    async with FakeSlack(clock=clock) as slack:
+        slack.enforce_tiers()
+        client = web_client(slack)
+        posted = []
+        for channel in ("D0ALICE", "D0BOB"):
+            posted.append((channel, (await client.chat_postMessage(channel=channel, text="x"))["ts"]))
+        second = await api_error(client.chat_postMessage(channel="D0ALICE", text="again"))
+        assert second.response.status_code == 429  # one post per second per channel
+        for i in range(50):  # Tier 3: 50 per minute, counted across channels
+            channel, ts = posted[i % 2]
+            await client.chat_update(channel=channel, ts=ts, text=str(i))
+        over = await api_error(client.chat_update(channel="D0BOB", ts=posted[1][1], text="51"))
+        assert over.response.status_code == 429 and over.response.headers["Retry-After"] == "30"
+        clock.t += 60
+        await client.chat_update(channel="D0BOB", ts=posted[1][1], text="51")
+
+
 async def test_server_errors_hangs_and_lost_responses(fake_slack: FakeSlack) -> None:
     client = web_client(fake_slack, timeout=0.3)
     fake_slack.fail("chat.postMessage", status=503, body="<html>Service Unavailable</html>")

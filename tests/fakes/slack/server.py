@@ -27,7 +27,8 @@ What it checks like Slack does (figures from Slack's method reference):
 It keeps what every channel shows (``Message`` by ts: text, blocks, thread, reactions, edit history, stream
 state), ephemeral messages, posts to ``response_url``, assistant statuses, and every call (``calls``).
 Faults are injected per method (``fail``: any error code or HTTP status, the nth call, a predicate, a hang,
-a dropped connection, or "carry it out, then fail"); rate limits are switchable per method (``rate_limit``).
+a dropped connection, or "carry it out, then fail"); rate limits are switchable per method (``rate_limit``),
+or all at once at Slack's published tier floors (``enforce_tiers``).
 The clock is injectable (``clock``) so stream expiry and rate windows run on test time.
 
 The Socket Mode websocket (``socket``) and the event builders live beside this module.
@@ -55,14 +56,17 @@ UPDATE_TEXT_LIMIT = 4000
 POST_TEXT_LIMIT = 40000
 """chat.postMessage / postEphemeral: longer text is truncated with a ``message_truncated`` warning."""
 
-TIERS: dict[str, str] = {
-    # Slack's published tiers (per method, per workspace); "special" = chat.postMessage's ~1/s per channel.
-    "auth.test": "special", "apps.connections.open": "tier1", "chat.postMessage": "special",
-    "chat.update": "tier3", "chat.delete": "tier3", "chat.postEphemeral": "tier4",
-    "chat.startStream": "tier2", "chat.appendStream": "tier4", "chat.stopStream": "tier2",
-    "reactions.add": "tier3", "reactions.remove": "tier2", "assistant.threads.setStatus": "tier3",
-    "conversations.replies": "tier3", "users.info": "tier4",
+TIERS: dict[str, int | None] = {
+    # Slack's published tier per method (per workspace and app); None = special rules (see SPECIAL_PER_CHANNEL)
+    "auth.test": None, "apps.connections.open": 1, "chat.postMessage": None, "chat.update": 3, "chat.delete": 3,
+    "chat.postEphemeral": 4, "chat.startStream": 2, "chat.appendStream": 4, "chat.stopStream": 2,
+    "reactions.add": 3, "reactions.remove": 2, "assistant.threads.setStatus": 3, "conversations.replies": 3,
+    "users.info": 4,
 }
+PER_MINUTE = {1: 1, 2: 20, 3: 50, 4: 100}
+"""The floor of each tier ("Tier 3: 50+ per minute")."""
+SPECIAL_PER_CHANNEL = {"chat.postMessage": 1}
+"""chat.postMessage: about one message per second per channel."""
 
 _JSON_FIELDS = {"blocks", "attachments", "metadata", "chunks", "loading_messages"}
 _APP_TOKEN_METHODS = {"apps.connections.open"}
@@ -289,6 +293,16 @@ class FakeSlack(UserActions):
         rule = RateRule(method, per, limit, window, retry_after)
         self.rate_rules.append(rule)
         return rule
+
+    def enforce_tiers(self, retry_after: int = 30) -> None:
+        """Answer 429 as Slack's published limits would: each tiered method's per-minute floor for the whole
+        workspace, and chat.postMessage's one per second per channel (on ``clock``)."""
+        for method, tier in TIERS.items():
+            if tier is not None:
+                self.rate_limit(method, per="workspace", limit=PER_MINUTE[tier], window=60.0,
+                                retry_after=retry_after)
+        for method, per_second in SPECIAL_PER_CHANNEL.items():
+            self.rate_limit(method, per="channel", limit=per_second, window=1.0, retry_after=1)
 
     def next_ts(self) -> str:
         return f"{self._ts_base}.{next(self._ts_seq):06d}"
