@@ -58,3 +58,12 @@ async def fake_anthropic() -> AsyncIterator[FakeAnthropic]:
     """A started fake Anthropic Messages API on 127.0.0.1; ``base_url`` has no ``/v1`` (the SDK adds it)."""
     async with FakeAnthropic() as fake:
         yield fake
+
+from tests.fakes.slack import FakeSlack  # noqa: E402
+
+
+@pytest.fixture
+async def fake_slack() -> AsyncIterator[FakeSlack]:
+    """A started fake Slack (Web API + Socket Mode) on 127.0.0.1; ``base_url`` is what AsyncWebClient takes."""
+    async with FakeSlack() as fake:
+        yield fake
