@@ -147,24 +147,24 @@ class FakeLongConnection:
             return [a for a in self.acks if a.message_id == message_id]
 
     async def wait_ack(self, message_id: str, *, count: int = 1, timeout: float = 5.0) -> Ack:
-        await self._wait(lambda: len(self.acks_for(message_id)) >= count, timeout, f"ack for {message_id}")
+        await self.wait_for(lambda: len(self.acks_for(message_id)) >= count, timeout, f"ack for {message_id}")
         return self.acks_for(message_id)[count - 1]
 
     async def wait_connected(self, count: int = 1, *, opened: int | None = None, timeout: float = 5.0) -> None:
         """Wait for ``count`` open connections (and, with ``opened``, that many ever opened)."""
         def ready() -> bool:
             return self.connected >= count and (opened is None or self.connections_opened >= opened)
-        await self._wait(ready, timeout, f"{count} connection(s)")
+        await self.wait_for(ready, timeout, f"{count} connection(s)")
 
     async def wait_pings(self, count: int, *, timeout: float = 5.0) -> None:
-        await self._wait(lambda: self.pings >= count, timeout, f"{count} ping(s)")
+        await self.wait_for(lambda: self.pings >= count, timeout, f"{count} ping(s)")
 
     def disconnect(self) -> None:
         """Close every connection from the server side (a deploy, a network cut): the client reconnects."""
         self._server.call(self._close_all)
 
     @staticmethod
-    async def _wait(cond: Any, timeout: float, what: str) -> None:
+    async def wait_for(cond: Any, timeout: float = 5.0, what: str = "a condition") -> None:
         deadline = time.monotonic() + timeout
         while not cond():
             if time.monotonic() > deadline:
