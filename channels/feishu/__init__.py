@@ -1,0 +1,1 @@
+"""Feishu/Lark channel (lark-oapi)."""
