@@ -37,6 +37,7 @@ import asyncio
 import copy
 import itertools
 import json
+import re
 import secrets
 import threading
 import time
@@ -56,6 +57,8 @@ CARD_ELEMENT_LIMIT = 200
 CONTENT_CHARS_LIMIT = 100_000
 """Characters of one element content (streaming text) update."""
 MAX_EDITS = 20
+ELEMENT_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,19}")
+"""Feishu's rule for element_id: letters, digits, underscore; a letter first; at most 20 characters."""
 UUID_WINDOW = 3600.0
 """Seconds during which a message uuid is remembered (Feishu: at most one message per uuid within an hour)."""
 
@@ -575,6 +578,8 @@ class FakeFeishu:
             raise ApiError(300305, "The number of card components exceeds 200")
         body = card.get("body") if isinstance(card.get("body"), dict) else {}
         ids = [e["element_id"] for e in walk_elements(body.get("elements") or []) if "element_id" in e]
+        if not all(isinstance(i, str) and ELEMENT_ID.fullmatch(i) for i in ids):
+            raise ApiError(10002, "Your request contains an invalid request parameter.")
         if len(ids) != len(set(ids)):
             raise ApiError(300301, "Duplicate element_id in card component.")
         if card.get("config", {}).get("update_multi") is False:
