@@ -177,6 +177,20 @@ async def test_a_streaming_card_sent_by_id_shows_its_latest_content_and_sequence
     assert fake.cards[card_id].sequences == [1, 2, 3]
 
 
+async def test_streaming_mode_closes_by_itself_after_ten_minutes(fake):
+    now = [5000.0]
+    fake.clock = lambda: now[0]
+    client = sdk(fake)
+    card_id = await create_card(client, streaming_card())
+    assert (await client.cardkit.v1.card_element.acontent(content(card_id, "a", 1))).code == 0
+    now[0] += 600
+    late = await client.cardkit.v1.card_element.acontent(content(card_id, "ab", 2))
+    assert late.code == 200850 and not fake.cards[card_id].streaming
+    reopened = await client.cardkit.v1.card.asettings(settings(card_id, {"streaming_mode": True}, 3))
+    assert reopened.code == 0
+    assert (await client.cardkit.v1.card_element.acontent(content(card_id, "ab", 4))).code == 0
+
+
 async def test_a_repeated_cardkit_uuid_is_applied_once(fake):
     client = sdk(fake)
     card_id = await create_card(client, streaming_card())

@@ -59,6 +59,8 @@ CONTENT_CHARS_LIMIT = 100_000
 MAX_EDITS = 20
 ELEMENT_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,19}")
 """Feishu's rule for element_id: letters, digits, underscore; a letter first; at most 20 characters."""
+STREAMING_TIMEOUT = 600.0
+"""Seconds after which Feishu closes a card's streaming_mode by itself (then content updates get 200850)."""
 UUID_WINDOW = 3600.0
 """Seconds during which a message uuid is remembered (Feishu: at most one message per uuid within an hour)."""
 
@@ -138,6 +140,8 @@ class Card:
     sequences: list[int] = field(default_factory=list)
     message_id: str | None = None
     uuids: dict[str, str] = field(default_factory=dict)
+    streaming_since: float | None = None
+    """When streaming_mode was last turned on (Feishu turns it off by itself 10 minutes later)."""
 
     @property
     def config(self) -> dict[str, Any]:
@@ -742,6 +746,8 @@ class FakeFeishu:
         if body.get("type") != "card_json":
             raise ApiError(10002, "Your request contains an invalid request parameter.")
         card = Card(str(7_000_000_000_000_000_000 + next(self._ids)), self._card_json(body.get("data")))
+        if card.streaming:
+            card.streaming_since = self.clock()
         self.cards[card.card_id] = card
         return {"card_id": card.card_id}
 
@@ -766,11 +772,16 @@ class FakeFeishu:
         if sequence <= card.sequence:
             raise ApiError(300317, "The sequence number for operating on the card did not increment "
                                    "consecutively")
-        updated = copy.deepcopy(card.data)
-        draft = Card(card.card_id, updated, card.sequence)
+        if card.streaming and card.streaming_since is not None \
+                and self.clock() - card.streaming_since >= STREAMING_TIMEOUT:
+            card.config["streaming_mode"] = False  # Feishu's own timeout
+        was_streaming = card.streaming
+        draft = Card(card.card_id, copy.deepcopy(card.data), card.sequence, streaming_since=card.streaming_since)
         apply(draft, body)
         self._check_card_json(draft.data, api="cardkit")
         card.data = draft.data
+        if card.streaming and not was_streaming:
+            card.streaming_since = self.clock()
         card.sequence = sequence
         card.sequences.append(sequence)
         if uuid:
@@ -827,6 +838,10 @@ class FakeFeishu:
     def _element_content(self, call: Call, match: dict[str, str]) -> dict[str, Any]:
         def apply(card: Card, body: dict[str, Any]) -> None:
             if not card.streaming:
+                timed_out = card.streaming_since is not None and \
+                    self.clock() - card.streaming_since >= STREAMING_TIMEOUT
+                if timed_out:
+                    raise ApiError(200850, "Card streaming timeout")
                 raise ApiError(300309, "Card streaming closed")
             element = card.element(match["element_id"])
             if element is None:
