@@ -102,6 +102,14 @@ async def test_a_repeated_uuid_returns_the_first_message_and_posts_once(fake):
     assert fake.count("token") == 1  # the SDK caches the tenant token
 
 
+async def test_bot_info_through_the_sdks_raw_request(fake):
+    request = (lark.BaseRequest.builder().http_method(lark.HttpMethod.GET).uri("/open-apis/bot/v3/info")
+               .token_types({lark.AccessTokenType.TENANT}).build())
+    resp = await sdk(fake).arequest(request)
+    assert resp.code == 0
+    assert json.loads(resp.raw.content)["bot"]["open_id"] == fake.bot_open_id
+
+
 async def test_a_reply_quotes_the_user_message_and_a_recalled_one_cannot_be_answered(fake):
     client = sdk(fake)
     asked = fake.user_message(CHAT, "what is 2+2?")

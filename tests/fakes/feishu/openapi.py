@@ -7,6 +7,7 @@ Build the client with ``lark.Client.builder().app_id(fake.app_id).app_secret(fak
 What it implements, with Feishu's wire shapes (``{"code": 0, "msg": "success", "data": ...}``, errors with the
 documented HTTP status, business code and message):
 
+- ``GET /open-apis/bot/v3/info``: the bot's open_id and name (no typed SDK method: ``client.arequest``).
 - ``POST /open-apis/auth/v3/tenant_access_token/internal``: tokens last ``token_ttl`` seconds; asking again
   returns the same token while it has 30 minutes or more left, a new one otherwise (both stay valid), as
   Feishu does. ``revoke_tokens()`` invalidates every issued token: the next call gets 99991663.
@@ -66,7 +67,7 @@ UUID_WINDOW = 3600.0
 
 OK_MSG = "success"
 ROUTES = (
-    "token", "message.create", "message.reply", "message.update", "message.patch", "message.delete",
+    "token", "bot.info", "message.create", "message.reply", "message.update", "message.patch", "message.delete",
     "reaction.create", "reaction.delete", "card.create", "card.update", "card.settings", "card.batch_update",
     "element.content", "element.create", "element.update", "element.patch", "element.delete",
 )
@@ -403,6 +404,7 @@ class FakeFeishu:
         app = web.Application(client_max_size=4 * 1024 * 1024)
         r = app.router
         r.add_post("/open-apis/auth/v3/tenant_access_token/internal", self._route("token", self._token, auth=False))
+        r.add_get("/open-apis/bot/v3/info", self._route("bot.info", self._bot_info))
         r.add_post("/open-apis/im/v1/messages", self._route("message.create", self._create))
         r.add_post("/open-apis/im/v1/messages/{message_id}/reply", self._route("message.reply", self._reply))
         r.add_put("/open-apis/im/v1/messages/{message_id}", self._route("message.update", self._update))
@@ -466,7 +468,7 @@ class FakeFeishu:
             except ApiError as exc:
                 call.status, call.code = exc.status, exc.code
                 return self._error(exc)
-            if name == "token":
+            if name in ("token", "bot.info"):  # these two answer without the "data" wrapper
                 return web.json_response(data)
             return web.json_response({"code": 0, "msg": OK_MSG, "data": data})
         return handle
@@ -511,6 +513,11 @@ class FakeFeishu:
         token = f"t-{secrets.token_hex(20)}"
         self.tokens[token] = now + self.token_ttl
         return {"code": 0, "msg": "ok", "tenant_access_token": token, "expire": self.token_ttl}
+
+    def _bot_info(self, call: Call, match: dict[str, str]) -> dict[str, Any]:
+        return {"code": 0, "msg": "ok", "bot": {"activate_status": 2, "app_name": self.bot_name,
+                                                "avatar_url": "", "ip_white_list": [],
+                                                "open_id": self.bot_open_id}}
 
     # ---- messages ----------------------------------------------------------------------------------
 
