@@ -258,6 +258,25 @@ async def test_a_revoked_token_is_refused_until_the_client_fetches_a_new_one(fak
     assert fake.count("token") == 1
 
 
+async def test_a_token_fetched_with_the_async_api_and_passed_per_call_never_blocks_on_requests(fake):
+    """With ``enable_set_token`` the SDK fetches nothing itself; the token comes from the typed async token
+    API (which needs no token, so nothing blocks) and rides on each call's RequestOption."""
+    client = (lark.Client.builder().app_id(fake.app_id).app_secret(fake.app_secret).domain(fake.base_url)
+              .enable_set_token(True).timeout(5).log_level(lark.LogLevel.ERROR).build())
+    body = (lark.auth.v3.InternalTenantAccessTokenRequestBody.builder().app_id(fake.app_id)
+            .app_secret(fake.app_secret).build())
+    got = await client.auth.v3.tenant_access_token.ainternal(
+        lark.auth.v3.InternalTenantAccessTokenRequest.builder().request_body(body).build())
+    assert got.code == 0 and got.data is None  # the token is at the top level, not under "data"
+    token = json.loads(got.raw.content)["tenant_access_token"]
+    option = lark.RequestOption.builder().tenant_access_token(token).build()
+    sent = await client.im.v1.message.acreate(text_message("hi"), option)
+    assert sent.code == 0 and fake.texts(CHAT) == ["hi"]
+    fake.revoke_tokens()
+    assert (await client.im.v1.message.acreate(text_message("again"), option)).code == 99991663
+    assert [c.route for c in fake.calls] == ["token", "message.create", "message.create"]
+
+
 async def test_token_rotation_follows_feishu(fake):
     now = [1000.0]
     fake.clock = lambda: now[0]
