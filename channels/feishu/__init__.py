@@ -1,1 +1,2 @@
-"""The Feishu / Lark channel. This build has its settings only; ``chatbridge run`` refuses to enable it."""
+"""The Feishu / Lark channel (lark-oapi). This build has its settings, rendering, inbound normalisation and
+approval cards; ``chatbridge run`` still refuses to enable it."""
