@@ -105,7 +105,7 @@ class TurnController:
                                                            summarize_arguments(event.arguments, 80))))
         elif isinstance(event, ApprovalRequested):
             self._publish(approvals=(*snap.approvals, ApprovalRequest(
-                event.call_id, event.tool_name, event.arguments_summary, event.requested_by)))
+                event.call_id, event.tool_name, event.arguments_summary, event.requested_by, event.arguments)))
         elif isinstance(event, ApprovalDecided):
             self._publish(approvals=tuple(a for a in snap.approvals if a.call_id != event.call_id),
                           tools=self._tool_status(event.call_id, "running" if event.decision == "allow"

@@ -32,6 +32,7 @@ from core.sqlite.schema import check_sqlite_version, migrate
 from core.sqlite.writer import Params, Row, Writer
 from core.sqlite.writes import Admission, SessionWrite
 from core.store import (
+    DEFAULT_TITLE,
     CommitResult,
     InboundRecord,
     SessionRecord,
@@ -39,9 +40,9 @@ from core.store import (
     StoreError,
     TurnRecord,
     TurnState,
+    UnknownMessageError,
 )
 
-DEFAULT_TITLE = "New chat"
 BUSY_TIMEOUT_MS = 5000
 
 
@@ -214,19 +215,28 @@ class SqliteStore:
                                             messages=(*appended, *inserted), state_version=header[STATE_VERSION],
                                             inserted=len(inserted))
 
-    async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
-        """(history_revision, the newest ``limit`` messages in seq order), read by one statement, so the two
-        are consistent. Messages appended after the last commit may be included; the revision counts
-        commits only."""
+    async def history(self, key: str, *, limit: int = 1000,
+                      before: str | None = None) -> tuple[int, list[ChatMessage]]:
+        """(history_revision, the newest ``limit`` messages in seq order — older than message ``before``
+        when given), read by one statement, so they are consistent with each other.
+
+        Messages appended after the last commit may be included; the revision counts commits only. Raises
+        UnknownMessageError when ``before`` is not a message of this session.
+        """
+        below = "(SELECT seq FROM messages WHERE id = :before AND session_key = :key)"
         found = await self._read(
             "history",
-            f"SELECT s.history_revision, {', '.join(f'm.{c}' for c in writes.MESSAGE_COLUMNS)} FROM sessions AS s"
-            f" LEFT JOIN (SELECT {MESSAGE_SELECT} FROM messages WHERE session_key = :key ORDER BY seq DESC"
-            " LIMIT :limit) AS m ON 1 WHERE s.key = :key ORDER BY m.seq",
-            {"key": key, "limit": max(limit, 0)})
+            f"SELECT s.history_revision, {below} IS NOT NULL,"
+            f" {', '.join(f'm.{c}' for c in writes.MESSAGE_COLUMNS)} FROM sessions AS s"
+            f" LEFT JOIN (SELECT {MESSAGE_SELECT} FROM messages WHERE session_key = :key"
+            f" AND (:before IS NULL OR seq < {below}) ORDER BY seq DESC LIMIT :limit) AS m ON 1"
+            " WHERE s.key = :key ORDER BY m.seq",
+            {"key": key, "limit": max(limit, 0), "before": before})
+        if before is not None and not (found and found[0][1]):
+            raise UnknownMessageError("no such message in this conversation")
         if not found:
             return 0, []
-        return int(found[0][0]), [rows.message_from_row(r[1:]) for r in found if r[1] is not None]
+        return int(found[0][0]), [rows.message_from_row(r[2:]) for r in found if r[2] is not None]
 
     async def context_messages(self, key: str, *, limit: int) -> tuple[int, list[ChatMessage]]:
         """(state_version, the newest ``limit`` messages after the session's context start, in seq order),

@@ -30,7 +30,8 @@ from channels.common.ledger import Part
 from channels.common.reconciler import Reconciler
 from channels.common.splitter import utf16_len
 from channels.telegram import render
-from channels.telegram.approvals import PendingApproval, keyboard, request_text
+from channels.telegram.approvals import PendingApproval, keyboard
+from channels.telegram.context import TelegramContext
 from core.agent.approvals import DENIED_BY_TIMEOUT
 from core.channel import SinkError
 from core.envelope import TurnTarget
@@ -57,12 +58,8 @@ class Destination:
 
     @classmethod
     def of(cls, target: TurnTarget) -> Destination:
-        data = target.channel_context.data
-        thread = target.thread.thread_id if target.thread else None
-        chat_type = str(data.get("chat_type") or ("private" if int(target.chat_id) > 0 else "supergroup"))
-        reply_to = data.get("message_id") if chat_type != "private" else None
-        return cls(int(target.chat_id), int(thread) if thread else None, chat_type,
-                   int(reply_to) if reply_to else None)
+        ctx = TelegramContext.of(target)
+        return cls(int(target.chat_id), ctx.topic_id, ctx.chat_type, None if ctx.private else ctx.message_id)
 
 
 def entities(part: Part) -> list[MessageEntity] | None:
@@ -159,7 +156,7 @@ class TelegramSink:
         self._pending = parts
         if self._flusher is None or self._flusher.done():
             try:
-                self._flusher = self.channel.core.supervisor.spawn(
+                self._flusher = self.channel.host.spawn(
                     f"telegram:flush:{snapshot.turn_id}", self._flush())
             except Exception:  # shutting down: the final reconcile still repeats the whole state
                 self._flusher = None
@@ -250,7 +247,7 @@ class TelegramSink:
         for request in snapshot.approvals:
             if request.call_id not in self._asked:
                 entry = self.channel.approval_buttons.register(
-                    snapshot.session_key, request.call_id, request.tool_name, request.arguments_summary,
+                    snapshot.session_key, request.call_id, request.tool_name, request.arguments,
                     request.requested_by or self.target.sender_id, self.dest.chat_id)
                 self._asked[request.call_id] = (entry, self._spawn(f"telegram:approval:{request.call_id}",
                                                                    self._post_approval(entry)))
@@ -264,12 +261,17 @@ class TelegramSink:
         d = self.dest
         reply = ReplyParameters(message_id=d.reply_to_message_id, allow_sending_without_reply=True) \
             if d.reply_to_message_id else None
+        msg = None
         try:
-            await self.channel.throttle.reserve(d.key)
-            msg = await self.channel.client.call(SendMessage(
-                chat_id=d.chat_id, text=request_text(entry.tool_name, entry.arguments), parse_mode=None,
-                message_thread_id=d.thread_id, reply_parameters=reply, reply_markup=keyboard(entry.ref)),
-                chat=d.key)
+            # A request longer than one message comes in parts; the keyboard goes under the last one only
+            # once every part is shown, so nobody decides on half of the arguments.
+            for i, text in enumerate(entry.parts):
+                last = i == len(entry.parts) - 1
+                await self.channel.throttle.reserve(d.key)
+                msg = await self.channel.client.call(SendMessage(
+                    chat_id=d.chat_id, text=text, parse_mode=None, message_thread_id=d.thread_id,
+                    reply_parameters=reply if i == 0 else None, reply_markup=keyboard(entry.ref) if last else None),
+                    chat=d.key)
         except PlatformError as exc:
             log.warning("could not post the approval request for %s in chat %s: %s", entry.tool_name, d.key, exc)
             return
@@ -284,7 +286,7 @@ class TelegramSink:
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
         try:
-            return self.channel.core.supervisor.spawn(name, coro)
+            return self.channel.host.spawn(name, coro)
         except Exception:  # shutting down
             return None
 

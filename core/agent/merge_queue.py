@@ -26,14 +26,11 @@ class _Done:
         self.error = error
 
 
-def _create_task(name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-    return asyncio.create_task(coro, name=name)
-
-
 class MergeQueue(Generic[T]):
-    def __init__(self, spawn: Spawn | None = None) -> None:
+    def __init__(self, spawn: Spawn) -> None:
+        """``spawn`` starts each producer (the turn's supervisor: every task has a bounded shutdown)."""
         self._queue: asyncio.Queue[T | _Done] = asyncio.Queue()
-        self._spawn = spawn or _create_task
+        self._spawn = spawn
         self._live = 0
         self._tasks: set[asyncio.Task[None]] = set()
 

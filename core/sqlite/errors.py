@@ -28,5 +28,9 @@ def store_errors(op: str) -> Iterator[None]:
         raise StoreError(f"sqlite store: {op} read a malformed row") from None
     except OSError as exc:  # creating the database directory
         raise StoreError(f"sqlite store: {op} failed ({type(exc).__name__}: {exc})") from exc
+    except (UnicodeEncodeError, UnicodeDecodeError) as exc:
+        # A ValueError too, but not a connection problem: text that cannot be encoded (an unpaired
+        # surrogate). Only the reason is kept: the error's own text quotes the offending character.
+        raise StoreError(f"sqlite store: {op} failed (text that cannot be encoded: {exc.reason})") from None
     except ValueError as exc:  # aiosqlite: "Connection closed" / "no active connection"
         raise StoreError(f"sqlite store: {op} failed (connection unavailable)") from exc

@@ -14,6 +14,7 @@ from core.agent.approvals import ApprovalBroker, ApprovalGate
 from core.agent.events import CompleteToolCall, PartialText, ToolOutput, TurnEvent
 from core.agent.merge_queue import MergeQueue
 from core.llm.provider import LLMToolSpec
+from core.supervisor import TaskSupervisor
 from core.tools.base import ToolContext, ToolRegistry
 
 EVENTS = 200_000
@@ -29,7 +30,7 @@ class Echo:
 
 
 async def per_event() -> float:
-    queue: MergeQueue[TurnEvent] = MergeQueue()
+    queue: MergeQueue[TurnEvent] = MergeQueue(TaskSupervisor("bench").spawn)
     delta = PartialText("delta", "x")
 
     async def produce(n: int) -> None:
@@ -49,7 +50,7 @@ async def per_event() -> float:
 
 
 async def per_tool_call() -> float:
-    queue: MergeQueue[TurnEvent] = MergeQueue()
+    queue: MergeQueue[TurnEvent] = MergeQueue(TaskSupervisor("bench").spawn)
     tools = ToolRegistry()
     tools.add(Echo())  # type: ignore[arg-type]
 

@@ -76,9 +76,11 @@ class Harness:
 
 
 async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None = None,
-                       tools: ToolRegistry | None = None, platform: FakePlatform | None = None,
-                       **settings: Any) -> Harness:
-    """``platform``: the chats of an earlier harness, for a restart on the same database."""
+                       tools: ToolRegistry | None = None, start: bool = True,
+                       platform: FakePlatform | None = None, **settings: Any) -> Harness:
+    """``start=False``: the caller registers more channels, then starts the core (which reports turns a
+    previous process left running through them). ``platform``: the chats of an earlier harness, for a
+    restart on the same database."""
     s = dataclasses.replace(FAST, **settings)
     db_path = None if store is not None else tmp_path / "chat.db"
     store = store or SqliteStore(tmp_path / "chat.db")
@@ -87,7 +89,8 @@ async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None 
     core = ChatCore(store=store, provider=provider, settings=s, tools=tools)
     channel = TestChannel(platform=platform)
     core.add_channel(channel)
-    await core.start()
+    if start:
+        await core.start()
     harness = Harness(core, channel, fake, store, db_path)
     LIVE.append(harness)
     return harness
