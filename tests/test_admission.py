@@ -50,7 +50,7 @@ async def test_a_queued_message_is_stored_before_submit_returns(tmp_path, fake_o
     fake_openai.script(Text("slow", hold=hold))
     h = await make_harness(tmp_path, fake_openai)
     await h.say("first")
-    await h.wait_for(lambda: h.core.sessions.is_running("test:c1"))
+    await h.wait_for(lambda: len(fake_openai.requests) == 1)  # its turn began: its message is served
     assert await h.say("second", event_id="e2") is SubmitResult.QUEUED
     [waiting] = await h.store.waiting_inbound()
     assert '"content":"second"' in waiting.payload
@@ -201,7 +201,7 @@ async def test_new_ends_the_conversation_for_the_messages_waiting_before_it(tmp_
     fake_openai.default = Function(echo)
     h = await make_harness(tmp_path, fake_openai)
     await h.say("remember banana")
-    await h.wait_for(lambda: h.core.sessions.is_running("test:c1"))
+    await h.wait_for(lambda: len(fake_openai.requests) == 1)  # its reply is being written
     await h.say("waiting 1")
     await h.say("waiting 2")
     assert await h.say("/new") is SubmitResult.COMMAND
@@ -232,7 +232,7 @@ async def test_a_failed_new_leaves_the_waiting_messages_to_be_answered(tmp_path,
     fake_openai.default = Function(echo)
     h = await make_harness(tmp_path, fake_openai, store=NoNewContext(tmp_path / "chat.db"))
     await h.say("first")
-    await h.wait_for(lambda: h.core.sessions.is_running("test:c1"))
+    await h.wait_for(lambda: len(fake_openai.requests) == 1)  # the first turn's reply is being written
     await h.say("waiting")
     await h.say("/new")
     hold.set()
@@ -247,7 +247,7 @@ async def test_every_message_is_in_the_database_with_its_mark_until_served(tmp_p
     fake_openai.script(Text("slow", hold=hold))
     h = await make_harness(tmp_path, fake_openai)
     await h.say("a", event_id="e1")
-    await h.wait_for(lambda: h.core.sessions.is_running("test:c1"))
+    await h.wait_for(lambda: len(fake_openai.requests) == 1)  # its turn began
     await h.say("b", event_id="e2")
     assert h.db_path is not None
     rows = db.rows(h.db_path, "SELECT event_id, envelope IS NOT NULL FROM inbound ORDER BY seq")

@@ -10,10 +10,10 @@ that fails is retried write by write, so a write still fails alone. Other writes
 
 A write made while the writer is idle runs at once in its caller's task. Writes made while a statement is
 under way queue, and one task of the store's own serves the queue (its results go to many callers, so no
-caller's cancellation may stop it). That task belongs to the store like aiosqlite's thread does: it starts
-with the connection and ends when the store closes, after every write queued before. It is not one of
-core's supervised tasks on purpose: core ends its tasks before it closes the store, and the writes those
-tasks made must still land.
+caller's cancellation may stop it). That task runs under the store's own supervisor, as aiosqlite's thread
+belongs to the store: it starts with the connection and ends when the store closes, after every write
+queued before. It is not under core's supervisor on purpose: core ends its tasks before it closes the
+store, and the writes those tasks made must still land.
 
 A write whose caller is cancelled before its batch starts never happens; once its statement is on its way,
 it lands (or fails) as if the caller had waited.
@@ -33,6 +33,7 @@ from core.sqlite import writes
 from core.sqlite.errors import store_errors
 from core.sqlite.writes import Admission, SessionWrite
 from core.store import StoreError
+from core.supervisor import TaskSupervisor
 
 Params = Sequence[Any] | Mapping[str, Any]
 Row = tuple[Any, ...]
@@ -59,8 +60,8 @@ class Writer:
         self._busy = False
         """A statement is under way (in a caller or in the writer's task): new writes queue."""
         self._closing = False
-        # the store's own task (see the module docstring); close() ends it
-        self._task = asyncio.get_running_loop().create_task(self._serve(), name="sqlite-writer")
+        self._supervisor = TaskSupervisor("sqlite-store")  # see the module docstring; close() ends it
+        self._task = self._supervisor.spawn("sqlite-writer", self._serve())
 
     async def write(self, op: str, sql: str, params: Params = ()) -> list[Row]:
         """Run one write statement, as it is; its rows (RETURNING)."""
@@ -80,6 +81,7 @@ class Writer:
         self._closing = True
         self._wake.set()
         await self._task
+        await self._supervisor.shutdown(0)
         await self._conn.close()
 
     async def _submit(self, op: str, kind: Literal["session", "admission", "statement"], payload: Any) -> Any:
