@@ -42,7 +42,7 @@ class ChatCore:
         self.channels = ChannelRegistry()
         self.events = EventBus()
         s = self.settings
-        self._plain = PlainSender(self.channels, s)
+        self._plain = PlainSender(self.channels)
         self.tools = tools or ToolRegistry()
         self.approvals = ApprovalBroker()
         builder = TurnInputBuilder(store, s)

@@ -29,7 +29,13 @@ class Echo:
 
 
 async def per_event() -> float:
-    queue: MergeQueue[TurnEvent] = MergeQueue()
+    count = 0
+
+    def consume(event: TurnEvent) -> None:
+        nonlocal count
+        count += 1
+
+    queue: MergeQueue[TurnEvent] = MergeQueue(consume)
     delta = PartialText("delta", "x")
 
     async def produce(n: int) -> None:
@@ -41,15 +47,19 @@ async def per_event() -> float:
     start = time.perf_counter()
     for _ in range(4):
         queue.add_producer("p", produce(EVENTS // 4))
-    count = 0
-    async for _ in queue:
-        count += 1
+    await queue.join()
     assert count == EVENTS
     return (time.perf_counter() - start) / EVENTS * 1e6
 
 
 async def per_tool_call() -> float:
-    queue: MergeQueue[TurnEvent] = MergeQueue()
+    outputs = 0
+
+    def consume(event: TurnEvent) -> None:
+        nonlocal outputs
+        outputs += isinstance(event, ToolOutput)
+
+    queue: MergeQueue[TurnEvent] = MergeQueue(consume)
     tools = ToolRegistry()
     tools.add(Echo())  # type: ignore[arg-type]
 
@@ -70,9 +80,7 @@ async def per_tool_call() -> float:
 
     start = time.perf_counter()
     queue.add_producer("driver", driver())
-    outputs = 0
-    async for event in queue:
-        outputs += isinstance(event, ToolOutput)
+    await queue.join()
     assert outputs == CALLS
     return (time.perf_counter() - start) / CALLS * 1e6
 
