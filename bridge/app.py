@@ -13,22 +13,24 @@ from pathlib import Path
 
 from aiohttp import web
 
-from bridge.channels import ChannelRuntime, factory_for
+from bridge.channels import factory_for
 from bridge.config import AppConfig
+from bridge.exit_codes import ExitCode
 from bridge.logs import configure_logging
 from bridge.mcp import start_mcp_servers
+from channels.common.errors import ChannelStartupError
+from core.channel import ERROR, Channel
 from core.llm.openai_provider import OpenAIProvider
-from core.llm.provider import LLMProvider
+from core.llm.provider import DEFAULT_MAX_OUTPUT_TOKENS, LLMProvider
 from core.runtime import ChatCore
 from core.settings import CoreSettings
 from core.sqlite_store import SqliteStore
+from core.store import StoreError
 from core.tools.base import ToolRegistry
 from core.tools.builtin import CurrentTime, FetchUrl
 
 log = logging.getLogger("chatbridge")
 
-EXIT_OK = 0
-EXIT_STARTUP = 3
 
 
 class StartupError(Exception):
@@ -55,7 +57,7 @@ def build_provider(config: AppConfig) -> LLMProvider:
 
         return AnthropicProvider(model=llm.model, base_url=llm.effective_base_url, api_key=llm.api_key,
                                  request_timeout=float(llm.request_timeout),
-                                 max_tokens_default=llm.max_output_tokens or 1024)
+                                 max_tokens_default=llm.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS)
     if llm.provider == "local":
         return _build_local_provider(config)
     raise StartupError(
@@ -119,21 +121,30 @@ def check_channels(config: AppConfig) -> None:
             "yet. Set enabled = false in their [channels.*] tables.")
 
 
-def build_channels(config: AppConfig, core: ChatCore, app: web.Application) -> list[ChannelRuntime]:
+def build_channels(config: AppConfig, core: ChatCore, app: web.Application) -> list[Channel]:
+    """Each enabled channel, built from its own settings with its host, and registered for delivery."""
+    sections = config.channels.sections()
     names = [*config.enabled_channels(), *(["web"] if config.web.enabled and factory_for("web") else [])]
-    runtimes = []
+    channels: list[Channel] = []
     for name in names:
         factory = factory_for(name)
         assert factory is not None  # check_channels ran first
-        runtimes.append(factory(config, core, app))
-    return runtimes
+        settings = config.web if name == "web" else sections[name]
+        channel = factory(settings, core.host_for(name), app)
+        core.add_channel(channel)
+        channels.append(channel)
+    return channels
 
 
-def build_http_app(channels: list[ChannelRuntime]) -> web.Application:
+def build_http_app(channels: list[Channel]) -> web.Application:
     app = web.Application()
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "channels": {c.name: c.state() for c in channels}})
+        states = {c.name: c.state() for c in channels}
+        failing = sorted(name for name, state in states.items() if state == ERROR)
+        if failing:
+            return web.json_response({"status": "error", "failing": failing, "channels": states}, status=503)
+        return web.json_response({"status": "ok", "channels": states})
 
     app.router.add_get("/healthz", healthz)
     return app
@@ -149,7 +160,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         provider = build_provider(config)
     except StartupError as exc:
         print(f"chatbridge: {exc}", file=sys.stderr)
-        return EXIT_STARTUP
+        return ExitCode.STARTUP
 
     # MCP servers start before the core, so their tools are in the registry from the first turn; one that
     # fails is logged and left out, and the rest keep working.
@@ -165,19 +176,24 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
-    channels: list[ChannelRuntime] = []
+    channels: list[Channel] = []
     app = build_http_app(channels)
     try:
         channels.extend(build_channels(config, core, app))
-    except StartupError as exc:
+    except (StartupError, ChannelStartupError) as exc:
         print(f"chatbridge: {exc}", file=sys.stderr)
         await core.shutdown()
         await _quietly(mcp.aclose(), "closing MCP servers")
-        return EXIT_STARTUP
+        return ExitCode.STARTUP
     runner: web.AppRunner | None = None
-    started: list[ChannelRuntime] = []
+    started: list[Channel] = []
     try:
-        await core.start()
+        try:
+            await core.start()
+        except StoreError as exc:
+            print(f"chatbridge: cannot use the database in [bridge] data_dir = {str(data_dir)!r}: {exc}",
+                  file=sys.stderr)
+            return ExitCode.STARTUP
         if config.web.enabled:
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
@@ -187,10 +203,14 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
             except OSError as exc:
                 print(f"chatbridge: cannot listen on {config.web.host}:{config.web.port}: {exc.strerror or exc}",
                       file=sys.stderr)
-                return EXIT_STARTUP
+                return ExitCode.STARTUP
             log.info("listening on http://%s:%d", config.web.host, config.web.port)
         for channel in channels:
-            await channel.start()
+            try:
+                await channel.start()
+            except ChannelStartupError as exc:
+                print(f"chatbridge: {exc}", file=sys.stderr)
+                return ExitCode.STARTUP
             started.append(channel)
             log.info("channel %s: %s", channel.name, channel.state())
         log.info("chatbridge started (config: %s, data: %s)", config_path or "embedded default", data_dir)
@@ -198,7 +218,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
             on_started()
         await stop.wait()
         log.info("shutting down")
-        return EXIT_OK
+        return ExitCode.OK
     finally:
         # Stop input first, let the core finish running turns through still-open transports, then close.
         for channel in reversed(started):

@@ -1,44 +1,24 @@
-"""How the bridge plugs platform channels in: one factory per channel package.
+"""Which channels this build has, and how the bridge builds one.
 
-A factory gets the config, the core and the aiohttp application (before it starts), registers its
-``ChannelPort`` with the core, adds its HTTP routes (webhooks, the web chat) and returns a
-``ChannelRuntime`` the bridge starts and stops.
+A channel package exposes a factory ``create(settings, host, app) -> Channel``: its settings model (its
+config table), the host core gives it (``core.host``: a ``SessionHost`` for the web chat, a
+``ChannelHost`` for a platform), and the aiohttp application, to which it adds its HTTP routes (webhooks,
+the web chat) before the server starts. A factory may raise ``ChannelStartupError``. The bridge registers
+the channel with core for delivery and drives its lifecycle (``core.channel.Channel``).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any
 
 from aiohttp import web
 
-from bridge.config import AppConfig
-from core.runtime import ChatCore
+from core.channel import Channel
+from core.host import CoreHost
 
-
-class ChannelRuntime(Protocol):
-    name: str
-
-    async def start(self) -> None:
-        """Begin receiving (long polling, socket connection, webhook registration)."""
-        ...
-
-    async def stop(self) -> None:
-        """Stop receiving new input. Outbound calls must keep working until ``close``: the core still
-        delivers the terminal state of running turns during its shutdown."""
-        ...
-
-    async def close(self) -> None:
-        """Release transports; called after the core has shut down."""
-        ...
-
-    def state(self) -> str:
-        """A short word for /healthz: "polling", "webhook", "connected", "serving", "error", ..."""
-        ...
-
-
-ChannelFactory = Callable[[AppConfig, ChatCore, web.Application], ChannelRuntime]
+ChannelFactory = Callable[[Any, CoreHost, web.Application], Channel]
 
 # channel name → "module:function". A channel without an entry has no adapter in this build.
 FACTORIES: dict[str, str] = {

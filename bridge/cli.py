@@ -2,8 +2,8 @@
 
 Without ``-c FILE``, ``run`` and ``check`` use ``$CHATBRIDGE_CONFIG`` if set, else ``./chatbridge.toml`` if it
 exists (what ``chatbridge init`` writes), else the embedded default (web chat on 127.0.0.1:8765, local model).
-Exit codes: 0 ok, 1 operational failure (e.g. ``init`` would overwrite, an MCP server that ``check`` could
-not start), 2 bad usage or invalid config.
+Exit codes: ``bridge.exit_codes.ExitCode`` (0 ok, 1 operational failure, 2 invalid config or usage, 3 ``run``
+cannot start with this config here, 130 interrupted), listed in the README.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -19,10 +20,10 @@ from pathlib import Path
 
 from bridge import __version__
 from bridge.config import EMBEDDED_DEFAULT, AppConfig, ConfigError, load_config
+from bridge.exit_codes import ExitCode
 
 DEFAULT_CONFIG_FILE = "chatbridge.toml"
 CONFIG_ENV_VAR = "CHATBRIDGE_CONFIG"
-EXIT_OK, EXIT_FAILURE, EXIT_CONFIG = 0, 1, 2
 
 
 def template_text() -> str:
@@ -64,21 +65,27 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(path: str | None) -> AppConfig | None:
+    warnings: list[str] = []
     try:
-        return load_config(path)
+        config = load_config(path, warnings=warnings)
     except ConfigError as exc:
         where = exc.source or path or EMBEDDED_DEFAULT
         print(f"config error in {where}:", file=sys.stderr)
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return None
+    if warnings:
+        print(f"config warning in {path or EMBEDDED_DEFAULT}:", file=sys.stderr)
+        for warning in warnings:
+            print(f"  {warning}", file=sys.stderr)
+    return config
 
 
 def _check(option: str | None) -> int:
     path = resolve_config_path(option)
     config = _load(path)
     if config is None:
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     print(json.dumps(config.masked_dump(), indent=2, ensure_ascii=False))
     print(f"config OK: {path or EMBEDDED_DEFAULT}")
     if config.agent.mcp_servers:
@@ -87,18 +94,18 @@ def _check(option: str | None) -> int:
         lines, ok = asyncio.run(check_mcp_servers(config))
         print("\n".join(lines), flush=True)
         if not ok:
-            return EXIT_FAILURE
-    return EXIT_OK
+            return ExitCode.FAILURE
+    return ExitCode.OK
 
 
 def _init(file: str, force: bool) -> int:
     path = Path(file)
     if path.is_dir():
         print(f"chatbridge init: {path} is a directory", file=sys.stderr)
-        return EXIT_FAILURE
+        return ExitCode.FAILURE
     if path.exists() and not force:
         print(f"chatbridge init: {path} already exists; not overwriting it (use --force)", file=sys.stderr)
-        return EXIT_FAILURE
+        return ExitCode.FAILURE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # 0600 on creation: operators often paste a token into the file despite the advice in it.
@@ -107,17 +114,17 @@ def _init(file: str, force: bool) -> int:
             out.write(template_text())
     except OSError as exc:
         print(f"chatbridge init: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return ExitCode.FAILURE
     print(f"wrote {path}")
     print(f"next: edit it, then `chatbridge check -c {path}` and `chatbridge run -c {path}`")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _run(option: str | None) -> int:
     path = resolve_config_path(option)
     config = _load(path)
     if config is None:
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     print(f"chatbridge {__version__}: using {path or EMBEDDED_DEFAULT}", file=sys.stderr)
     from bridge.app import run_app
     from bridge.gc_tuning import tune_gc
@@ -125,7 +132,10 @@ def _run(option: str | None) -> int:
     try:
         return int(asyncio.run(run_app(config, config_path=path, on_started=tune_gc)))
     except KeyboardInterrupt:
-        return 130
+        return ExitCode.INTERRUPTED
+    except Exception:
+        logging.getLogger("chatbridge").exception("chatbridge stopped on an unexpected error")
+        return ExitCode.FAILURE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, usage errors: return instead of exiting
-        return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_CONFIG)
+        return exc.code if isinstance(exc.code, int) else (ExitCode.OK if exc.code is None else ExitCode.CONFIG)
     if args.command == "check":
         return _check(args.config)
     if args.command == "init":
@@ -141,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         return _run(args.config)
     parser.print_help(sys.stderr)
-    return EXIT_CONFIG
+    return ExitCode.CONFIG
 
 
 if __name__ == "__main__":

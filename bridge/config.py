@@ -4,19 +4,32 @@
 lines of the form ``dotted.key.path: what was wrong (what was expected)``. ``load_config(None)`` is the
 embedded default: no file, every key at its default (web chat on 127.0.0.1:8765, the local model).
 
+Each channel package owns its table: ``[web]`` is ``channels.web.settings.WebConfig`` and
+``[channels.<name>]`` is ``channels.<name>.settings``'s model, each with the checks only that channel knows;
+this module composes them with the bridge's own tables and runs every check, so ``check`` and ``run``
+agree. The field types they share (secrets, allow lists, group policy, environment defaults) are in
+``channels.common.settings``.
+
 Secret fields are plain ``str`` values marked with ``json_schema_extra={"secret": True}``; they are masked in
 ``repr()``, in :meth:`AppConfig.masked_dump` and in every error message, and listed by
-:meth:`AppConfig.secret_values` for the log redaction filter.
+:meth:`AppConfig.secret_values` for the log redaction filter. Error messages and the dump also mask any
+string that looks like a credential (``channels.common.masking``): a secret pasted into the wrong key is not echoed.
 
-A key left out of a channel table falls back to the environment variable named in DESIGN.md §6 (for example
-``channels.telegram.token`` → ``TELEGRAM_BOT_TOKEN``); ``llm.api_key`` falls back to ``OPENAI_API_KEY`` or
-``ANTHROPIC_API_KEY`` for those providers.
+A ``${NAME}`` that is unset or empty is an error where the value is required, and otherwise a warning
+(collected by ``load_config(..., warnings=[])``; ``check`` and ``run`` print them). The model's ``api_key``
+is required when the provider needs one: ``openai`` and ``anthropic`` need a key for every ``base_url`` that
+is not on this machine (their official endpoints included); a server on this machine (Ollama, vLLM,
+llama.cpp, a local proxy) is the operator's own and commonly takes requests without one, so there an empty
+key is allowed (with a warning when it came from an unset variable). ``local`` uses no key.
+
+A key left out of a channel table falls back to the environment variable its model names with
+``env_default`` (DESIGN.md §6: ``channels.telegram.token`` → ``TELEGRAM_BOT_TOKEN``); ``llm.api_key`` falls
+back to ``OPENAI_API_KEY`` or ``ANTHROPIC_API_KEY`` for those providers.
 """
 
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import os
 import re
 import tomllib
@@ -28,22 +41,48 @@ from urllib.parse import urlsplit
 from pydantic import (
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
     model_validator,
 )
-from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
+from channels.common.masking import mask
+from channels.common.settings import (
+    ChannelSection,
+    Checks,
+    Float,
+    Int,
+    Loc,
+    PositiveFloat,
+    Secret,
+    Section,
+    dotted,
+    env_default_of,
+    is_loopback_host,
+    is_secret,
+    url_problem,
+)
+from channels.common.settings import (
+    got as got_from,
+)
+from channels.feishu.settings import FeishuConfig
+from channels.slack.settings import SlackConfig
+from channels.telegram.settings import TelegramConfig
+from channels.web.settings import WebConfig
 from core.settings import CoreSettings
+from core.tools.base import DEFAULT_APPROVAL
+from core.tools.builtin import FetchUrl
+from core.tools.mcp import DEFAULT_CALL_TIMEOUT, DEFAULT_STARTUP_TIMEOUT, NAME_PATTERN
 
-Loc = tuple[str | int, ...]
+__all__ = ["AppConfig", "ConfigError", "dotted", "is_loopback_host", "load_config"]
+
 MissingEnv = dict[Loc, list[tuple[str, str]]]
 """Per config path: the environment variables it referenced that were unset or empty, with that state."""
 
-DEFAULT_RETRY_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 30.0)
+CORE = CoreSettings()
+"""Core's defaults: the keys that configure core take theirs from here, so each is defined once."""
 EMBEDDED_DEFAULT = "the embedded default"
 
 
@@ -62,19 +101,7 @@ class ConfigError(Exception):
         return "\n".join(self.problems)
 
 
-# ---- field types ---------------------------------------------------------------------------------------
-
-
-def _no_bool_int(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise PydanticCustomError("int_type", "Input should be a valid integer")
-    return value
-
-
-def _no_bool_float(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise PydanticCustomError("float_type", "Input should be a valid number")
-    return value
+# ---- field types (the shared ones are in channels.common.settings) ---------------------------------------
 
 
 def _empty_to_none(value: Any) -> Any:
@@ -85,50 +112,14 @@ def _lower(value: Any) -> Any:
     return value.strip().lower() if isinstance(value, str) else value
 
 
-def _allow_entry(value: Any) -> Any:
-    # Telegram/Slack/Feishu user ids may be written as TOML integers; usernames as strings.
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(value, str) and not value.strip():
-        raise PydanticCustomError("allow_entry", "expected a user id or username, or \"*\"")
-    return value.strip() if isinstance(value, str) else value
-
-
-Int = Annotated[int, BeforeValidator(_no_bool_int)]
-Float = Annotated[float, BeforeValidator(_no_bool_float)]
-PositiveFloat = Annotated[Float, Field(gt=0)]
-Secret = Annotated[str, Field(json_schema_extra={"secret": True})]
-AllowFrom = list[Annotated[str, BeforeValidator(_allow_entry)]]
-GroupPolicy = Literal["mention", "all", "off"]
-
-
-def _is_secret(info: FieldInfo) -> bool:
-    extra = info.json_schema_extra
-    return isinstance(extra, dict) and extra.get("secret") is True
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
-        fields = type(self).model_fields
-        for name, value in super().__repr_args__():
-            if name in fields and _is_secret(fields[name]) and isinstance(value, dict):
-                yield name, {key: "***" if item else "" for key, item in value.items()}
-            elif name in fields and _is_secret(fields[name]) and value:
-                yield name, "***"
-            else:
-                yield name, value
-
-
 # ---- sections ------------------------------------------------------------------------------------------
 
 
-class BridgeConfig(_Section):
+class BridgeConfig(Section):
     data_dir: str = "data"
     log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = "info"
-    shutdown_timeout: PositiveFloat = 10.0
-    dedupe_ttl_hours: Annotated[Float, Field(ge=24)] = 48.0
+    shutdown_timeout: PositiveFloat = CORE.shutdown_timeout
+    dedupe_ttl_hours: Annotated[Float, Field(ge=24)] = CORE.dedupe_ttl_seconds / 3600
 
 
 LLM_DEFAULT_BASE_URLS: dict[str, str] = {
@@ -138,18 +129,16 @@ LLM_DEFAULT_BASE_URLS: dict[str, str] = {
 LLM_KEY_ENV: dict[str, str] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 
 
-class LLMConfig(_Section):
+class LLMConfig(Section):
     provider: Literal["openai", "anthropic", "local"] = "local"
     model: str = ""
     """Required for openai/anthropic; for local, "" means the bundled model."""
     base_url: str = ""
     """"" = the provider's official endpoint (see ``effective_base_url``)."""
     api_key: Secret = ""
-    request_timeout: PositiveFloat = 60.0
-    retry_delays: list[Annotated[Float, Field(ge=0)]] = Field(
-        default_factory=lambda: list(DEFAULT_RETRY_DELAYS)
-    )
-    context_window: Annotated[Int, Field(ge=1)] = 32_768
+    request_timeout: PositiveFloat = CORE.request_timeout
+    retry_delays: list[Annotated[Float, Field(ge=0)]] = Field(default_factory=lambda: list(CORE.retry_delays))
+    context_window: Annotated[Int, Field(ge=1)] = CORE.context_window
     max_output_tokens: Annotated[Annotated[Int, Field(ge=1)] | None, BeforeValidator(_empty_to_none)] = None
     model_path: Annotated[str | None, BeforeValidator(_empty_to_none)] = None
     temperature: Annotated[Annotated[Float, Field(ge=0, le=2)] | None, BeforeValidator(_empty_to_none)] = None
@@ -159,16 +148,13 @@ class LLMConfig(_Section):
         return self.base_url or LLM_DEFAULT_BASE_URLS.get(self.provider, "")
 
 
-MCP_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
 def _mcp_name(value: Any) -> Any:
-    if isinstance(value, str) and not MCP_NAME.match(value):
+    if isinstance(value, str) and not NAME_PATTERN.match(value):
         raise PydanticCustomError("mcp_name", "expected letters, digits, '_' or '-' (it prefixes the tool names)")
     return value
 
 
-class McpServerEntry(_Section):
+class McpServerEntry(Section):
     """One ``[[agent.mcp_servers]]`` entry: ``command`` (stdio) or ``url`` (streamable HTTP)."""
 
     name: Annotated[str, BeforeValidator(_mcp_name)]
@@ -177,88 +163,42 @@ class McpServerEntry(_Section):
     env: dict[str, str] = Field(default_factory=dict, json_schema_extra={"secret": True})
     """Every value is treated as a secret (masked, redacted from logs)."""
     url: str | None = None
-    approval: Literal["ask", "auto", "deny"] = "ask"
-    startup_timeout_seconds: PositiveFloat = 20.0
-    call_timeout_seconds: PositiveFloat = 60.0
+    approval: Literal["ask", "auto", "deny"] = DEFAULT_APPROVAL
+    startup_timeout_seconds: PositiveFloat = DEFAULT_STARTUP_TIMEOUT
+    call_timeout_seconds: PositiveFloat = DEFAULT_CALL_TIMEOUT
 
 
-class FetchUrlConfig(_Section):
+class FetchUrlConfig(Section):
     enabled: bool = False
-    max_bytes: Annotated[Int, Field(ge=1)] = 200_000
-    timeout_seconds: PositiveFloat = 15.0
+    max_bytes: Annotated[Int, Field(ge=1)] = FetchUrl.MAX_BYTES
+    timeout_seconds: PositiveFloat = FetchUrl.TIMEOUT_SECONDS
 
 
-class AgentConfig(_Section):
-    system_prompt: str = "You are a helpful assistant."
-    max_turns: Annotated[Int, Field(ge=1)] = 20
-    approval: Literal["ask", "auto", "deny"] = "ask"
-    queue_capacity: Annotated[Int, Field(ge=1)] = 32
-    session_idle_seconds: PositiveFloat = 300.0
-    titles: bool = True
-    approval_timeout_seconds: PositiveFloat = 600.0
+class AgentConfig(Section):
+    system_prompt: str = CORE.system_prompt
+    max_turns: Annotated[Int, Field(ge=1)] = CORE.max_turns
+    approval: Literal["ask", "auto", "deny"] = DEFAULT_APPROVAL
+    queue_capacity: Annotated[Int, Field(ge=1)] = CORE.queue_capacity
+    session_idle_seconds: PositiveFloat = CORE.session_idle_seconds
+    titles: bool = CORE.titles
+    approval_timeout_seconds: PositiveFloat = CORE.approval_timeout
     tool_approval: dict[str, Literal["ask", "auto", "deny"]] = Field(default_factory=dict)
     fetch_url: FetchUrlConfig = Field(default_factory=lambda: FetchUrlConfig())
     mcp_servers: list[McpServerEntry] = Field(default_factory=list)
 
 
-class WebConfig(_Section):
-    enabled: bool = True
-    host: str = "127.0.0.1"
-    port: Annotated[Int, Field(ge=1, le=65535)] = 8765
-    auth_token: Secret = ""
+class ChannelsConfig(Section):
+    """``[channels.*]``: one table per platform, each modelled in its channel package."""
 
-
-class TelegramConfig(_Section):
-    enabled: bool = False
-    token: Secret = ""
-    api_base: str = "https://api.telegram.org"
-    mode: Literal["polling", "webhook"] = "polling"
-    webhook_url: str = ""
-    webhook_secret: Secret = ""
-    allow_from: AllowFrom = Field(default_factory=lambda: ["*"])
-    group_policy: GroupPolicy = "mention"
-    edit_interval_ms: Annotated[Int, Field(ge=100)] = 1000
-    stream_transport: Literal["auto", "edit", "draft"] = "auto"
-
-
-class SlackConfig(_Section):
-    enabled: bool = False
-    bot_token: Secret = ""
-    app_token: Secret = ""
-    signing_secret: Secret = ""
-    mode: Literal["socket", "http"] = "socket"
-    api_base: str = "https://slack.com/api/"
-    allow_from: AllowFrom = Field(default_factory=lambda: ["*"])
-    group_policy: GroupPolicy = "mention"
-
-
-class FeishuConfig(_Section):
-    enabled: bool = False
-    app_id: str = ""
-    app_secret: Secret = ""
-    domain: str = "https://open.feishu.cn"
-    mode: Literal["websocket", "webhook"] = "websocket"
-    verification_token: Secret = ""
-    encrypt_key: Secret = ""
-    allow_from: AllowFrom = Field(default_factory=lambda: ["*"])
-    group_policy: GroupPolicy = "mention"
-
-
-class ChannelsConfig(_Section):
     telegram: TelegramConfig = Field(default_factory=TelegramConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
     feishu: FeishuConfig = Field(default_factory=FeishuConfig)
 
-
-# Keys that, when left out of their table, are read from the environment (DESIGN.md §6 defaults).
-CHANNEL_ENV_DEFAULTS: dict[str, dict[str, str]] = {
-    "telegram": {"token": "TELEGRAM_BOT_TOKEN"},
-    "slack": {"bot_token": "SLACK_BOT_TOKEN", "app_token": "SLACK_APP_TOKEN"},
-    "feishu": {"app_id": "FEISHU_APP_ID", "app_secret": "FEISHU_APP_SECRET"},
-}
+    def sections(self) -> dict[str, ChannelSection]:
+        return {name: getattr(self, name) for name in type(self).model_fields}
 
 
-class AppConfig(_Section):
+class AppConfig(Section):
     """The whole operator config. Constructing one that is inconsistent raises :class:`ConfigError`."""
 
     bridge: BridgeConfig = Field(default_factory=BridgeConfig)
@@ -270,15 +210,19 @@ class AppConfig(_Section):
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> AppConfig:
         context = info.context if isinstance(info.context, dict) else {}
-        problems = _cross_check(self, context.get("missing_env") or {})
+        missing: Mapping[Loc, list[tuple[str, str]]] = context.get("missing_env") or {}
+        problems = _cross_check(self, missing, context.get("from_env") or {})
         if problems:
             raise ConfigError(problems)  # not a ValueError: pydantic lets it through unchanged
+        warnings = context.get("warnings")
+        if isinstance(warnings, list):
+            warnings.extend(_unset_warnings(self, missing, context.get("implicit_env") or set()))
         return self
 
     # ---- views ---------------------------------------------------------------------------------------
 
     def enabled_channels(self) -> list[str]:
-        return [name for name in ChannelsConfig.model_fields if getattr(self.channels, name).enabled]
+        return [name for name, section in self.channels.sections().items() if section.enabled]
 
     def secret_values(self) -> list[str]:
         """Every non-empty secret (enabled or not), longest first, for redacting logs."""
@@ -317,11 +261,11 @@ def _iter_secrets(model: BaseModel, loc: Loc = ()) -> Iterator[tuple[Loc, str, s
             for i, item in enumerate(value):
                 if isinstance(item, BaseModel):
                     yield from _iter_secrets(item, (*loc, name, i))
-        elif _is_secret(info) and isinstance(value, dict):
+        elif is_secret(info) and isinstance(value, dict):
             for key, item in value.items():
                 if isinstance(item, str):
                     yield (*loc, name, key), key, item
-        elif _is_secret(info) and isinstance(value, str):
+        elif is_secret(info) and isinstance(value, str):
             yield (*loc, name), name, value
 
 
@@ -331,9 +275,9 @@ def _masked(model: BaseModel, secrets: list[str]) -> dict[str, Any]:
         value = getattr(model, name)
         if isinstance(value, BaseModel):
             out[name] = _masked(value, secrets)
-        elif _is_secret(info) and isinstance(value, dict):
+        elif is_secret(info) and isinstance(value, dict):
             out[name] = {key: "***" if item else "" for key, item in value.items()}
-        elif _is_secret(info):
+        elif is_secret(info):
             out[name] = "***" if value else ""
         elif isinstance(value, str):
             out[name] = _scrub(value, secrets)
@@ -347,51 +291,18 @@ def _masked(model: BaseModel, secrets: list[str]) -> dict[str, Any]:
 
 def _scrub(text: str, secrets: list[str]) -> str:
     # A secret pasted into a non-secret key (a URL, the system prompt) must not leak either.
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
+    return mask(text, secrets)
 
 
 # ---- cross-field checks ----------------------------------------------------------------------------------
 
 
-def is_loopback_host(host: str) -> bool:
-    """127.0.0.0/8, ::1 and localhost."""
-    name = host.strip().strip("[]").lower().rstrip(".")
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def _url_problem(value: str) -> str | None:
-    try:
-        parts = urlsplit(value)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:
-        ok = False
-    return None if ok else f"expected an http:// or https:// URL (got {_show(value)})"
-
-
-def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -> list[str]:
-    problems: list[str] = []
-
-    def add(loc: Loc, message: str) -> None:
-        problems.append(f"{dotted(loc)}: {message}")
-
-    def require(loc: Loc, value: str, why: str) -> None:
-        refs = missing.get(loc)
-        if refs:
-            add(loc, "; ".join(f"environment variable {name} is {state}" for name, state in refs))
-        elif not value.strip():
-            add(loc, f"required {why} (got empty)")
-
-    def url(loc: Loc, value: str) -> None:
-        problem = _url_problem(value)
-        if problem:
-            add(loc, problem)
+def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
+                 from_env: Mapping[Loc, list[str]] | None = None) -> list[str]:
+    """Every cross-field problem, with secret values and credential-shaped strings masked."""
+    from_env = from_env or {}
+    checks = Checks((), missing, from_env)
+    add, require, url = checks.add, checks.require, checks.url
 
     if not cfg.bridge.data_dir.strip():
         add(("bridge", "data_dir"), "expected a directory path (got empty)")
@@ -415,62 +326,32 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]]) -
     if llm.model_path is not None and llm.provider != "local":
         add(("llm", "model_path"), f"only used with provider 'local' (provider is {llm.provider!r})")
 
-    web = cfg.web
-    if web.enabled:
-        if not web.host.strip():
-            add(("web", "host"), "expected a host name or address (got empty)")
-        elif not is_loopback_host(web.host):
-            require(
-                ("web", "auth_token"),
-                web.auth_token,
-                f"when web.host is not a loopback address (host is {web.host!r})",
-            )
+    web = Checks(("web",), missing, from_env)
+    cfg.web.check(web)
+    problems = [*checks.problems, *web.problems]
 
-    def needs_web(channel: str, mode: str) -> None:
-        if not web.enabled:
-            add(
-                ("channels", channel, "mode"),
-                f"mode {mode!r} is served by the web server, but [web] enabled = false "
-                f"(enable [web] or use the other mode)",
-            )
+    # Each enabled channel checks its own table; whether the web server is there to serve it is ours.
+    for name, section in cfg.channels.sections().items():
+        if not section.enabled:
+            continue
+        channel = Checks(("channels", name), missing, from_env)
+        section.check(channel)
+        if section.served_by_web() and not cfg.web.enabled:
+            mode = getattr(section, "mode", "")
+            channel.add("mode", f"mode {mode!r} is served by the web server, but [web] enabled = false "
+                                "(enable [web] or use the other mode)")
+        problems.extend(channel.problems)
 
-    tg = cfg.channels.telegram
-    if tg.enabled:
-        require(("channels", "telegram", "token"), tg.token, "when channels.telegram.enabled = true")
-        url(("channels", "telegram", "api_base"), tg.api_base)
-        if tg.mode == "webhook":
-            needs_web("telegram", tg.mode)
-            if tg.webhook_url:
-                url(("channels", "telegram", "webhook_url"), tg.webhook_url)
-
-    slack = cfg.channels.slack
-    if slack.enabled:
-        require(("channels", "slack", "bot_token"), slack.bot_token, "when channels.slack.enabled = true")
-        if slack.mode == "socket":
-            require(("channels", "slack", "app_token"), slack.app_token, "in socket mode")
-        else:
-            require(("channels", "slack", "signing_secret"), slack.signing_secret, "in http mode")
-            needs_web("slack", slack.mode)
-        url(("channels", "slack", "api_base"), slack.api_base)
-
-    fs = cfg.channels.feishu
-    if fs.enabled:
-        require(("channels", "feishu", "app_id"), fs.app_id, "when channels.feishu.enabled = true")
-        require(("channels", "feishu", "app_secret"), fs.app_secret, "when channels.feishu.enabled = true")
-        if fs.mode == "webhook":
-            require(("channels", "feishu", "verification_token"), fs.verification_token, "in webhook mode")
-            needs_web("feishu", fs.mode)
-        url(("channels", "feishu", "domain"), fs.domain)
-
-    _check_mcp_servers(cfg, missing, add)
-
-    if not web.enabled and not cfg.enabled_channels():
-        add(("web", "enabled"), "nothing would run: the web chat and every channel are disabled")
-    return problems
+    rest = Checks((), missing, from_env)
+    _check_mcp_servers(cfg, missing, from_env, rest.add)
+    if not cfg.web.enabled and not cfg.enabled_channels():
+        rest.add(("web", "enabled"), "nothing would run: the web chat and every channel are disabled")
+    secrets = cfg.secret_values()
+    return [mask(p, secrets) for p in [*problems, *rest.problems]]
 
 
 def _check_mcp_servers(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
-                       add: Callable[[Loc, str], None]) -> None:
+                       from_env: Mapping[Loc, list[str]], add: Callable[[Loc, str], None]) -> None:
     seen: dict[str, int] = {}
     for i, server in enumerate(cfg.agent.mcp_servers):
         at: Loc = ("agent", "mcp_servers", i)
@@ -488,7 +369,7 @@ def _check_mcp_servers(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str
         else:
             assert server.url is not None
             if (*at, "url") not in missing:
-                problem = _url_problem(server.url)
+                problem = url_problem(server.url, from_env.get((*at, "url")))
                 if problem:
                     add((*at, "url"), problem)
             for key in ("args", "env"):
@@ -501,6 +382,28 @@ def _url_host(value: str) -> str | None:
         return urlsplit(value).hostname
     except ValueError:
         return None
+
+
+def _unset_warnings(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
+                    implicit: set[Loc]) -> list[str]:
+    """One line per ``${NAME}`` the operator wrote that is unset or empty where that is allowed (where it
+    is not, :func:`_cross_check` already made it an error). Fallbacks the operator did not write (a channel
+    token read from its conventional variable) are not mentioned."""
+    lines: list[str] = []
+    for loc, refs in missing.items():
+        if loc in implicit:
+            continue
+        unset = "; ".join(f"environment variable {name} is {state}" for name, state in refs)
+        if loc == ("llm", "api_key"):
+            if cfg.llm.provider == "local":
+                consequence = "the local provider uses no key"
+            else:
+                consequence = (f"no key is sent to {cfg.llm.effective_base_url} (fine only if that server "
+                               "takes requests without one)")
+        else:
+            consequence = "the value is empty"
+        lines.append(f"{dotted(loc)}: {unset}; {consequence}")
+    return lines
 
 
 # ---- loading -------------------------------------------------------------------------------------------
@@ -516,6 +419,8 @@ class _Resolver:
         self.env = env
         self.missing: MissingEnv = {}
         self.from_env: dict[Loc, list[str]] = {}
+        self.implicit: set[Loc] = set()
+        """Keys filled from their conventional variable because the operator left them out."""
 
     def resolve(self, value: Any, loc: Loc = ()) -> Any:
         if isinstance(value, str):
@@ -585,33 +490,45 @@ def _fill_env_defaults(data: dict[str, Any], resolver: _Resolver) -> None:
     """Keys the operator left out fall back to their environment variable (DESIGN.md §6 defaults)."""
     channels = data.get("channels")
     if isinstance(channels, dict):
-        for channel, keys in CHANNEL_ENV_DEFAULTS.items():
+        for channel, info in ChannelsConfig.model_fields.items():
             table = channels.get(channel)
-            if isinstance(table, dict):
-                for key, env_name in keys.items():
-                    if key not in table:
-                        table[key] = resolver.resolve(f"${{{env_name}}}", ("channels", channel, key))
+            model = info.annotation
+            if not isinstance(table, dict) or not (isinstance(model, type) and issubclass(model, BaseModel)):
+                continue
+            for key, field in model.model_fields.items():
+                env_name = env_default_of(field)
+                if env_name is not None and key not in table:
+                    table[key] = resolver.resolve(f"${{{env_name}}}", ("channels", channel, key))
+                    resolver.implicit.add(("channels", channel, key))
     llm = data.get("llm")
     if isinstance(llm, dict) and "api_key" not in llm and llm.get("provider") in LLM_KEY_ENV:
         llm["api_key"] = resolver.resolve(f"${{{LLM_KEY_ENV[llm['provider']]}}}", ("llm", "api_key"))
+        resolver.implicit.add(("llm", "api_key"))
 
 
-def load_config(path: str | Path | None, *, env: Mapping[str, str] | None = None) -> AppConfig:
-    """Load, resolve and validate the config at ``path`` (None: the embedded default)."""
+def load_config(path: str | Path | None, *, env: Mapping[str, str] | None = None,
+                warnings: list[str] | None = None) -> AppConfig:
+    """Load, resolve and validate the config at ``path`` (None: the embedded default). ``warnings``, if
+    given, receives one line per thing that may be wrong but does not stop the config from being used."""
     environ: Mapping[str, str] = os.environ if env is None else env
     source = None if path is None else str(path)
     raw: dict[str, Any] = {} if path is None else _read_toml(Path(path))
     resolver = _Resolver(environ)
     data = resolver.resolve(raw)
     _fill_env_defaults(data, resolver)
-    context = {"missing_env": resolver.missing}
+    context = {"missing_env": resolver.missing, "from_env": resolver.from_env, "implicit_env": resolver.implicit}
+    secrets = [value for loc, value in _leaves(data) if _secret_loc(loc)]
     try:
-        return AppConfig.model_validate(data, context=context)
+        found: list[str] = []
+        config = AppConfig.model_validate(data, context={**context, "warnings": found})
+        if warnings is not None:
+            warnings.extend(mask(w, secrets) for w in found)
+        return config
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        problems = [_describe(err, resolver) for err in errors]
+        problems = [mask(_describe(err, resolver), secrets) for err in errors]
     except ConfigError as exc:
-        raise ConfigError(exc.problems, source=source) from None
+        raise ConfigError([mask(p, secrets) for p in exc.problems], source=source) from None
     # Report the cross-field problems too, so one `check` lists everything: validate again with the
     # offending keys removed (they take their defaults) and keep what that second pass finds.
     for err in errors:
@@ -619,10 +536,22 @@ def load_config(path: str | Path | None, *, env: Mapping[str, str] | None = None
     try:
         AppConfig.model_validate(data, context=context)
     except ConfigError as exc:
-        problems.extend(exc.problems)
+        problems.extend(mask(p, secrets) for p in exc.problems)
     except ValidationError:
         pass
     raise ConfigError(list(dict.fromkeys(problems)), source=source)
+
+
+def _leaves(value: Any, loc: Loc = ()) -> Iterator[tuple[Loc, str]]:
+    """Every string in the raw config data with its path (to find the secret ones before validation)."""
+    if isinstance(value, str):
+        yield loc, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*loc, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _leaves(item, (*loc, i))
 
 
 def _prune(data: dict[str, Any], loc: Loc) -> None:
@@ -638,13 +567,6 @@ def _prune(data: dict[str, Any], loc: Loc) -> None:
 
 
 # ---- describing validation errors ------------------------------------------------------------------------
-
-
-def dotted(loc: Loc) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
-    return out or "(top level)"
 
 
 def _model_at(loc: Loc) -> type[BaseModel] | None:
@@ -668,7 +590,7 @@ def _secret_loc(loc: Loc) -> bool:
         return True  # a value inside a secret table (agent.mcp_servers[0].env.TOKEN)
     model = _model_at(loc[:-1])
     info = model.model_fields.get(loc[-1]) if model and loc and isinstance(loc[-1], str) else None
-    return info is not None and _is_secret(info)
+    return info is not None and is_secret(info)
 
 
 def _unknown_key(loc: Loc) -> str:
@@ -684,18 +606,6 @@ def _unknown_key(loc: Loc) -> str:
 
 def _number(value: Any) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return repr(value if len(value) <= 60 else value[:57] + "...")
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)
 
 
 def _expected(err: Mapping[str, Any]) -> str:
@@ -744,8 +654,6 @@ def _describe(err: Mapping[str, Any], resolver: _Resolver) -> str:
         return f"{path}: {unset} ({expected})"
     if _secret_loc(loc):
         got = ""  # never echo what might be a secret
-    elif loc in resolver.from_env:
-        got = " (got the value of " + ", ".join(f"${{{n}}}" for n in resolver.from_env[loc]) + ")"
     else:
-        got = f" (got {_show(err.get('input'))})"
+        got = f" ({got_from(err.get('input'), resolver.from_env.get(loc))})"
     return f"{path}: {expected}{got}"

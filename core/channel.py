@@ -1,7 +1,20 @@
-"""What core needs from a channel: a live sink per turn and a plain message for fallbacks and notices.
+"""The Channel seam: what one chat platform is to core and to the bridge.
+
+A channel implements :class:`Channel`. Core uses two of its methods: ``open_sink`` (live delivery of one
+turn) and ``send_plain`` (fallbacks, notices, command replies). The bridge drives its lifecycle:
+
+    start()   begin receiving (polling, a socket, webhook registration); the bridge is serving HTTP by now
+    stop()    stop receiving new input; outbound calls keep working
+              -- core shuts down here and still delivers the terminal state of running turns --
+    close()   release transports (HTTP sessions, sockets)
+
+``state()`` is a short word for ``/healthz`` ("polling", "connected", "serving", ...); :data:`ERROR`
+means the channel cannot work right now, and ``/healthz`` then answers 503 naming it.
+
+A channel is handed a narrow host (``core.host.ChannelHost``), never the core itself.
 
 Retries and pacing of platform calls are the channel's business (one policy per platform call, in
-``channels.common``): core calls a sink's ``finish`` and a channel's ``send_plain`` once each and only
+``channels.common.calls``): core calls a sink's ``finish`` and a channel's ``send_plain`` once each and only
 bounds how long it waits, stretching that bound by any pause the platform imposed (429 retry_after).
 """
 
@@ -34,7 +47,7 @@ class TurnFeed(Protocol):
 
 
 class TurnSink(Protocol):
-    """Live rendering of one turn on one platform. Created by ``ChannelPort.open_sink``."""
+    """Live rendering of one turn on one platform. Created by ``Channel.open_sink``."""
 
     async def follow(self, turn: TurnFeed) -> None:
         """Show the running turn until its snapshot is terminal: pull the newest snapshot whenever the
@@ -62,8 +75,30 @@ class TurnSink(Protocol):
         ...
 
 
-class ChannelPort(Protocol):
+ERROR = "error"
+"""The state of a channel that cannot receive or send right now (bad credentials, platform unreachable)."""
+
+
+class Channel(Protocol):
     name: str
+    """Unique per process; the ``channel`` of its envelopes and turn targets."""
+
+    async def start(self) -> None:
+        """Begin receiving. Failures the channel can retry by itself leave ``state()`` at :data:`ERROR`
+        instead of raising; raise only when it can never work with this configuration."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop receiving new input. ``open_sink`` and ``send_plain`` must keep working until ``close``."""
+        ...
+
+    async def close(self) -> None:
+        """Release transports; called after core has shut down."""
+        ...
+
+    def state(self) -> str:
+        """A short word for /healthz; :data:`ERROR` when the channel cannot work right now."""
+        ...
 
     async def open_sink(self, target: TurnTarget) -> TurnSink:
         """Prepare live delivery for one turn. Raising means: deliver plainly from the start."""
@@ -77,15 +112,12 @@ class ChannelPort(Protocol):
 
 class ChannelRegistry:
     def __init__(self) -> None:
-        self._channels: dict[str, ChannelPort] = {}
+        self._channels: dict[str, Channel] = {}
 
-    def add(self, channel: ChannelPort) -> None:
+    def add(self, channel: Channel) -> None:
         if channel.name in self._channels:
             raise ValueError(f"channel {channel.name!r} registered twice")
         self._channels[channel.name] = channel
 
-    def get(self, name: str) -> ChannelPort | None:
+    def get(self, name: str) -> Channel | None:
         return self._channels.get(name)
-
-    def names(self) -> list[str]:
-        return sorted(self._channels)

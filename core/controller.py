@@ -157,7 +157,7 @@ class TurnController:
             self._changed()
         elif isinstance(event, ApprovalRequested):
             self._approvals = (*self._approvals, ApprovalRequest(
-                event.call_id, event.tool_name, event.arguments_summary, event.requested_by))
+                event.call_id, event.tool_name, event.arguments_summary, event.requested_by, event.arguments))
             self._changed(urgent=True)
         elif isinstance(event, ApprovalDecided):
             self._approvals = tuple(a for a in self._approvals if a.call_id != event.call_id)

@@ -1,23 +1,33 @@
-"""What a channel hands to core: one normalised inbound message, and where its reply goes."""
+"""What a channel hands to core: one normalised inbound message, and where its reply goes.
+
+Every string in an envelope is made sound as it is built (``core.text``): a platform or a browser may send
+an unpaired surrogate (a JSON ``"\\ud800"``), which would otherwise make the message impossible to store.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
+
+from core.text import sound_text, sound_value
+
+Text = Annotated[str, AfterValidator(sound_text)]
 
 
 class ChannelContext(BaseModel):
     """Opaque, JSON-serialisable platform data.
 
-    Only the originating channel reads ``data``; core stores it and hands it back unchanged with the
-    turn target or an error reply, so a reply target survives a restart.
+    Only the originating channel reads ``data``: it writes its own typed context here once, when it
+    normalises a message, and reads the same type back from a turn target (``channels.common.context``).
+    Core stores it and hands it back unchanged with the turn target or an error reply, so a reply target
+    survives a restart.
     """
 
     model_config = ConfigDict(frozen=True)
 
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: Annotated[dict[str, JsonValue], AfterValidator(sound_value)] = Field(default_factory=dict)
 
 
 class ReplyTo(BaseModel):
@@ -25,9 +35,9 @@ class ReplyTo(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    message_id: str
-    text: str | None = None
-    sender_id: str | None = None
+    message_id: Text
+    text: Text | None = None
+    sender_id: Text | None = None
 
 
 class ThreadRef(BaseModel):
@@ -35,18 +45,18 @@ class ThreadRef(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    thread_id: str
+    thread_id: Text
 
 
 class MediaItem(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    kind: str  # photo | document | audio | video | other
-    file_id: str
-    mime_type: str | None = None
-    file_name: str | None = None
+    kind: Text  # photo | document | audio | video | other
+    file_id: Text
+    mime_type: Text | None = None
+    file_name: Text | None = None
     size: int | None = None
-    caption: str | None = None
+    caption: Text | None = None
 
 
 class InboundEnvelope(BaseModel):
@@ -54,18 +64,18 @@ class InboundEnvelope(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    channel: str
-    chat_id: str
-    sender_id: str
-    content: str
+    channel: Text
+    chat_id: Text
+    sender_id: Text
+    content: Text
     received_at: float = Field(default_factory=time.time)
-    sender_name: str | None = None
+    sender_name: Text | None = None
     media: tuple[MediaItem, ...] = ()
     reply_to: ReplyTo | None = None
     thread: ThreadRef | None = None
-    event_id: str | None = None
+    event_id: Text | None = None
     """Platform-unique id for dedupe (e.g. Telegram update_id); None disables dedupe."""
-    session_key: str | None = None
+    session_key: Text | None = None
     """Explicit session key (the web chat names sessions itself); default derives from chat and thread."""
     channel_context: ChannelContext = Field(default_factory=ChannelContext)
 

@@ -3,7 +3,8 @@
 1. persist the user message (source: channel, sender, received_at, reply_to)
 2. TurnInputBuilder.prepare (system prompt + context + runtime context, once)
 3. TurnRunner (model ⟂ cancel; at most one overflow recovery)
-4. TurnCommitter (generation/state_version check, atomic persistence, then the terminal snapshot)
+4. TurnCommitter (generation/state_version check, atomic persistence — a turn without an answer keeps
+   its terminal notice in history — then the terminal snapshot)
 5. DeliveryHandle.wait → plain fallback at most once
 6. TitleService.schedule (background)
 """
@@ -30,6 +31,7 @@ from core.settings import CoreSettings
 from core.snapshot import TurnSnapshot
 from core.store import Store, TurnState
 from core.title import TitleService
+from core.turn_log import turn_scope
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +53,18 @@ class ConversationExecutor:
         self._settings = settings
 
     async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache) -> None:
-        """Run one turn. ``context`` is the session worker's cache of its context between turns."""
+        """Run one turn. ``context`` is the session worker's cache of its context between turns.
+
+        Everything logged for the turn (in tasks it spawns too) carries its id; it ends with one INFO line."""
+        turn_id = uuid.uuid4().hex
+        with turn_scope(turn_id, envelope.key()) as result:
+            result.outcome = await self._execute(envelope, cancel, context, turn_id)
+
+    async def _execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache,
+                       turn_id: str) -> str:
+        """The six steps; returns how the turn ended (for the turn's log line)."""
         target = envelope.target()
         key = target.session_key
-        turn_id = uuid.uuid4().hex
 
         # 1. persist the user message
         try:
@@ -69,7 +79,7 @@ class ConversationExecutor:
             context.clear()
             log.error("persisting the user message in %s failed: %s", key, exc)
             await self._plain.send(target, self._presenter.failure(TurnFailure(TurnFailureKind.INPUT_PERSISTENCE)))
-            return
+            return f"failed ({TurnFailureKind.INPUT_PERSISTENCE.value})"
         context.appended(message, record)
 
         controller = TurnController(turn_id, key)
@@ -100,7 +110,7 @@ class ConversationExecutor:
             context.committed(committed.result)
         else:
             context.clear()
-        terminal = self._finish(controller, outcome)
+        terminal = self._finish(controller, outcome, committed.notice)
         if committed.result is None:  # the commit did not close the turn record
             await self._record_turn_end(turn_id, terminal)
 
@@ -112,6 +122,7 @@ class ConversationExecutor:
         # 6. title in the background
         if isinstance(outcome, Completed) and committed.result and committed.result.history_revision == 1:
             self._titles.schedule(key, base_generation, envelope.content, outcome.text)
+        return _outcome_label(outcome)
 
     # ---- steps ---------------------------------------------------------------------------------
 
@@ -122,12 +133,12 @@ class ConversationExecutor:
             log.warning("live delivery unavailable for %s, replying plainly: %s", target.session_key, exc)
             return None
 
-    def _finish(self, controller: TurnController, outcome: TurnRunOutcome) -> TurnSnapshot:
+    @staticmethod
+    def _finish(controller: TurnController, outcome: TurnRunOutcome, notice: str | None) -> TurnSnapshot:
+        """The terminal snapshot; its error is the notice the commit persisted (one text, live and in history)."""
         if isinstance(outcome, Completed):
             return controller.finish("completed", text=outcome.text)
-        if isinstance(outcome, Failed):
-            return controller.finish("failed", error=self._presenter.failure(outcome.failure))
-        return controller.finish("cancelled", error=self._presenter.cancelled(""))
+        return controller.finish("failed" if isinstance(outcome, Failed) else "cancelled", error=notice)
 
     async def _deliver_terminal(self, target: TurnTarget, handle: DeliveryHandle | None,
                                 outcome: TurnRunOutcome, terminal: TurnSnapshot) -> None:
@@ -174,6 +185,12 @@ class ConversationExecutor:
             await self._store.end_turn(turn_id, state)
         except Exception as exc:
             log.warning("could not close turn record %s: %s", turn_id, exc)
+
+
+def _outcome_label(outcome: TurnRunOutcome) -> str:
+    if isinstance(outcome, Failed):
+        return f"failed ({outcome.failure.kind.value})"
+    return type(outcome).__name__.lower()
 
 
 __all__ = ["ConversationExecutor", "Stale"]

@@ -18,7 +18,7 @@ from core.failures import TurnFailurePresenter
 from core.session import Admission, SessionManager
 from core.settings import CoreSettings
 from core.store import Store
-from core.supervisor import SupervisorClosedError, TaskSupervisor
+from core.supervisor import ShuttingDownError, SupervisorClosedError, TaskSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class SubmitResult(Enum):
     COMMAND = "command"
 
 
-class RouterClosedError(RuntimeError):
+class RouterClosedError(ShuttingDownError):
     """The router no longer accepts input (shutting down). Channels tell the sender."""
 
 

@@ -1,4 +1,8 @@
-"""ChatCore: wires the reply chain together and is the single entry point for channels and the bridge."""
+"""ChatCore: wires the reply chain together; the bridge drives it, channels reach it through a host.
+
+Channels never hold the ChatCore: ``host_for(name)`` gives each one the narrow ``core.host`` interface,
+and ``add_channel`` registers it for delivery (``open_sink``, ``send_plain``).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,14 @@ from typing import Literal
 
 from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor, summary_message
-from core.channel import ChannelPort, ChannelRegistry
+from core.channel import Channel, ChannelRegistry
 from core.committer import TurnCommitter
 from core.delivery import PlainSender, TurnDeliveryService
 from core.envelope import InboundEnvelope, TurnTarget
 from core.events import EventBus, SessionTitleChanged, TurnCommitted
 from core.executor import ConversationExecutor
 from core.failures import TurnFailurePresenter
+from core.host import CoreHost
 from core.input_builder import RuntimeContext, Summary, TurnInputBuilder
 from core.llm.provider import LLMProvider, ProviderError
 from core.messages import ChatMessage
@@ -23,6 +28,7 @@ from core.session import SessionManager
 from core.settings import CoreSettings
 from core.store import SessionRecord, StaleStateError, Store
 from core.supervisor import TaskSupervisor
+from core.text import sound_text
 from core.title import TitleService
 from core.tools.base import ToolRegistry
 
@@ -48,11 +54,12 @@ class ChatCore:
         builder = TurnInputBuilder(store, s)
         self._builder = builder
         self._compactor = Compactor(provider, builder, s)
+        self._committer = TurnCommitter(store, self.events, self.presenter)
         self.executor = ConversationExecutor(
             store=store, builder=builder,
             runner=TurnRunner(provider, builder, store, self.supervisor, s, tools=self.tools,
                               broker=self.approvals, compactor=self._compactor),
-            committer=TurnCommitter(store, self.events),
+            committer=self._committer,
             delivery=TurnDeliveryService(self.channels, self.supervisor, s),
             plain=self._plain, presenter=self.presenter,
             titles=TitleService(store, provider, self.supervisor, self.events, s),
@@ -63,20 +70,29 @@ class ChatCore:
                                     new_context=self._new_context, compact=self.compact)
         self._started = False
 
-    def add_channel(self, channel: ChannelPort) -> None:
+    def add_channel(self, channel: Channel) -> None:
+        """Register ``channel`` for delivery: turn targets and notices naming it go through it."""
         self.channels.add(channel)
 
+    def host_for(self, channel: str) -> CoreHost:
+        """What the channel named ``channel`` is handed instead of this object (``core.host``)."""
+        return CoreHost(self, channel)
+
     async def start(self) -> None:
-        """Open the store and close turns a previous process left running (their chat is told once)."""
+        """Open the store and close turns a previous process left running: each one's notice goes into its
+        session's history (a page that reconnects after the restart finds it there), then its chat is told
+        once."""
         await self.store.open()
         self._started = True
         for turn in await self.store.close_interrupted_turns():
+            notice = self.presenter.interrupted_by_restart()
+            await self._committer.commit_notice(turn.session_key, turn.turn_id, notice)
             try:
                 target = TurnTarget.model_validate_json(turn.target_json)
             except ValueError:
                 log.warning("interrupted turn %s has an unreadable target", turn.turn_id)
                 continue
-            await self._plain.send(target, self.presenter.interrupted_by_restart())
+            await self._plain.send(target, notice)
 
     async def submit(self, envelope: InboundEnvelope) -> SubmitResult:
         """Hand one inbound message to core. Raises RouterClosedError while shutting down."""
@@ -120,18 +136,23 @@ class ChatCore:
         self.events.publish(TurnCommitted(key, result.history_revision, result.messages))
         return f"Compacted {len(messages)} messages into a summary; the conversation continues from it."
 
-    async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
-        return await self.store.history(key, limit=limit)
+    async def history(self, key: str, *, limit: int = 1000,
+                      before: str | None = None) -> tuple[int, list[ChatMessage]]:
+        """See ``Store.history`` (``before`` pages backwards; UnknownMessageError for a foreign id)."""
+        return await self.store.history(key, limit=limit, before=before)
 
     async def list_sessions(self, *, prefix: str | None = None) -> list[SessionRecord]:
         return await self.store.list_sessions(prefix=prefix)
 
     async def create_session(self, key: str) -> SessionRecord:
-        return await self.store.get_or_create_session(key, default_title=self.settings.default_title)
+        return await self.store.get_or_create_session(key)
 
-    async def rename(self, key: str, title: str) -> None:
+    async def rename(self, key: str, title: str) -> str:
+        """A user's rename; returns the title as stored (made sound: ``core.text``)."""
+        title = sound_text(title)
         await self.store.rename(key, title)
         self.events.publish(SessionTitleChanged(key, title))
+        return title
 
     async def _new_context(self, key: str) -> None:
         await self.store.new_context(key)

@@ -1,8 +1,13 @@
-"""Runtime knobs core needs, as plain values. The bridge maps the operator config onto these."""
+"""Runtime knobs core needs, as plain values. The bridge maps the operator config onto these.
+
+These defaults are the only ones: the operator config takes its defaults for the same knobs from here.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from core.llm.provider import DEFAULT_REQUEST_TIMEOUT
 
 DEFAULT_RETRY_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 30.0)
 
@@ -22,7 +27,7 @@ class CoreSettings:
     context_window: int = 32_768
     """Model context window in tokens; history is trimmed to fit (about 4 characters per token)."""
     retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS
-    request_timeout: float = 60.0
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     max_output_tokens: int | None = None
     temperature: float | None = None
     sink_open_timeout: float = 15.0
@@ -34,4 +39,3 @@ class CoreSettings:
     titles: bool = True
     title_timeout: float = 30.0
     history_limit: int = 200
-    default_title: str = "New chat"

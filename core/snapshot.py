@@ -7,7 +7,7 @@ sink stream increments: while it is unchanged, each snapshot's text extends the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 SnapshotState = Literal["running", "completed", "cancelled", "failed"]
 ToolStatus = Literal["awaiting_approval", "running", "done", "failed", "denied"]
@@ -21,13 +21,27 @@ class ToolActivity:
     summary: str = ""
 
 
+class ShownArgument(NamedTuple):
+    """One argument of a call waiting for approval, as the person deciding sees it."""
+
+    name: str
+    value: str
+    """The value as JSON text, in full (characters that would not show as themselves escaped)."""
+    key: bool
+    """A required argument: it says what the call does (fetch_url's url). Shown first and never
+    shortened; a channel short of room shortens only the others."""
+
+
 @dataclass(frozen=True, slots=True)
 class ApprovalRequest:
     call_id: str
     tool_name: str
     arguments_summary: str
+    """Every argument, one ``name=value`` line each, never cut (what a channel without a limit shows)."""
     requested_by: str | None = None
     """The sender of the turn's message; a channel may let only them (or admins) decide."""
+    arguments: tuple[ShownArgument, ...] = ()
+    """The same arguments one by one, key ones first, for a channel that has to fit a length limit."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from core.messages import ChatMessage, MessageSource, NewMessage, Role, SourceKind, ToolCall
 from core.store import (
+    DEFAULT_TITLE,
     CommitResult,
     SessionRecord,
     StaleStateError,
@@ -42,9 +43,9 @@ from core.store import (
     TraceRecord,
     TurnRecord,
     TurnState,
+    UnknownMessageError,
 )
 
-DEFAULT_TITLE = "New chat"
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 5000
 PURGE_INTERVAL_SECONDS = 60.0
@@ -284,6 +285,10 @@ def _store_errors(op: str) -> Iterator[None]:
         raise StoreError(f"sqlite store: {op} read a malformed row") from None
     except OSError as exc:  # creating the database directory
         raise StoreError(f"sqlite store: {op} failed ({type(exc).__name__}: {exc})") from exc
+    except (UnicodeEncodeError, UnicodeDecodeError) as exc:
+        # A ValueError too, but not a connection problem: text that cannot be encoded (an unpaired
+        # surrogate). Only the reason is kept: the error's own text quotes the offending character.
+        raise StoreError(f"sqlite store: {op} failed (text that cannot be encoded: {exc.reason})") from None
     except ValueError as exc:  # aiosqlite: "Connection closed" / "no active connection"
         raise StoreError(f"sqlite store: {op} failed (connection unavailable)") from exc
 
@@ -671,19 +676,36 @@ class SqliteStore:
             for offset, message in enumerate(messages)
         ]
 
-    async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
-        """(history_revision, the newest ``limit`` messages in seq order), consistent with each other.
+    async def history(self, key: str, *, limit: int = 1000,
+                      before: str | None = None) -> tuple[int, list[ChatMessage]]:
+        """(history_revision, the newest ``limit`` messages in seq order — older than message ``before``
+        when given), consistent with each other.
 
-        Messages appended after the last commit may be included; the revision counts commits only.
+        Messages appended after the last commit may be included; the revision counts commits only. Raises
+        UnknownMessageError when ``before`` is not a message of this session.
         """
         async with self._read("history") as conn:
             session = await _session_row(conn, key)
+            below: int | None = None
+            if before is not None:
+                found = list(await conn.execute_fetchall(
+                    "SELECT seq FROM messages WHERE id = ? AND session_key = ?", (before, key)))
+                if not found:
+                    raise UnknownMessageError("no such message in this conversation")
+                below = int(found[0][0])
             if session is None:
                 return 0, []
-            rows = await conn.execute_fetchall(
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_key = ? ORDER BY seq DESC LIMIT ?",
-                (key, max(limit, 0)),
-            )
+            if below is None:
+                rows = await conn.execute_fetchall(
+                    f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_key = ? ORDER BY seq DESC LIMIT ?",
+                    (key, max(limit, 0)),
+                )
+            else:
+                rows = await conn.execute_fetchall(
+                    f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_key = ? AND seq < ?"
+                    " ORDER BY seq DESC LIMIT ?",
+                    (key, below, max(limit, 0)),
+                )
             messages = [_message_from_row(r) for r in reversed(list(rows))]
             return int(session["history_revision"]), messages
 

@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict
 
 from core.messages import ChatMessage, NewMessage
 
+DEFAULT_TITLE = "New chat"
+"""A session's title until the first exchange names it (or a user renames it)."""
+
 TurnState = Literal["running", "completed", "cancelled", "failed", "stale", "interrupted"]
 
 
@@ -21,6 +24,11 @@ class StoreError(Exception):
 
 class StaleStateError(StoreError):
     """A conditional write found the session moved on (generation or state_version changed)."""
+
+
+class UnknownMessageError(LookupError):
+    """A history page was asked for relative to a message id that is not in that session (bad input, not a
+    storage failure)."""
 
 
 class SessionRecord(BaseModel):
@@ -82,7 +90,7 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
     # sessions
-    async def get_or_create_session(self, key: str, *, default_title: str = "New chat") -> SessionRecord: ...
+    async def get_or_create_session(self, key: str, *, default_title: str = DEFAULT_TITLE) -> SessionRecord: ...
 
     async def get_session(self, key: str) -> SessionRecord | None: ...
 
@@ -126,8 +134,12 @@ class Store(Protocol):
         """
         ...
 
-    async def history(self, key: str, *, limit: int = 1000) -> tuple[int, list[ChatMessage]]:
-        """(history_revision, the newest ``limit`` messages in seq order), consistent with each other."""
+    async def history(self, key: str, *, limit: int = 1000,
+                      before: str | None = None) -> tuple[int, list[ChatMessage]]:
+        """(history_revision, the newest ``limit`` messages in seq order), consistent with each other.
+
+        ``before`` (a message id of this session) pages backwards: the newest ``limit`` messages older than
+        that one. Raises UnknownMessageError when the session has no such message."""
         ...
 
     async def context_messages(self, key: str, *, limit: int) -> tuple[int, list[ChatMessage]]:

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+"""``TaskSupervisor.spawn`` as a value, for code that starts tasks on a supervisor it does not own."""
 
-class SupervisorClosedError(RuntimeError):
+
+class ShuttingDownError(RuntimeError):
+    """The process is shutting down and takes no new work; the caller reports it, never drops work silently."""
+
+
+class SupervisorClosedError(ShuttingDownError):
     """Raised by ``spawn`` after shutdown began: the caller must report the failure, not drop the work."""
 
 

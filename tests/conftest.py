@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,29 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:  # make `core`, `channels`, `bridge`, `tests.fakes` importable under plain `pytest`
     sys.path.insert(0, _ROOT)
 
+from bridge.logs import NOISY_LOGGERS  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAI  # noqa: E402
 from tests.support.harness import shutdown_leftovers  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _logging_is_restored_after_each_test() -> Iterator[None]:
+    """``chatbridge run`` (``configure_logging``) replaces the root handlers and levels for the whole
+    process; a test that runs it must not change what later tests log, or where."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    levels = {name: logging.getLogger(name).level for name in NOISY_LOGGERS}
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+    for name, saved in levels.items():
+        logging.getLogger(name).setLevel(saved)
 
 
 @pytest.fixture(autouse=True)
@@ -35,4 +57,13 @@ from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
 async def fake_anthropic() -> AsyncIterator[FakeAnthropic]:
     """A started fake Anthropic Messages API on 127.0.0.1; ``base_url`` has no ``/v1`` (the SDK adds it)."""
     async with FakeAnthropic() as fake:
+        yield fake
+
+from tests.fakes.slack import FakeSlack  # noqa: E402
+
+
+@pytest.fixture
+async def fake_slack() -> AsyncIterator[FakeSlack]:
+    """A started fake Slack (Web API + Socket Mode) on 127.0.0.1; ``base_url`` is what AsyncWebClient takes."""
+    async with FakeSlack() as fake:
         yield fake

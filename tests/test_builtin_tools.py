@@ -78,3 +78,97 @@ async def test_fetch_url_gives_up_after_its_timeout(local_site):
     base, _ = local_site
     with pytest.raises(FetchRefused, match="no complete answer"):
         await FetchUrl(timeout_seconds=0.2, allow_loopback=True).run({"url": f"{base}/slow"}, CTX)
+
+
+# ---- every spelling of an address is checked where the connection is made --------------------------------
+
+
+@pytest.fixture
+async def loopback_counter() -> AsyncIterator[tuple[int, list[str]]]:
+    """A loopback server that records every request it receives (none may arrive)."""
+    seen: list[str] = []
+
+    async def any_path(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.Response(text="loopback secret")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", any_path)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield runner.addresses[0][1], seen
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize("host", ["１２７.０.０.１", "127。0。0。1", "①②⑦.⓪.⓪.①", "１２７。０。０。１",
+                                  "127.0.0.1.", "2130706433", "0x7f.0.0.1", "ＬＯＣＡＬＨＯＳＴ"])
+async def test_fetch_url_refuses_loopback_in_any_spelling_and_never_connects(loopback_counter, host):
+    port, seen = loopback_counter
+    with pytest.raises(FetchRefused):
+        await FetchUrl().run({"url": f"http://{host}:{port}/secret"}, CTX)
+    assert seen == []  # the request never reached the loopback server
+
+
+def test_the_connect_gate_refuses_every_non_public_address():
+    import socket
+
+    from core.tools.builtin import connect_gate
+
+    refused: list[str] = []
+    gate = connect_gate(allow_loopback=False, refused=refused)
+    for address in ("127.0.0.1", "10.1.2.3", "169.254.169.254", "::1", "::ffff:127.0.0.1", "0.0.0.0"):
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with pytest.raises(OSError):
+            gate((family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, 80)))
+    assert refused == ["127.0.0.1", "10.1.2.3", "169.254.169.254", "::1", "::ffff:127.0.0.1", "0.0.0.0"]
+    loopback_ok = connect_gate(allow_loopback=True, refused=refused)
+    loopback_ok((socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", 80))).close()
+    with pytest.raises(OSError):
+        loopback_ok((socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("10.0.0.1", 80)))
+
+
+# ---- the body is read to max_bytes or its end ------------------------------------------------------------
+
+
+@pytest.fixture
+async def chunked_site() -> AsyncIterator[str]:
+    """Pages sent in pieces with a pause between them, so a single read sees only the first piece."""
+
+    async def page(request: web.Request) -> web.StreamResponse:
+        size = int(request.query["size"])
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+        await resp.prepare(request)
+        sent = 0
+        while sent < size:
+            piece = min(16_384, size - sent)
+            await resp.write(b"x" * piece)
+            sent += piece
+            await asyncio.sleep(0.01)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/page", page)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+async def test_fetch_url_returns_the_whole_page_up_to_max_bytes(chunked_site):
+    tool = FetchUrl(max_bytes=200_000, allow_loopback=True)
+    out = await tool.run({"url": f"{chunked_site}/page?size=153000"}, CTX)
+    head, _, body = out.partition("\n\n")
+    assert head == "HTTP 200 text/plain"
+    assert body == "x" * 153_000  # all of it, and no cut marker
+
+
+async def test_fetch_url_cuts_a_longer_page_at_max_bytes_and_says_so(chunked_site):
+    tool = FetchUrl(max_bytes=50_000, allow_loopback=True)
+    out = await tool.run({"url": f"{chunked_site}/page?size=120000"}, CTX)
+    body = out.partition("\n\n")[2]
+    assert body == "x" * 50_000 + "\n[cut at 50000 bytes]"

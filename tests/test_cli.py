@@ -96,6 +96,32 @@ def test_check_error_never_echoes_a_misplaced_env_secret(tmp_path: Path, monkeyp
     assert ENV_SECRET not in out + err
 
 
+def test_check_error_never_echoes_a_secret_pasted_into_the_wrong_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pasted = "sk-proj-Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2Ji1HgFeDcBa"
+    path = tmp_path / "c.toml"
+    path.write_text(f'[web]\nport = "{pasted}"\n')
+    assert main(["check", "-c", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert "  web.port: expected an integer (got a value that looks like a secret, not shown)" in err.splitlines()
+    assert pasted[:12] not in out + err
+
+
+def test_check_warns_about_an_unset_key_variable_it_can_do_without(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOT_SET_VAR", raising=False)
+    path = tmp_path / "c.toml"
+    path.write_text('[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:11434/v1"\n'
+                    'api_key = "${NOT_SET_VAR}"\n')
+    assert main(["check", "-c", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip().endswith(f"config OK: {path}")
+    assert err.splitlines() == [
+        f"config warning in {path}:",
+        "  llm.api_key: environment variable NOT_SET_VAR is not set; no key is sent to http://127.0.0.1:11434/v1 "
+        "(fine only if that server takes requests without one)"]
+
+
 def test_check_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "-c", str(tmp_path / "missing.toml")]) == 2
     assert "file not found" in capsys.readouterr().err

@@ -185,14 +185,35 @@ def test_mode_specific_secrets(tmp_path: Path) -> None:
 # ---- cross-field rules ---------------------------------------------------------------------------------
 
 
+WEBHOOK = 'webhook_url = "https://bot.example.com/telegram/webhook"\nwebhook_secret = "s3cret"\n'
+
+
 def test_webhook_mode_without_web_server(tmp_path: Path) -> None:
-    text = '[web]\nenabled = false\n[channels.telegram]\nenabled = true\ntoken = "t"\nmode = "webhook"\n'
+    text = f'[web]\nenabled = false\n[channels.telegram]\nenabled = true\ntoken = "t"\nmode = "webhook"\n{WEBHOOK}'
     found = problems(tmp_path, text)
     assert len(found) == 1
     assert found[0].startswith("channels.telegram.mode: mode 'webhook' is served by the web server")
     # the same channel in polling mode is fine without the web server
     cfg = load_config(write(tmp_path, text.replace('"webhook"', '"polling"')), env={})
     assert cfg.enabled_channels() == ["telegram"]
+
+
+def test_telegram_webhook_mode_needs_url_and_secret(tmp_path: Path) -> None:
+    found = problems(tmp_path, '[channels.telegram]\nenabled = true\ntoken = "t"\nmode = "webhook"\n')
+    assert [line.split(":", 1)[0] for line in found] == ["channels.telegram.webhook_url",
+                                                        "channels.telegram.webhook_secret"]
+    assert all("required in webhook mode" in line for line in found)
+    assert load_config(write(tmp_path, f'[channels.telegram]\nenabled = true\ntoken = "t"\nmode = "webhook"\n'
+                                       f'{WEBHOOK}'), env={}).channels.telegram.mode == "webhook"
+
+
+def test_telegram_webhook_url_must_be_https_and_secret_in_telegrams_alphabet(tmp_path: Path) -> None:
+    found = problems(tmp_path, '[channels.telegram]\nenabled = true\ntoken = "t"\nmode = "webhook"\n'
+                               'webhook_url = "http://bot.example.com/telegram/webhook"\n'
+                               'webhook_secret = "has spaces and $ymbols"\n')
+    assert found[0].startswith("channels.telegram.webhook_url: Telegram posts webhooks only to https://")
+    assert found[1].startswith("channels.telegram.webhook_secret: expected 1 to 256 characters")
+    assert not any("$ymbols" in line for line in found)
 
 
 def test_non_loopback_web_needs_a_token(tmp_path: Path) -> None:
@@ -202,6 +223,35 @@ def test_non_loopback_web_needs_a_token(tmp_path: Path) -> None:
     ]
     assert load_config(write(tmp_path, '[web]\nhost = "0.0.0.0"\nauth_token = "t"\n'), env={}).web.auth_token
     assert load_config(write(tmp_path, '[web]\nhost = "::1"\n'), env={}).web.host == "::1"
+
+
+def test_web_access_keys_are_validated_by_name(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, '[web]\nallowed_hosts = ["Chat.Example.com.", "[::1]", "10.1.2.3"]\n'
+                                      'trusted_proxies = ["127.0.0.1", "10.0.0.0/8", "fd00::1"]\n'
+                                      "max_streams = 50\nmax_streams_per_client = 5\n"), env={})
+    assert cfg.web.allowed_hosts == ["chat.example.com", "::1", "10.1.2.3"]
+    assert cfg.web.trusted_proxies == ["127.0.0.1/32", "10.0.0.0/8", "fd00::1/128"]
+    assert (cfg.web.max_streams, cfg.web.max_streams_per_client) == (50, 5)
+    default = load_config(None, env={}).web
+    assert (default.allowed_hosts, default.trusted_proxies) == ([], [])
+    assert (default.max_streams, default.max_streams_per_client) == (200, 20)
+
+    found = problems(tmp_path, '[web]\nallowed_hosts = ["https://chat.example.com", "chat.example.com:8443", ""]\n'
+                               'trusted_proxies = ["proxy.local", "10.0.0.0/33"]\nmax_streams = 0\n')
+    host_hint = 'expected a host name such as "chat.example.com" (no scheme, port or path)'
+    net_hint = 'expected an IP address or network such as "127.0.0.1" or "10.0.0.0/8"'
+    assert found == [
+        f"web.allowed_hosts[0]: {host_hint} (got 'https://chat.example.com')",
+        f"web.allowed_hosts[1]: {host_hint} (got 'chat.example.com:8443')",
+        f"web.allowed_hosts[2]: {host_hint} (got '')",
+        f"web.trusted_proxies[0]: {net_hint} (got 'proxy.local')",
+        f"web.trusted_proxies[1]: {net_hint} (got '10.0.0.0/33')",
+        "web.max_streams: expected a value >= 1 (got 0)",
+    ]
+    assert problems(tmp_path, "[web]\nmax_streams = 10\nmax_streams_per_client = 11\n") == [
+        "web.max_streams_per_client: must not exceed web.max_streams (10) (got 11)"]
+    assert problems(tmp_path, '[web]\nallowed_hosts = "chat.example.com"\n') == [
+        "web.allowed_hosts: expected a list (got 'chat.example.com')"]
 
 
 @pytest.mark.parametrize(
@@ -428,3 +478,71 @@ env = { TOKEN = 12345678 }
     assert "agent.mcp_servers[1].startup_timeout_seconds: expected a value > 0 (got 0)" in found
     assert "agent.mcp_servers[1].env.TOKEN: expected a string" in found
     assert not any("12345678" in line for line in found)
+
+
+# ---- secrets in error messages, unset keys -------------------------------------------------------------
+
+PASTED = "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
+TG_TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+
+
+@pytest.mark.parametrize("text", [
+    f'[web]\nport = "{PASTED}"\n',
+    f'[llm]\nprovider = "{PASTED}"\n',
+    f'[llm]\nprovider = "openai"\nmodel = "m"\napi_key = "x"\nbase_url = "{PASTED}"\n',
+    f'[bridge]\nlog_level = "{PASTED}"\n',
+    f'[channels.telegram]\nenabled = true\ntoken = "{TG_TOKEN}"\napi_base = "{TG_TOKEN}"\n',
+    '[channels.feishu]\nenabled = true\napp_id = "a"\napp_secret = "plainsecret"\ndomain = "plainsecret"\n',
+    '[llm]\nprovider = "openai"\nmodel = "m"\napi_key = "x"\nbase_url = "${OPENAI_API_KEY}"\n',
+    '[[agent.mcp_servers]]\nname = "m"\nurl = "localhost/mcp?key=${MCP_KEY}"\n',
+])
+def test_a_secret_in_the_wrong_key_is_never_echoed(tmp_path: Path, text: str) -> None:
+    env = {"OPENAI_API_KEY": "env-key-value-000", "MCP_KEY": "mcp-key-value-111"}
+    found = problems(tmp_path, text, env=env)
+    assert found  # each is an error...
+    joined = "\n".join(found)
+    for secret in (PASTED, TG_TOKEN, "plainsecret", "env-key-value-000", "mcp-key-value-111", "AbCdEfGh"):
+        assert secret not in joined  # ...that does not repeat the secret
+
+
+def test_the_dump_masks_a_secret_pasted_into_a_free_text_key(tmp_path: Path) -> None:
+    text = f'[llm]\nprovider = "openai"\nmodel = "{PASTED}"\napi_key = "k"\n'
+    dump = load_config(write(tmp_path, text), env={}).masked_dump()
+    assert dump["llm"]["model"] == "***"
+    assert load_config(write(tmp_path, '[llm]\nmodel = "Qwen2.5-72B-Instruct"\n'), env={}).masked_dump()[
+        "llm"]["model"] == "Qwen2.5-72B-Instruct"  # an ordinary name stays readable
+
+
+@pytest.mark.parametrize(("llm", "expected"), [
+    ('provider = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:11434/v1"',
+     "llm.api_key: environment variable NOT_SET_VAR is not set; no key is sent to http://127.0.0.1:11434/v1 "
+     "(fine only if that server takes requests without one)"),
+    ('provider = "anthropic"\nmodel = "m"\nbase_url = "http://localhost:4000"',
+     "llm.api_key: environment variable NOT_SET_VAR is not set; no key is sent to http://localhost:4000 "
+     "(fine only if that server takes requests without one)"),
+    ('provider = "local"', "llm.api_key: environment variable NOT_SET_VAR is not set; the local provider uses no key"),
+])
+def test_an_unset_key_variable_that_is_not_required_is_a_warning(tmp_path: Path, llm: str, expected: str) -> None:
+    warnings: list[str] = []
+    load_config(write(tmp_path, f'[llm]\n{llm}\napi_key = "${{NOT_SET_VAR}}"\n'), env={}, warnings=warnings)
+    assert warnings == [expected]
+
+
+@pytest.mark.parametrize("llm", [
+    'provider = "openai"\nmodel = "m"',  # the official endpoint
+    'provider = "openai"\nmodel = "m"\nbase_url = "https://llm.example.com/v1"',
+    'provider = "openai"\nmodel = "m"\nbase_url = "http://10.1.2.3:8000/v1"',  # not this machine
+    'provider = "anthropic"\nmodel = "m"',
+])
+def test_an_unset_key_variable_is_an_error_where_the_provider_needs_a_key(tmp_path: Path, llm: str) -> None:
+    assert problems(tmp_path, f'[llm]\n{llm}\napi_key = "${{NOT_SET_VAR}}"\n') == [
+        "llm.api_key: environment variable NOT_SET_VAR is not set"]
+    assert problems(tmp_path, f'[llm]\n{llm}\napi_key = "${{EMPTY_VAR}}"\n', env={"EMPTY_VAR": ""}) == [
+        "llm.api_key: environment variable EMPTY_VAR is empty"]
+
+
+def test_no_warning_for_a_fallback_the_operator_did_not_write(tmp_path: Path) -> None:
+    warnings: list[str] = []
+    text = '[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "http://localhost:11434/v1"\n'
+    load_config(write(tmp_path, text), env={}, warnings=warnings)
+    assert warnings == []

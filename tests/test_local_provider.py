@@ -121,14 +121,15 @@ async def test_end_to_end_a_web_question_gets_a_streamed_answer_persisted_in_his
     core = ChatCore(store=SqliteStore(tmp_path / "db.sqlite"), provider=LocalProvider(MODEL, n_ctx=1024),
                     settings=CoreSettings(max_output_tokens=12, titles=False, context_window=1024))
     app = web.Application()
-    runtime = build(core, app)
+    channel = build(core.host_for("web"), app)
+    core.add_channel(channel)
     await core.start()
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    await runtime.start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await channel.start()
     try:
         async with aiohttp.ClientSession() as http:
             sse = await open_stream(http, base, "local1")
@@ -149,7 +150,7 @@ async def test_end_to_end_a_web_question_gets_a_streamed_answer_persisted_in_his
             assert hist["messages"][1]["content"] == answer["content"]
             sse.resp.close()
     finally:
-        await runtime.stop()
+        await channel.stop()
         await core.shutdown()
-        await runtime.close()
+        await channel.close()
         await runner.cleanup()

@@ -4,6 +4,7 @@ streamable HTTP, started from config, their tools listed, called, failing and ti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from core.supervisor import TaskSupervisor
 from core.tools.base import ToolContext, ToolRegistry
 from core.tools.mcp import McpManager, McpServerConfig, McpToolError, McpToolSource, result_text
 
@@ -44,7 +46,8 @@ def tool(manager: McpManager, name: str):  # type: ignore[no-untyped-def]
 
 async def test_stdio_lists_prefixed_tools_with_schemas(echo: McpManager) -> None:
     names = sorted(t.spec.name for t in echo.tools())
-    assert names == ["echo__add", "echo__crash", "echo__echo", "echo__env", "echo__fail", "echo__sleep"]
+    assert names == ["echo__add", "echo__big", "echo__crash", "echo__echo", "echo__env", "echo__fail",
+                     "echo__sleep"]
     add = tool(echo, "echo__add")
     assert add.spec.description == "Add two integers."
     assert add.spec.parameters["type"] == "object"
@@ -119,7 +122,8 @@ async def test_startup_timeout_is_reported() -> None:
 
 
 async def test_closed_source_refuses_calls() -> None:
-    source = McpToolSource(echo_config())
+    supervisor = TaskSupervisor("mcp")
+    source = McpToolSource(echo_config(), spawn=supervisor.spawn)
     tools = await source.start()
     echo_tool = next(t for t in tools if t.remote_name == "echo")
     await source.aclose()
@@ -165,6 +169,49 @@ def test_result_text_describes_non_text_blocks() -> None:
     assert result_text(CallToolResult(content=[], structured_content={"n": 1})) == '{"n": 1}'
 
 
+# ---- large results ---------------------------------------------------------------------------------------
+
+
+async def test_a_huge_stdio_result_is_read_only_up_to_the_bound_and_keeps_its_head(echo: McpManager) -> None:
+    from core.tools.mcp_stdio import MAX_MESSAGE_BYTES
+
+    big = tool(echo, "echo__big")
+    big_source = big._source  # type: ignore[attr-defined]
+    big_source.config = dataclasses.replace(big_source.config, call_timeout=60.0)
+    text = await big.run({"size": 10_000_000}, CTX)
+    note, _, head = text.partition("\n")
+    assert note.startswith("[The tool's result was ") and note.endswith(
+        f"bytes; only its first {MAX_MESSAGE_BYTES:,} bytes were read. It begins:]")
+    assert int(note.split()[4].replace(",", "")) > 10_000_000  # the size the server sent
+    assert head.startswith("0123456789" * 100)
+    assert len(head) < MAX_MESSAGE_BYTES  # the rest was never kept
+    # the server and the session are fine afterwards
+    assert await tool(echo, "echo__echo").run({"text": "after"}, CTX) == "after"
+
+
+def test_salvage_rebuilds_a_cut_message_from_its_head() -> None:
+    import json
+
+    from mcp.types import JSONRPCError, JSONRPCResponse
+
+    from core.tools.mcp_stdio import CUT_META, salvage
+
+    full = json.dumps({"jsonrpc": "2.0", "id": 7, "result": {
+        "content": [{"text": "héllo " * 1000, "type": "text"}], "structuredContent": {"result": "x"}}},
+        ensure_ascii=False).encode()
+    message = salvage(full[:2001], len(full)).message  # cut inside a two-byte character
+    assert isinstance(message, JSONRPCResponse) and message.id == 7
+    note, text = (block["text"] for block in message.result["content"])
+    assert note == f"[The tool's result was {len(full):,} bytes; only its first 2,001 bytes were read. It begins:]"
+    assert ("héllo " * 1000).startswith(text) and len(text) > 1500
+    assert message.result["isError"] is True and message.result["_meta"] == {CUT_META: len(full)}
+
+    listing = json.dumps({"jsonrpc": "2.0", "id": "a", "result": {"tools": [{"name": "x" * 5000}]}}).encode()
+    error = salvage(listing[:100], len(listing)).message
+    assert isinstance(error, JSONRPCError) and error.id == "a" and "more than the 100" in error.error.message
+    assert salvage(b'{"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "xx', 10**7) is None
+
+
 # ---- streamable HTTP -------------------------------------------------------------------------------------
 
 
@@ -197,6 +244,22 @@ async def test_streamable_http_lists_and_calls(http_server: str) -> None:
         assert await tool(manager, "web__add").run({"a": 1, "b": 2}, CTX) == "3"
         with pytest.raises(McpToolError, match="always fails"):
             await tool(manager, "web__fail").run({}, CTX)
+    finally:
+        await manager.aclose()
+
+
+async def test_streamable_http_results_are_bounded(http_server: str) -> None:
+    from core.tools.mcp_stdio import MAX_MESSAGE_BYTES
+
+    manager = McpManager()
+    assert await manager.start([McpServerConfig(name="web", url=http_server)]) == []
+    try:
+        big = tool(manager, "web__big")
+        # twice over a megabyte on the wire (text and structured content), within the bound: read whole
+        assert len(await big.run({"size": 1_000_000}, CTX)) == 1_000_000
+        with pytest.raises(McpToolError, match=f"exceeded the {MAX_MESSAGE_BYTES} byte limit"):
+            await big.run({"size": 3_000_000}, CTX)  # past it: not read further, the call fails at once
+        assert await tool(manager, "web__echo").run({"text": "after"}, CTX) == "after"
     finally:
         await manager.aclose()
 
@@ -254,7 +317,7 @@ env = {{ TOKEN = "${{ECHO_SECRET}}" }}
     out, err = capsys.readouterr()
     assert "config OK" in out
     assert "  echo (" in out
-    assert "OK, 6 tools: echo__echo, echo__add, echo__fail, echo__crash, echo__sleep, echo__env" in out
+    assert "OK, 7 tools: echo__echo, echo__add, echo__fail, echo__crash, echo__sleep, echo__big, echo__env" in out
     assert "  broken (" in out and "FAILED: command not found:" in out
     assert "1 of 2 MCP servers failed to start" in out
     for secret in ("env-secret-31337", "literal-secret-4242"):

@@ -7,11 +7,14 @@ import asyncio
 import pytest
 
 from core.agent.merge_queue import MergeQueue
+from core.supervisor import TaskSupervisor
+
+SPAWN = TaskSupervisor("test").spawn
 
 
 async def test_items_of_one_producer_keep_their_order_and_producers_interleave_by_arrival():
     seen: list[str] = []
-    queue: MergeQueue[str] = MergeQueue(seen.append)
+    queue: MergeQueue[str] = MergeQueue(seen.append, SPAWN)
 
     async def producer(name: str, delays: list[float]) -> None:
         for i, delay in enumerate(delays):
@@ -34,7 +37,7 @@ async def test_a_push_made_while_an_item_is_handled_waits_behind_it():
             queue.push("nested")  # e.g. a listener reacting to an event
         seen.append(f"end {item}")
 
-    queue = MergeQueue(handle)
+    queue = MergeQueue(handle, SPAWN)
     queue.push("first")
     queue.push("second")
     assert seen == ["start first", "end first", "start nested", "end nested", "start second", "end second"]
@@ -42,7 +45,7 @@ async def test_a_push_made_while_an_item_is_handled_waits_behind_it():
 
 async def test_a_failing_producer_ends_the_round_with_its_error_and_later_pushes_are_dropped():
     seen: list[str] = []
-    queue: MergeQueue[str] = MergeQueue(seen.append)
+    queue: MergeQueue[str] = MergeQueue(seen.append, SPAWN)
     release = asyncio.Event()
 
     async def failing() -> None:

@@ -29,10 +29,10 @@ class SlowForA(SqliteStore):
             await self.gate.wait()
         return await super().new_context(key)
 
-    async def history(self, key, *, limit=1000):  # type: ignore[override]
+    async def history(self, key, *, limit=1000, before=None):  # type: ignore[override]
         if key == "test:A":
             await self.gate.wait()
-        return await super().history(key, limit=limit)
+        return await super().history(key, limit=limit, before=before)
 
 
 async def test_slow_command_in_one_session_does_not_delay_input_in_another(tmp_path, fake_openai):

@@ -12,7 +12,7 @@ import pytest
 
 from core.messages import MessageSource, NewMessage, ToolCall
 from core.sqlite_store import MIGRATIONS, SqliteStore, migrate, schema_version
-from core.store import StaleStateError, StoreError
+from core.store import StaleStateError, StoreError, UnknownMessageError
 
 KEY = "telegram:chat:1"
 
@@ -177,6 +177,28 @@ async def test_history_revision_is_consistent_with_messages(store: SqliteStore) 
     assert [m.content for m in messages] == ["q1", "a1", "q2"]
     revision, newest = await store.history(KEY, limit=2)
     assert (revision, [m.seq for m in newest]) == (1, [2, 3])
+
+
+async def test_history_pages_backwards_from_a_message_id(store: SqliteStore) -> None:
+    for i in range(7):
+        await store.append_message(KEY, user(f"q{i}"))
+        await store.commit_turn(KEY, [assistant(f"a{i}")], expect_generation=None, expect_state_version=None)
+    revision, newest = await store.history(KEY, limit=5)
+    assert revision == 7 and [m.content for m in newest] == ["a4", "q5", "a5", "q6", "a6"]
+    pages, page = [newest], newest
+    while page:
+        _, page = await store.history(KEY, limit=5, before=page[0].id)
+        pages.insert(0, page)
+    everything = [m for p in pages for m in p]
+    assert [m.content for m in everything] == [x for i in range(7) for x in (f"q{i}", f"a{i}")]
+    assert [len(p) for p in pages] == [0, 4, 5, 5]
+    # an id from another session, or none at all, is bad input, not an empty page
+    other, _ = await store.append_message("other", user("elsewhere"))
+    for foreign in (other.id, "no-such-id"):
+        with pytest.raises(UnknownMessageError):
+            await store.history(KEY, before=foreign)
+    with pytest.raises(UnknownMessageError):
+        await store.history("never-created", before=newest[0].id)
 
 
 async def test_new_context_excludes_old_messages_but_history_keeps_them(store: SqliteStore) -> None:

@@ -194,3 +194,69 @@ async def test_webhook_mode_delivers_the_press(tmp_path, fake_openai, tg, tool):
     finally:
         await t.close()
         await runner.cleanup()
+
+
+# ---- what will run is shown, within Telegram's limit ---------------------------------------------------
+
+FETCH_SCHEMA = {"type": "object", "properties": {"note": {"type": "string"}, "url": {"type": "string"}},
+                "required": ["url"]}
+
+
+def utf16(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+async def test_a_long_decoy_is_shortened_and_the_url_is_shown_first_in_full(tmp_path, fake_openai, tg):
+    import json
+
+    from tests.test_tool_arguments import StrictTool
+
+    fetch = StrictTool("fetch_url", schema=FETCH_SCHEMA, approval="ask")
+    decoy = "a harmless weather lookup, nothing to see here " * 200  # ~9,600 characters
+    url = "http://169.254.169.254/latest/meta-data/iam/security-credentials/admin?" + "q" * 200
+    fake_openai.script(ToolCalls([("fetch_url", json.dumps({"note": decoy, "url": url}))], ids=["call_L"]),
+                       Text("Done."))
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(fetch)})  # type: ignore[arg-type]
+    try:
+        tg.user_message("what is the weather?")
+        msg = await approval_message(t, 555)
+        assert [m.message_id for m in tg.messages(555) if "fetch_url" in m.text] == [msg.message_id]  # one message
+        lines = msg.text.split("\n")
+        assert lines[:2] == ["🔧 Approval needed: fetch_url", f"url={json.dumps(url)}"]
+        assert lines[2].startswith('note="a harmless weather lookup') and lines[2].endswith(
+            "more characters not shown)")
+        assert utf16(msg.text) <= 4096
+        tg.press(555, msg.message_id, DENY)
+        await t.settle()
+        shown = tg.chats[555][msg.message_id]
+        assert shown.text.startswith(msg.text) and shown.text.endswith("❌ Denied by Alice")
+        assert fetch.calls == []
+    finally:
+        await t.close()
+
+
+async def test_a_key_argument_longer_than_a_message_is_split_never_cut(tmp_path, fake_openai, tg):
+    import json
+
+    from tests.test_tool_arguments import StrictTool
+
+    fetch = StrictTool("fetch_url", schema=FETCH_SCHEMA, approval="ask")
+    url = "https://example.org/?" + "&".join(f"k{i}=v{i}" for i in range(1500))  # ~12,000 characters
+    fake_openai.script(ToolCalls([("fetch_url", json.dumps({"url": url}))], ids=["call_S"]), Text("Fetched."))
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(fetch)})  # type: ignore[arg-type]
+    try:
+        tg.user_message("fetch it")
+        msg = await approval_message(t, 555)
+        parts = [m for m in tg.messages(555) if "fetch_url" in m.text]
+        assert len(parts) >= 3 and parts[-1].message_id == msg.message_id  # the keyboard is under the last
+        assert all(utf16(p.text) <= 4096 for p in parts)
+        assert parts[0].text.startswith("🔧 Approval needed: fetch_url\nurl=")
+        assert all(p.text.startswith("🔧 fetch_url, continued:\n") for p in parts[1:])
+        joined = parts[0].text + "".join(p.text.split("\n", 1)[1] for p in parts[1:])
+        assert joined == f"🔧 Approval needed: fetch_url\nurl={json.dumps(url)}"  # nothing dropped
+        tg.press(555, msg.message_id, ALLOW)
+        await t.settle()
+        assert fetch.calls == [{"url": url}]
+        assert tg.chats[555][msg.message_id].text.endswith("✅ Allowed by Alice")
+    finally:
+        await t.close()

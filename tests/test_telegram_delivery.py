@@ -13,7 +13,7 @@ import pytest
 from telegramify_markdown import convert
 
 from channels.common.splitter import open_fence, utf16_len
-from tests.fakes.openai_server import Text
+from tests.fakes.openai_server import HttpError, Text
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
 
@@ -172,6 +172,23 @@ async def test_stop_produces_exactly_one_terminal_message(tmp_path, fake_openai,
         hold.set()
         assert tg.visible(CHAT) == ["Partial answer that goes on an\n\n⏹ Stopped."]
         assert tg.count("sendMessage") == 1
+    finally:
+        await t.close()
+
+
+async def test_a_failed_turn_shows_its_notice_once_although_history_keeps_it(tmp_path, fake_openai, tg):
+    fake_openai.script(HttpError.auth())
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.user_message("hi")
+        await t.settle()
+        [shown] = tg.visible(CHAT)
+        assert "rejected the bridge's credentials" in shown
+        assert tg.count("sendMessage") == 1  # the live message carries the failure; nothing else is sent
+        [session] = await t.core.list_sessions()
+        _, history = await t.core.history(session.key)
+        assert [m.source.kind for m in history] == ["user_input", "notice"]
+        assert "rejected the bridge's credentials" in history[1].content
     finally:
         await t.close()
 

@@ -7,9 +7,13 @@ import logging
 
 import aiohttp
 import pytest
+from aiogram.types import Message
 from aiohttp import web
 
+from channels.telegram.adapter import AllowList, BotIdentity, normalize
 from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
+from core.envelope import TurnTarget
+from core.sqlite_store import SqliteStore
 from tests.fakes.openai_server import Text, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
@@ -158,6 +162,34 @@ async def test_redelivered_update_is_answered_once_also_after_a_restart(tmp_path
         assert len(fake_openai.requests) == 2
     finally:
         await t2.close()
+
+
+async def test_reply_targets_survive_a_restart_also_those_written_before_the_context_was_typed(
+        tmp_path, fake_openai, tg):
+    """Turns a crash left running are reported in their chat: the forum topic and the quoted message come
+    from the persisted target, whether this build wrote it or the one before (no topic in its context)."""
+    store = SqliteStore(tmp_path / "chat.db")
+    await store.open()
+    old_row = TurnTarget.model_validate({
+        "channel": "telegram", "chat_id": str(GROUP), "session_key": f"telegram:{GROUP}:7", "sender_id": "777",
+        "thread": {"thread_id": "7"}, "channel_context": {"data": {"chat_type": "supergroup", "message_id": 42}}})
+    text, ents = mention(tg)
+    update = tg.user_message(text, entities=ents, chat_id=GROUP, chat_type="supergroup", thread_id=9,
+                             message_id=43, enqueue=False)
+    envelope = normalize(Message.model_validate(update["message"]), BotIdentity(tg.bot_id, tg.username),
+                         allow=AllowList(["*"]), group_policy="mention")
+    assert envelope is not None
+    new_row = envelope.target()  # as this build persists it
+    await store.begin_turn("t-old", old_row.session_key, old_row.model_dump_json())
+    await store.begin_turn("t-new", new_row.session_key, new_row.model_dump_json())
+    await store.close()
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        notices = tg.messages(GROUP)
+        assert sorted((m.thread_id, m.reply_to) for m in notices) == [(7, 42), (9, 43)]
+        assert all("restarted" in m.text for m in notices)
+    finally:
+        await t.close()
 
 
 async def test_webhook_mode_checks_the_secret_and_answers(tmp_path, fake_openai, tg):

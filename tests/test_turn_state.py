@@ -31,10 +31,11 @@ async def test_stale_generation_never_commits(tmp_path, fake_openai):
     await h.say("hi")
     await h.settle()
     _, history = await h.core.history("test:c1")
-    assert [m.role for m in history] == ["user"]
+    # the answer is dropped; the stop notice the chat shows is kept for history clients
+    assert [(m.source.kind, m.content) for m in history] == [("user_input", "hi"), ("notice", "⏹ Stopped.")]
     # the user's message still reaches history clients as a revision
     [commit] = h.commits("test:c1")
-    assert [m.content for m in commit.messages] == ["hi"]
+    assert [m.content for m in commit.messages] == ["hi", "⏹ Stopped."]
     [shown] = h.platform.visible("c1")
     assert "Stopped" in shown
     await h.core.shutdown()

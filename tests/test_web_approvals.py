@@ -132,6 +132,9 @@ async def test_bad_decisions_and_unknown_calls(chat, http, fake_openai, tool):
         status, data = await decide(http, base, sid, "call_A1", body)
         assert status == 400 and "decision" in data["error"]
     async with http.post(f"{base}/api/sessions/{sid}/approvals/call_A1", data="allow") as resp:
+        assert resp.status == 415  # not sent as JSON (what a foreign page's form or no-cors fetch would send)
+    async with http.post(f"{base}/api/sessions/{sid}/approvals/call_A1", data='"allow"',
+                         headers={"Content-Type": "application/json"}) as resp:
         assert resp.status == 400  # not a JSON object
     assert (await decide(http, base, sid, "call_OTHER", {"decision": "allow"}))[0] == 404
     other = await new_session(http, base)
@@ -162,5 +165,32 @@ async def test_with_a_token_the_approvals_endpoint_needs_it(tmp_path, fake_opena
         assert (await decide(http, base, sid, "call_A1", {"decision": "allow"}, auth))[0] == 200
         await sse.until(terminal_turn)
         assert tool.calls == [{"query": "apples"}]
+    finally:
+        await wc.close()
+
+
+async def test_the_approval_request_carries_every_argument_in_full_key_ones_first(tmp_path, fake_openai, http):
+    import json
+
+    from tests.test_tool_arguments import StrictTool
+
+    fetch = StrictTool("fetch_url", approval="ask",
+                       schema={"type": "object", "properties": {"note": {"type": "string"}, "url": {"type": "string"}},
+                               "required": ["url"]})
+    decoy = "a harmless weather lookup " * 50
+    url = "http://169.254.169.254/latest/meta-data/?" + "x" * 300
+    fake_openai.script(ToolCalls([("fetch_url", json.dumps({"note": decoy, "url": url}))], ids=["call_W"]),
+                       Text("ok"))
+    wc = await start_web_chat(tmp_path, fake_openai, tools=registry(fetch))  # type: ignore[arg-type]
+    try:
+        base = wc.base_url
+        sid = await new_session(http, base)
+        sse = await open_stream(http, base, sid)
+        await say(http, base, sid, "weather?")
+        request = await sse.until(lambda e: e.name == "approval_request")
+        assert request.data["arguments"] == f"url={json.dumps(url)}\nnote={json.dumps(decoy)}"
+        assert await decide(http, base, sid, "call_W", {"decision": "deny"}) == (
+            200, {"call_id": "call_W", "decision": "deny"})
+        await sse.until(terminal_turn)
     finally:
         await wc.close()

@@ -1,4 +1,5 @@
-"""The one error type platform calls raise to the shared sink machinery."""
+"""Errors channels raise: ``PlatformError`` from platform calls to the shared sink machinery, and
+``ChannelStartupError`` when a channel cannot start with its configuration."""
 
 from __future__ import annotations
 
@@ -35,3 +36,11 @@ class PlatformError(Exception):
     @property
     def transient(self) -> bool:
         return self.kind in ("transient", "rate_limited")
+
+
+class ChannelStartupError(Exception):
+    """A channel cannot start with this configuration; the message tells the operator what to change.
+
+    Raised by a channel's factory or its ``start``; ``chatbridge run`` prints it and exits with status 3.
+    Never put a secret in the message.
+    """

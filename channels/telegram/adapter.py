@@ -13,6 +13,8 @@
   second reply to one message. (Their update_id still advances the polling offset.)
 - The envelope's event_id is "<chat_id>:<message_id>", so core's durable dedupe drops a re-delivered
   update even after a restart.
+- The reply's destination (chat type, message id, forum topic) is typed here, once, as a
+  ``TelegramContext`` that travels with the turn target.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 
 from aiogram.types import Message, User
 
-from core.envelope import ChannelContext, InboundEnvelope, MediaItem, ReplyTo, ThreadRef
+from channels.telegram.context import TelegramContext
+from core.envelope import InboundEnvelope, MediaItem, ReplyTo, ThreadRef
 from core.router import parse_command
 
 CHANNEL = "telegram"
@@ -139,8 +142,8 @@ def normalize(message: Message, me: BotIdentity, *, allow: AllowList, group_poli
         text = f"{text}\n\n{describe_media(media)}" if text else describe_media(media)
     if not text.strip():
         return None
-    thread = ThreadRef(thread_id=str(message.message_thread_id)) \
-        if message.is_topic_message and message.message_thread_id else None
+    topic = message.message_thread_id if message.is_topic_message and message.message_thread_id else None
+    thread = ThreadRef(thread_id=str(topic)) if topic else None
     reply_to = None
     reply = message.reply_to_message
     if reply is not None and not (thread is not None and reply.message_id == message.message_thread_id):
@@ -150,4 +153,5 @@ def normalize(message: Message, me: BotIdentity, *, allow: AllowList, group_poli
         channel=CHANNEL, chat_id=str(chat.id), sender_id=str(user.id), content=text,
         sender_name=sender_name(user), media=tuple(media), reply_to=reply_to, thread=thread,
         event_id=f"{chat.id}:{message.message_id}",
-        channel_context=ChannelContext(data={"chat_type": chat.type, "message_id": message.message_id}))
+        channel_context=TelegramContext.model_validate(
+            {"chat_type": chat.type, "message_id": message.message_id, "topic_id": topic}).wrap())

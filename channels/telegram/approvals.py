@@ -1,13 +1,16 @@
 """Tool approvals on Telegram: an inline keyboard (Allow / Deny) under an approval request.
 
-When a turn's snapshot shows a new pending approval, its sink posts one message in the turn's chat (and
-forum topic): the tool's name and arguments, with the two buttons. A button's ``callback_data`` is
+When a turn's snapshot shows a new pending approval, its sink posts it in the turn's chat (and forum
+topic): the tool's name and every argument, with the two buttons under the last message. The arguments that
+say what the call does (``ShownArgument.key``, e.g. fetch_url's URL) are shown whole, split over several
+messages if they do not fit Telegram's limit in one; only the other arguments are shortened, marked, when
+the whole request would not fit one message. A button's ``callback_data`` is
 ``ap:<ref>:<a|d>``, where ``ref`` is a random token that maps, in memory, to (session key, tool call id);
 it stays far below Telegram's 64-byte limit whatever the call id looks like.
 
 A press is honoured only from the user whose message started the turn (``ApprovalRequest.requested_by``)
 or, when ``allow_from`` is a list rather than "*", from a user on it; anyone else gets an alert and nothing
-changes. A decision goes to ``ChatCore.decide``; the callback query is always answered, and the message is
+changes. A decision goes to the channel host's ``decide``; the callback query is always answered, and the message is
 edited to show the decision (the edit carries no keyboard, which removes it). An approval that ends without
 a press (timed out, the turn stopped) is edited the same way by the sink; a press the bridge no longer
 knows (after a restart, or once the turn ended) is answered "no longer pending" and its keyboard removed.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -25,7 +29,10 @@ from aiogram.methods import AnswerCallbackQuery, EditMessageReplyMarkup, EditMes
 from aiogram.types import CallbackQuery, InlineKeyboardButton, InlineKeyboardMarkup, Message, User
 
 from channels.common.errors import PlatformError
+from channels.common.splitter import utf16_len
 from channels.telegram.adapter import sender_name
+from channels.telegram.render import MESSAGE_LIMIT
+from core.snapshot import ShownArgument
 
 if TYPE_CHECKING:
     from channels.telegram.channel import TelegramChannel
@@ -38,6 +45,10 @@ MAX_REMEMBERED = 1024
 
 NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can decide this."
 GONE = "This request is no longer pending."
+OUTCOME_ROOM = 200
+"""Room kept free in the last message for the outcome line an edit appends ("✅ Allowed by <name>")."""
+MIN_SHOWN = 60
+"""Characters an unimportant argument keeps at least when the request is too long for one message."""
 
 
 @dataclass
@@ -46,19 +57,75 @@ class PendingApproval:
     session_key: str
     call_id: str
     tool_name: str
-    arguments: str
     requested_by: str | None
     chat_id: int
+    parts: tuple[str, ...] = ()
+    """The request's message texts; the last one carries the keyboard and, after an edit, the outcome."""
     message_id: int | None = None
     outcome: str | None = None
     """"allowed" or "denied" after a press; "ended" when it ended otherwise (timed out, stopped, turn over)."""
 
 
-def request_text(tool_name: str, arguments: str) -> str:
-    lines = [f"🔧 Approval needed: {tool_name}"]
-    if arguments:
-        lines.append(arguments)
-    return "\n".join(lines)
+def request_parts(tool_name: str, arguments: Sequence[ShownArgument], limit: int = MESSAGE_LIMIT) -> list[str]:
+    """The approval request as message texts, each within ``limit`` (the last with room for the outcome).
+
+    Key arguments are never shortened; when the whole request does not fit one message, the others are
+    cut to an equal share of the room left (at least ``MIN_SHOWN`` characters each), and what still does
+    not fit one message is split over several, nothing dropped."""
+    budget = max(limit - OUTCOME_ROOM, 64)
+    header = f"🔧 Approval needed: {tool_name}"
+    lines = [header, *(f"{a.name}={a.value}" for a in arguments if a.key)]
+    others = [a for a in arguments if not a.key]
+    full = [f"{a.name}={a.value}" for a in others]
+    if utf16_len("\n".join([*lines, *full])) <= budget:
+        return ["\n".join([*lines, *full])]
+    room = budget - utf16_len("\n".join(lines)) - len(others)
+    share = max(MIN_SHOWN, room // len(others)) if others else 0
+    lines += [_shortened(a, share) for a in others]
+    return _split_exactly("\n".join(lines), budget, f"🔧 {tool_name}, continued:")
+
+
+def _shortened(argument: ShownArgument, units: int) -> str:
+    """The argument's line in at most ``units`` UTF-16 units, its cut marked (the marker counts too)."""
+    line = f"{argument.name}={argument.value}"
+    if utf16_len(line) <= units:
+        return line
+    room = max(units - utf16_len(f"… ({len(line)} more characters not shown)"), 1)
+    keep = line[:room]
+    while len(keep) > 1 and utf16_len(keep) > room:
+        keep = keep[:-1]
+    return f"{keep}… ({len(line) - len(keep)} more characters not shown)"
+
+
+def _split_exactly(text: str, limit: int, continued: str) -> list[str]:
+    """Lines packed into parts of at most ``limit`` UTF-16 units; a longer line is cut anywhere. Unlike the
+    reply splitter, no whitespace is dropped at a cut: what the person approves is shown exactly."""
+    parts: list[str] = []
+    current = ""
+    fresh = f"{continued}\n"
+    for line in text.split("\n"):
+        candidate = f"{current}\n{line}" if current else line
+        if utf16_len(candidate) <= limit:
+            current = candidate
+            continue
+        if utf16_len(fresh + line) <= limit:  # it fits a message of its own: start one
+            parts.append(current)
+            current = fresh + line
+            continue
+        current = f"{current}\n" if current else current  # too long for any message: cut it anywhere
+        for char in line:
+            if utf16_len(current) + utf16_len(char) > limit:
+                parts.append(current)
+                current = fresh
+            current += char
+    parts.append(current)
+    return parts
+
+
+def outcome_text(entry: PendingApproval, line: str) -> str:
+    """The last part of the request with how it ended appended (the edit that removes the keyboard)."""
+    last = entry.parts[-1] if entry.parts else f"🔧 Approval needed: {entry.tool_name}"
+    return f"{last}\n\n{line[:OUTCOME_ROOM - 4]}"
 
 
 def keyboard(ref: str) -> InlineKeyboardMarkup:
@@ -81,10 +148,10 @@ class ApprovalButtons:
         self._channel = channel
         self._by_ref: OrderedDict[str, PendingApproval] = OrderedDict()
 
-    def register(self, session_key: str, call_id: str, tool_name: str, arguments: str, requested_by: str | None,
-                 chat_id: int) -> PendingApproval:
-        entry = PendingApproval(secrets.token_urlsafe(9), session_key, call_id, tool_name, arguments,
-                                requested_by, chat_id)
+    def register(self, session_key: str, call_id: str, tool_name: str, arguments: Sequence[ShownArgument],
+                 requested_by: str | None, chat_id: int) -> PendingApproval:
+        entry = PendingApproval(secrets.token_urlsafe(9), session_key, call_id, tool_name, requested_by, chat_id,
+                                tuple(request_parts(tool_name, arguments, self._channel.limit)))
         self._by_ref[entry.ref] = entry
         while len(self._by_ref) > MAX_REMEMBERED:
             self._by_ref.popitem(last=False)
@@ -117,7 +184,7 @@ class ApprovalButtons:
         if not self.may_decide(query.from_user, entry):
             await self._answer(query, NOT_YOURS, alert=True)
             return
-        decided = self._channel.core.decide(entry.session_key, entry.call_id, decision,
+        decided = self._channel.host.decide(entry.session_key, entry.call_id, decision,
                                             decided_by=str(query.from_user.id))
         if not decided:
             entry.outcome = "ended"
@@ -135,7 +202,7 @@ class ApprovalButtons:
         It answers a press, so it goes at once (honouring a 429 pause, without waiting for a pace slot)."""
         if entry.message_id is None:
             return
-        text = f"{request_text(entry.tool_name, entry.arguments)}\n\n{line}"
+        text = outcome_text(entry, line)
         try:
             await self._channel.client.call(EditMessageText(
                 chat_id=entry.chat_id, message_id=entry.message_id, text=text, parse_mode=None),

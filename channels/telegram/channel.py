@@ -1,9 +1,9 @@
-"""TelegramChannel: the ChannelPort core talks to, and the runtime the bridge starts and stops.
+"""TelegramChannel: the Telegram ``Channel`` (core.channel), working through its ``ChannelHost``.
 
-Receiving: long polling with the update offset kept in the store (``telegram/offset``), so a restart
-neither replays nor loses updates; or a webhook on the web server's ``/telegram/webhook`` with the
+Receiving: long polling with the update offset kept as the channel's durable state (``offset``), so a
+restart neither replays nor loses updates; or a webhook on the web server's ``/telegram/webhook`` with the
 secret-token header checked in constant time, answered 200 at once and processed in a supervised task.
-Either way each update goes through the adapter (authorize, normalise) and ``ChatCore.submit``; core's
+Either way each update goes through the adapter (authorize, normalise) and ``host.submit``; core's
 durable dedupe on "<chat_id>:<message_id>" makes a re-delivered update harmless. A callback query (a press
 on an approval button) goes to ``ApprovalButtons`` instead (see ``channels.telegram.approvals``).
 
@@ -41,15 +41,16 @@ from channels.telegram import render
 from channels.telegram.adapter import CHANNEL, AllowList, BotIdentity, normalize
 from channels.telegram.approvals import ApprovalButtons
 from channels.telegram.client import TelegramClient
+from channels.telegram.settings import WEBHOOK_PATH, TelegramConfig
 from channels.telegram.sink import Destination, TelegramOps, TelegramPrompts, entities
-from core.channel import SinkError
+from core.channel import ERROR, SinkError
 from core.envelope import TurnTarget
-from core.router import COMMANDS, RouterClosedError
-from core.runtime import ChatCore
+from core.host import ChannelHost, ShuttingDownError
+from core.router import COMMANDS
 
 log = logging.getLogger(__name__)
 
-WEBHOOK_PATH = "/telegram/webhook"
+_OPERATOR = TelegramConfig()
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 OFFSET_KEY = "offset"
 ALLOWED_UPDATES = ("message", "edited_message", "callback_query")
@@ -57,13 +58,16 @@ ALLOWED_UPDATES = ("message", "edited_message", "callback_query")
 
 @dataclass(frozen=True, slots=True)
 class TelegramSettings:
-    mode: Literal["polling", "webhook"] = "polling"
-    webhook_url: str = ""
-    webhook_secret: str = ""
-    allow_from: tuple[str, ...] = ("*",)
-    group_policy: str = "mention"
-    edit_interval: float = 1.0
-    stream_transport: Literal["auto", "edit", "draft"] = "auto"
+    """What the channel runs with: the operator's ``[channels.telegram]`` (defaults from its model, so each
+    is defined once) and the pacing of the first post and of polling, which are not operator keys."""
+
+    mode: Literal["polling", "webhook"] = _OPERATOR.mode
+    webhook_url: str = _OPERATOR.webhook_url
+    webhook_secret: str = _OPERATOR.webhook_secret
+    allow_from: tuple[str, ...] = tuple(_OPERATOR.allow_from)
+    group_policy: str = _OPERATOR.group_policy
+    edit_interval: float = _OPERATOR.edit_interval_ms / 1000
+    stream_transport: Literal["auto", "edit", "draft"] = _OPERATOR.stream_transport
     first_chars: int = 24
     """Nothing is posted before the answer has this many characters..."""
     first_delay: float = 1.0
@@ -71,13 +75,19 @@ class TelegramSettings:
     poll_timeout: int = 25
     poll_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
 
+    @classmethod
+    def of(cls, config: TelegramConfig) -> TelegramSettings:
+        return cls(mode=config.mode, webhook_url=config.webhook_url, webhook_secret=config.webhook_secret,
+                   allow_from=tuple(config.allow_from), group_policy=config.group_policy,
+                   edit_interval=config.edit_interval_ms / 1000, stream_transport=config.stream_transport)
+
 
 class TelegramChannel:
     name = CHANNEL
 
-    def __init__(self, core: ChatCore, bot: Bot, settings: TelegramSettings, *, calls: Calls | None = None,
+    def __init__(self, host: ChannelHost, bot: Bot, settings: TelegramSettings, *, calls: Calls | None = None,
                  limit: int = render.MESSAGE_LIMIT) -> None:
-        self.core = core
+        self.host = host
         self.bot = bot
         self.settings = settings
         self.calls = calls or Calls(Throttle())
@@ -94,7 +104,7 @@ class TelegramChannel:
         self._receiving = False
         self.ready = asyncio.Event()
 
-    # ---- ChannelPort ---------------------------------------------------------------------------
+    # ---- delivery ------------------------------------------------------------------------------
 
     async def open_sink(self, target: TurnTarget) -> LiveSink:
         dest = Destination.of(target)
@@ -102,7 +112,7 @@ class TelegramChannel:
         draft = dest.chat_type == "private" and transport != "edit" and not self.drafts_rejected
         sink = LiveSink(TelegramOps(self, dest, draft=draft), self.renderer, self.calls,
                         settings=self.live, prompts=TelegramPrompts(self, target, dest),
-                        spawn=self.core.supervisor.spawn)
+                        spawn=self.host.spawn)
         try:
             await sink.typing()
         except PlatformError as exc:
@@ -132,7 +142,7 @@ class TelegramChannel:
             except PlatformError as exc:
                 raise SinkError(str(exc)) from None
 
-    # ---- ChannelRuntime ------------------------------------------------------------------------
+    # ---- lifecycle -----------------------------------------------------------------------------
 
     def state(self) -> str:
         return self._state
@@ -142,7 +152,7 @@ class TelegramChannel:
         background with backoff, so the rest of the bridge starts regardless; /healthz shows "error"."""
         self._receiving = True
         self._state = "starting"
-        self._poller = self.core.supervisor.spawn("telegram:receive", self._receive())
+        self._poller = self.host.spawn("telegram:receive", self._receive())
 
     async def _setup(self) -> None:
         me = await self.client.call(GetMe())
@@ -166,7 +176,7 @@ class TelegramChannel:
             except PlatformError as exc:
                 delay = self._backoff(exc, failures)
                 failures += 1
-                self._state = "error"
+                self._state = ERROR
                 log.error("Telegram set-up failed (%s); retrying in %.0fs", exc, delay)
                 await asyncio.sleep(delay)
         self._state = self.settings.mode
@@ -198,7 +208,7 @@ class TelegramChannel:
     # ---- receiving -----------------------------------------------------------------------------
 
     async def _poll(self) -> None:
-        stored = await self.core.store.get_channel_state(CHANNEL, OFFSET_KEY)
+        stored = await self.host.get_state(OFFSET_KEY)
         offset = int(stored) if stored else None
         failures = 0
         timeout = self.settings.poll_timeout
@@ -211,7 +221,7 @@ class TelegramChannel:
             except PlatformError as exc:
                 delay = self._backoff(exc, failures)
                 failures += 1
-                self._state = "error" if failures > 2 else "polling"
+                self._state = ERROR if failures > 2 else "polling"
                 log.warning("Telegram getUpdates failed (%s); retrying in %.0fs", exc, delay)
                 await asyncio.sleep(delay)
                 continue
@@ -225,7 +235,7 @@ class TelegramChannel:
                 offset = update.update_id + 1
                 # persisted per update: a crash re-fetches at most the one update being handled, and
                 # core's dedupe drops it
-                await self.core.store.set_channel_state(CHANNEL, OFFSET_KEY, str(offset))
+                await self.host.set_state(OFFSET_KEY, str(offset))
 
     async def handle_update(self, update: Update) -> bool:
         """Hand one update to core. False when core no longer accepts input (shutting down)."""
@@ -239,8 +249,8 @@ class TelegramChannel:
         if envelope is None:
             return True
         try:
-            await self.core.submit(envelope)
-        except RouterClosedError:
+            await self.host.submit(envelope)
+        except ShuttingDownError:
             return False
         return True
 
@@ -257,8 +267,8 @@ class TelegramChannel:
         except Exception:
             return web.Response(status=400)
         try:
-            self.core.supervisor.spawn(f"telegram:update:{update.update_id}", self.handle_update(update))
-        except Exception:
+            self.host.spawn(f"telegram:update:{update.update_id}", self.handle_update(update))
+        except ShuttingDownError:
             return web.Response(status=503)
         return web.Response(status=200)  # fast: the work happens in the task
 

@@ -22,7 +22,8 @@ from channels.common.errors import PlatformError
 from channels.common.ledger import Part
 from channels.common.ops import Capabilities, NativeStream, TextChange
 from channels.common.throttle import Scope
-from channels.telegram.approvals import PendingApproval, keyboard, request_text
+from channels.telegram.approvals import PendingApproval, keyboard
+from channels.telegram.context import TelegramContext
 from core.envelope import TurnTarget
 from core.snapshot import ApprovalRequest, TurnSnapshot
 
@@ -47,12 +48,8 @@ class Destination:
 
     @classmethod
     def of(cls, target: TurnTarget) -> Destination:
-        data = target.channel_context.data
-        thread = target.thread.thread_id if target.thread else None
-        chat_type = str(data.get("chat_type") or ("private" if int(target.chat_id) > 0 else "supergroup"))
-        reply_to = data.get("message_id") if chat_type != "private" else None
-        return cls(int(target.chat_id), int(thread) if thread else None, chat_type,
-                   int(reply_to) if reply_to else None)
+        ctx = TelegramContext.of(target)
+        return cls(int(target.chat_id), ctx.topic_id, ctx.chat_type, None if ctx.private else ctx.message_id)
 
     def reply(self) -> ReplyParameters | None:
         if not self.reply_to_message_id:
@@ -144,12 +141,17 @@ class TelegramPrompts:
     async def post(self, session_key: str, request: ApprovalRequest) -> Any:
         d = self._dest
         entry = self._channel.approval_buttons.register(
-            session_key, request.call_id, request.tool_name, request.arguments_summary,
+            session_key, request.call_id, request.tool_name, request.arguments,
             request.requested_by or self._target.sender_id, d.chat_id)
-        msg = await self._channel.client.call(SendMessage(
-            chat_id=d.chat_id, text=request_text(entry.tool_name, entry.arguments), parse_mode=None,
-            message_thread_id=d.thread_id, reply_parameters=d.reply(), reply_markup=keyboard(entry.ref)),
-            chat=d.key)
+        msg = None
+        # A request longer than one message comes in parts; the keyboard goes under the last one only once
+        # every part is shown, so nobody decides on half of the arguments.
+        for i, text in enumerate(entry.parts):
+            last = i == len(entry.parts) - 1
+            msg = await self._channel.client.call(SendMessage(
+                chat_id=d.chat_id, text=text, parse_mode=None, message_thread_id=d.thread_id,
+                reply_parameters=d.reply() if i == 0 else None, reply_markup=keyboard(entry.ref) if last else None),
+                chat=d.key)
         if msg is not None:
             entry.message_id = msg.message_id
         return entry

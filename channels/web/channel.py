@@ -1,19 +1,29 @@
-"""The web chat as a ChannelPort: the session's SSE stream is the platform.
+"""The web chat as a ``Channel`` (core.channel): the session's SSE stream is the platform.
 
 A turn is shown by the shared live sink (``channels.common.live_sink``) through the session's stream,
 which is a native stream: each ``turn`` event appends what the text gained, or replaces it when a retried
 model request rewound it, and carries the tools, approvals and state when they change; at most one event
-per ``update_interval`` (latest wins). ``finish`` succeeds once the terminal event is in the stream (from
-there every connected client gets it, and a reconnecting one replays it or resyncs).
+per ``update_interval`` (latest wins), approvals at once. ``finish`` succeeds once the terminal event is in
+the stream (from there every connected client gets it, and a reconnecting one replays it or resyncs).
 ``send_plain`` (busy notices, command replies, fallbacks) appends a ``notice`` event. History deltas and
-titles come from the core's event bus.
+titles come from core events, through the channel's ``SessionHost``; the HTTP API is ``WebServer``.
+
+Lifecycle: ``start`` loads the key that signs login cookies (kept in the channel's durable state, so a
+restart keeps browsers signed in), and begins reclaiming idle streams and ending streams whose client left
+(supervised tasks); ``stop`` refuses new messages (503) while running turns finish; ``close`` ends every
+open stream.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import secrets
 import time
 from typing import Any
+
+from aiohttp import web
 
 from channels.common.calls import CallPolicy, Calls
 from channels.common.errors import PlatformError
@@ -21,25 +31,25 @@ from channels.common.ledger import Part
 from channels.common.live_sink import LiveSettings, LiveSink
 from channels.common.ops import Capabilities, NativeStream, PlainRenderer, TextChange
 from channels.common.throttle import Scope, Throttle
+from channels.web.context import CHANNEL, WebContext, session_id_of
+from channels.web.server import HEARTBEAT_SECONDS, WebAccess, WebServer
 from channels.web.sse import StreamHub, Subscriber, encode_event
 from core.envelope import TurnTarget
 from core.events import CoreEvent, SessionTitleChanged, TurnCommitted
+from core.host import SessionHost
 from core.snapshot import TurnSnapshot
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = "web:"
-CHANNEL = "web"
+UPDATE_INTERVAL = 0.05
+"""Seconds between two ``turn`` events of one turn (latest snapshot wins)."""
+SWEEP_INTERVAL = 60.0
+"""Seconds between two passes that reclaim idle session streams."""
+REAP_INTERVAL = 1.0
+"""Seconds between two passes that end streams whose client went away."""
+COOKIE_KEY_STATE = "login_cookie_key"
 # the page shows a turn as soon as it starts (its "thinking" state): no first-message gate
 NO_GATE = LiveSettings(first_chars=0, first_delay=0.0)
-
-
-def session_key(session_id: str) -> str:
-    return KEY_PREFIX + session_id
-
-
-def session_id_of(key: str) -> str | None:
-    return key[len(KEY_PREFIX):] if key.startswith(KEY_PREFIX) else None
 
 
 class WebOps:
@@ -48,7 +58,7 @@ class WebOps:
     capabilities = Capabilities(limit=None, unit="chars", can_delete=False, native_stream=True)
 
     def __init__(self, channel: WebChannel, target: TurnTarget) -> None:
-        self._stream = WebStream(channel.hub, target.chat_id, target.channel_context.data.get("client_id"))
+        self._stream = WebStream(channel.hub, target.chat_id, WebContext.of(target).client_id)
         self.scopes: tuple[Scope, ...] = (Scope(f"session:{target.chat_id}", channel.update_interval),)
 
     async def send(self, part: Part, key: str) -> str:
@@ -90,14 +100,75 @@ class WebStream:
 
 
 class WebChannel:
-    """``ChannelPort`` named "web", plus the fan-out of core events to the session streams."""
+    """The ``Channel`` named "web", the fan-out of core events to the session streams, and the HTTP API."""
 
     name = CHANNEL
 
-    def __init__(self, hub: StreamHub | None = None, *, update_interval: float = 0.05) -> None:
+    def __init__(self, host: SessionHost, *, access: WebAccess | None = None, hub: StreamHub | None = None,
+                 update_interval: float = UPDATE_INTERVAL, heartbeat: float = HEARTBEAT_SECONDS,
+                 sweep_interval: float = SWEEP_INTERVAL, reap_interval: float = REAP_INTERVAL) -> None:
+        self.host = host
         self.hub = hub if hub is not None else StreamHub()
         self.update_interval = update_interval
+        self._sweep_interval = sweep_interval
+        self._reap_interval = reap_interval
         self._feed: set[Subscriber] = set()  # the session-list feed (/api/events)
+        self.server = WebServer(host, self, access=access, heartbeat=heartbeat)
+        self._unsubscribe = host.subscribe(self.on_core_event)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._state = "ready"
+
+    def install(self, app: web.Application) -> None:
+        """Add the chat page and the HTTP API to ``app`` (before it starts)."""
+        self.server.install(app)
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def state(self) -> str:
+        return self._state
+
+    async def start(self) -> None:
+        if self.server.access.auth_token and self.server.access.cookie_key is None:
+            self.server.use_cookie_key(await self._cookie_key())
+        self._tasks = [self.host.spawn("web:reclaim-idle-streams", self._sweep()),
+                       self.host.spawn("web:end-abandoned-streams", self._reap())]
+        self._state = "serving"
+
+    async def _cookie_key(self) -> bytes:
+        stored = await self.host.get_state(COOKIE_KEY_STATE)
+        if stored:
+            return bytes.fromhex(stored)
+        key = secrets.token_bytes(32)
+        await self.host.set_state(COOKIE_KEY_STATE, key.hex())
+        return key
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(self._reap_interval)
+            self.server.reap_closed()
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self._sweep_interval)
+            gone = self.hub.reclaim_idle()
+            if gone:
+                log.debug("reclaimed %d idle web session streams", len(gone))
+
+    async def stop(self) -> None:
+        self.server.accepting = False
+        self._state = "stopping"
+
+    async def close(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:  # core's shutdown may have cancelled them already
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._unsubscribe()
+        await self.server.close()
+        self._state = "closed"
+
+    # ---- delivery -------------------------------------------------------------------------------
 
     async def open_sink(self, target: TurnTarget) -> LiveSink:
         self.hub.stream(target.chat_id)
@@ -106,8 +177,7 @@ class WebChannel:
         return LiveSink(WebOps(self, target), PlainRenderer(), calls, settings=NO_GATE)
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
-        data: dict[str, Any] = {"text": text, "client_id": target.channel_context.data.get("client_id"),
-                                "at": time.time()}
+        data: dict[str, Any] = {"text": text, "client_id": WebContext.of(target).client_id, "at": time.time()}
         self.hub.stream(target.chat_id).append("notice", data)
 
     # ---- core events ----------------------------------------------------------------------------

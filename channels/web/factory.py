@@ -1,73 +1,50 @@
-"""Bridge factory for the web chat: registers the "web" ChannelPort and its routes, returns its runtime."""
+"""Builds the web chat from its ``[web]`` settings and its host, on the bridge's HTTP application."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from channels.web.channel import WebChannel
-from channels.web.server import WebServer
+from channels.web.channel import REAP_INTERVAL, UPDATE_INTERVAL, WebChannel
+from channels.web.server import HEARTBEAT_SECONDS, WebAccess
+from channels.web.settings import WebConfig
 from channels.web.sse import StreamHub
-from core.runtime import ChatCore
-
-if TYPE_CHECKING:  # channels do not import the bridge at run time (bridge → channels → core)
-    from bridge.config import AppConfig
+from core.host import SessionHost
 
 log = logging.getLogger(__name__)
 
 
-class WebRuntime:
-    name = "web"
-
-    def __init__(self, core: ChatCore, channel: WebChannel, server: WebServer, *, sweep_interval: float = 60.0) -> None:
-        self.core = core
-        self.channel = channel
-        self.server = server
-        self._sweep_interval = sweep_interval
-        self._sweeper: asyncio.Task[None] | None = None
-        self._unsubscribe = core.events.subscribe(channel.on_core_event)
-        self._state = "ready"
-
-    async def start(self) -> None:
-        self._sweeper = asyncio.create_task(self._sweep(), name="web:reclaim-idle-streams")
-        self._state = "serving"
-
-    async def _sweep(self) -> None:
-        while True:
-            await asyncio.sleep(self._sweep_interval)
-            gone = self.channel.hub.reclaim_idle()
-            if gone:
-                log.debug("reclaimed %d idle web session streams", len(gone))
-
-    async def stop(self) -> None:
-        self.server.accepting = False
-        self._state = "stopping"
-
-    async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-        self._unsubscribe()
-        await self.server.close()
-        self._state = "closed"
-
-    def state(self) -> str:
-        return self._state
+def build(host: SessionHost, app: web.Application, *, access: WebAccess | None = None, hub: StreamHub | None = None,
+          update_interval: float = UPDATE_INTERVAL, heartbeat: float = HEARTBEAT_SECONDS,
+          reap_interval: float = REAP_INTERVAL) -> WebChannel:
+    """The web channel with its routes on ``app`` (tests tune the intervals and the stream hub)."""
+    channel = WebChannel(host, access=access, hub=hub, update_interval=update_interval, heartbeat=heartbeat,
+                         reap_interval=reap_interval)
+    channel.install(app)
+    return channel
 
 
-def build(core: ChatCore, app: web.Application, *, auth_token: str = "", hub: StreamHub | None = None,
-          update_interval: float = 0.05, heartbeat: float = 15.0) -> WebRuntime:
-    channel = WebChannel(hub, update_interval=update_interval)
-    core.add_channel(channel)
-    server = WebServer(core, channel, auth_token=auth_token, heartbeat=heartbeat)
-    server.install(app)
-    return WebRuntime(core, channel, server)
+def stream_cap_for_open_files(requested: int) -> int:
+    """``requested``, lowered to half the process's open-file limit: streams past what the process can
+    hold would starve every other connection (the listening socket's accept() fails with EMFILE)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return requested
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or requested <= soft // 2:
+        return requested
+    bound = max(1, soft // 2)
+    log.warning("[web] max_streams = %d is more than this process can keep open (open-file limit %d); "
+                "using %d (raise the limit with `ulimit -n` to allow more)", requested, soft, bound)
+    return bound
 
 
-def create(config: AppConfig, core: ChatCore, app: web.Application) -> WebRuntime:
-    return build(core, app, auth_token=config.web.auth_token)
+def create(config: WebConfig, host: SessionHost, app: web.Application) -> WebChannel:
+    max_streams = stream_cap_for_open_files(config.max_streams)
+    access = WebAccess(
+        auth_token=config.auth_token, bind_host=config.host, allowed_hosts=tuple(config.allowed_hosts),
+        trusted_proxies=tuple(config.trusted_proxies), max_streams=max_streams,
+        max_streams_per_client=min(config.max_streams_per_client, max_streams))
+    return build(host, app, access=access)

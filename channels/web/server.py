@@ -1,34 +1,63 @@
-"""HTTP API and chat page of the web channel (DESIGN.md §6), on the bridge's aiohttp application."""
+"""HTTP API and chat page of the web channel (DESIGN.md §6), on the bridge's aiohttp application.
+
+Everything it does to sessions goes through the channel's ``SessionHost`` (core.host): submit, stop,
+decide, list, history, rename.
+
+Every request to the chat's paths passes one middleware first: forwarded headers from trusted proxies, the
+host and origin rules of :mod:`channels.web.guard`, then the token of :mod:`channels.web.auth`. JSON routes
+take ``application/json`` only (a foreign page can send ``text/plain`` without asking the browser first)
+and answer 400 to anything that is not a JSON object, however deeply nested.
+
+Server-sent event streams are capped in total and per client (503 past the cap), and a stream whose
+client went away is let go within a second (:meth:`WebServer.reap_closed`): aiohttp does not cancel a
+handler when its client leaves, and a stream that only noticed at its next heartbeat kept its connection,
+queue and subscription alive for up to 15 s each.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
+import math
 import re
+import secrets
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from channels.web.channel import CHANNEL, WebChannel, session_id_of, session_key
+from channels.web.auth import COOKIE, COOKIE_MAX_AGE, GuessLimiter, TokenCheck, client_key
+from channels.web.context import CHANNEL, WebContext, session_id_of, session_key
+from channels.web.guard import RequestGuard, add_security_headers, is_chat_path
 from channels.web.sse import HEARTBEAT, Subscriber, encode_event
-from core.envelope import ChannelContext, InboundEnvelope
-from core.runtime import ChatCore, RouterClosedError
+from core.envelope import InboundEnvelope
+from core.host import SessionHost, ShuttingDownError
+from core.store import UnknownMessageError
+
+if TYPE_CHECKING:
+    from channels.web.channel import WebChannel
 
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-COOKIE = "chatbridge_token"
+OLD_COOKIE = "chatbridge_token"  # held the raw token in earlier versions; removed at the next sign-in
 SENDER = "web-user"
 MAX_TEXT = 32_000
 MAX_TITLE = 200
 MAX_CALL_ID = 256
+HISTORY_PAGE = 200
+"""Messages per history page unless ``limit`` says otherwise; ``HISTORY_MAX`` bounds ``limit``."""
+HISTORY_MAX = 1000
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+HEARTBEAT_SECONDS = 15.0
+"""A comment line on every idle SSE connection this often keeps proxies from closing it."""
+# Event ids are "<epoch>-<seq>"; anything longer, or with digits other than ASCII ones, is not ours.
+_LAST_EVENT_ID = re.compile(r"[A-Za-z0-9]{1,64}-[0-9]{1,18}")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -43,23 +72,78 @@ LOGIN_PAGE = """<!doctype html>
 """
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _bad_request(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=json.dumps({"error": message}), content_type="application/json")
+
+
+@dataclass(frozen=True)
+class WebAccess:
+    """Who may use the web chat and how much of it (the ``[web]`` keys of DESIGN.md §6)."""
+
+    auth_token: str = ""
+    bind_host: str = "127.0.0.1"
+    allowed_hosts: tuple[str, ...] = ()
+    trusted_proxies: tuple[str, ...] = ()
+    max_streams: int = 200
+    max_streams_per_client: int = 20
+    cookie_key: bytes | None = None
+    """Signs the login cookie; None: a random key for this process (the channel loads the durable one at start)."""
+
+
+class StreamSlots:
+    """Counts open event streams in total and per client; a client's entry exists only while it has one."""
+
+    def __init__(self, total: int, per_client: int) -> None:
+        self.total = total
+        self.per_client = per_client
+        self.open = 0
+        self.by_client: dict[str, int] = {}
+
+    def acquire(self, client: str) -> str | None:
+        """None when ``client`` may open one more stream (and it is counted), else why not."""
+        if self.by_client.get(client, 0) >= self.per_client:
+            return f"too many open event streams from this client (at most {self.per_client})"
+        if self.open >= self.total:
+            return f"too many open event streams (at most {self.total}); try again in a moment"
+        self.open += 1
+        self.by_client[client] = self.by_client.get(client, 0) + 1
+        return None
+
+    def release(self, client: str) -> None:
+        self.open -= 1
+        left = self.by_client.get(client, 0) - 1
+        if left > 0:
+            self.by_client[client] = left
+        else:
+            self.by_client.pop(client, None)
 
 
 class WebServer:
-    def __init__(self, core: ChatCore, channel: WebChannel, *, auth_token: str = "",
-                 heartbeat: float = 15.0, max_pending: int = 5000) -> None:
-        self.core = core
+    def __init__(self, host: SessionHost, channel: WebChannel, *, access: WebAccess | None = None,
+                 heartbeat: float = HEARTBEAT_SECONDS, max_pending: int = 5000,
+                 guesses: GuessLimiter | None = None) -> None:
+        access = access if access is not None else WebAccess()
+        self.host = host
         self.channel = channel
-        self.auth_token = auth_token
+        self.access = access
+        self.guard = RequestGuard(bind_host=access.bind_host, allowed_hosts=access.allowed_hosts,
+                                  trusted_proxies=access.trusted_proxies)
+        self.tokens = TokenCheck(access.auth_token, access.cookie_key or secrets.token_bytes(32))
+        self.guesses = guesses if guesses is not None else GuessLimiter()
+        self.slots = StreamSlots(access.max_streams, access.max_streams_per_client)
         self.heartbeat = heartbeat
         self.max_pending = max_pending
         self.accepting = True
         self.connections: set[asyncio.Task[Any]] = set()
+        self._listening: dict[Subscriber, web.Request] = {}
 
     def install(self, app: web.Application) -> None:
-        app.middlewares.append(self._auth_middleware)
+        app.middlewares.append(self._guard_middleware)
+        app.on_response_prepare.append(self._on_prepare)
         r = app.router
         r.add_get("/", self.index)
         r.add_get("/login", self.login_form)
@@ -75,42 +159,77 @@ class WebServer:
         r.add_post("/api/sessions/{id}/stop", self.stop)
         r.add_post("/api/sessions/{id}/approvals/{call_id}", self.decide)
 
-    # ---- auth -----------------------------------------------------------------------------------
+    # ---- who may ask ----------------------------------------------------------------------------
 
-    def _authorized(self, request: web.Request) -> bool:
-        if not self.auth_token:
-            return True
-        header = request.headers.get("Authorization", "")
-        candidates = [request.cookies.get(COOKIE, "")]
-        if header.lower().startswith("bearer "):
-            candidates.append(header[7:].strip())
-        expected = self.auth_token.encode()
-        return any(c and hmac.compare_digest(c.encode(), expected) for c in candidates)
+    @staticmethod
+    async def _on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        add_security_headers(request, response)
 
     @web.middleware
-    async def _auth_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def _guard_middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not is_chat_path(request.path):
+            return await handler(request)  # webhooks and /healthz have their own rules
+        request = self.guard.effective(request)
+        refused = self.guard.check(request)
+        if refused is not None:
+            log.info("web chat: refused %s %s: %s", request.method, request.path, refused)
+            return _error(403, refused)
         path = request.path
-        protected = path == "/" or path.startswith("/api/")
-        if protected and not self._authorized(request):
-            if path.startswith("/api/"):
-                return _error(401, "authentication required: send 'Authorization: Bearer <[web] auth_token>'")
-            raise web.HTTPFound("/login")
+        if (path == "/" or path.startswith("/api/")) and self.tokens.required:
+            denied = self._authenticate(request)
+            if denied is not None:
+                return denied
         return await handler(request)
 
+    def _authenticate(self, request: web.Request) -> web.StreamResponse | None:
+        """None when the request carries the login cookie or the right bearer token, else the answer."""
+        if self.tokens.cookie_ok(request.cookies.get(COOKIE, "")):
+            return None
+        header = request.headers.get("Authorization", "")
+        if header.lower().startswith("bearer "):
+            client = client_key(request.remote)
+            wait = self.guesses.retry_after(client)
+            if wait is not None:
+                return _error(429, "too many wrong access tokens from this address; try again later",
+                              headers={"Retry-After": str(math.ceil(wait))})
+            if self.tokens.token_ok(header[7:].strip()):
+                self.guesses.succeeded(client)
+                return None
+            self.guesses.failed(client)
+        if request.path.startswith("/api/"):
+            return _error(401, "authentication required: send 'Authorization: Bearer <[web] auth_token>'")
+        raise web.HTTPFound("/login")
+
+    def _login_page(self, note: str = "", status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+        return web.Response(text=LOGIN_PAGE.replace("{note}", note), content_type="text/html", status=status,
+                            headers=headers)
+
     async def login_form(self, request: web.Request) -> web.StreamResponse:
-        if not self.auth_token:
+        if not self.tokens.required:
             raise web.HTTPFound("/")
         note = "<p class=err>That token is not right.</p>" if request.query.get("failed") == "1" else ""
-        return web.Response(text=LOGIN_PAGE.replace("{note}", note), content_type="text/html")
+        return self._login_page(note)
 
     async def login(self, request: web.Request) -> web.StreamResponse:
+        if not self.tokens.required:
+            raise web.HTTPFound("/")
+        client = client_key(request.remote)
+        wait = self.guesses.retry_after(client)
+        if wait is not None:
+            seconds = math.ceil(wait)
+            return self._login_page(f"<p class=err>Too many wrong tokens from this address. Try again in "
+                                    f"{seconds} seconds.</p>", status=429, headers={"Retry-After": str(seconds)})
         form = await request.post()
-        token = str(form.get("token", ""))
-        if not self.auth_token or not hmac.compare_digest(token.encode(), self.auth_token.encode()):
+        token = form.get("token")
+        if not isinstance(token, str) or not self.tokens.token_ok(token):
+            self.guesses.failed(client)
             raise web.HTTPFound("/login?failed=1")
+        self.guesses.succeeded(client)
         resp = web.Response(status=303, headers={"Location": "/"})
-        resp.set_cookie(COOKIE, token, httponly=True, samesite="Strict", max_age=30 * 24 * 3600,
-                        secure=request.secure)
+        resp.set_cookie(COOKIE, self.tokens.cookie_value, httponly=True, samesite="Strict", path="/",
+                        max_age=COOKIE_MAX_AGE, secure=request.secure)
+        if OLD_COOKIE in request.cookies:
+            resp.del_cookie(OLD_COOKIE)
         return resp
 
     # ---- pages and sessions ---------------------------------------------------------------------
@@ -122,29 +241,32 @@ class WebServer:
     def _session_id(request: web.Request) -> str:
         sid = request.match_info["id"]
         if not _ID.match(sid):
-            raise web.HTTPBadRequest(text=json.dumps({"error": "bad session id"}), content_type="application/json")
+            raise _bad_request("bad session id")
         return sid
 
     @staticmethod
     async def _json(request: web.Request) -> dict[str, Any]:
+        if request.content_type != "application/json":
+            raise web.HTTPUnsupportedMediaType(
+                text=json.dumps({"error": "send the body as JSON with 'Content-Type: application/json'"}),
+                content_type="application/json")
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = json.loads(await request.read())
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested deeper than the parser goes
             body = None
         if not isinstance(body, dict):
-            raise web.HTTPBadRequest(text=json.dumps({"error": "expected a JSON object"}),
-                                     content_type="application/json")
+            raise _bad_request("expected a JSON object")
         return body
 
     async def list_sessions(self, request: web.Request) -> web.StreamResponse:
-        records = await self.core.list_sessions(prefix="web:")
+        records = await self.host.list_sessions()
         return web.json_response({"sessions": [
             {"id": session_id_of(r.key), "title": r.title, "history_revision": r.history_revision,
              "updated_at": r.updated_at} for r in records]})
 
     async def create_session(self, request: web.Request) -> web.StreamResponse:
         sid = uuid.uuid4().hex[:16]
-        record = await self.core.create_session(session_key(sid))
+        record = await self.host.create_session(session_key(sid))
         self.channel.publish_feed("session_created", {"session_id": sid, "title": record.title})
         return web.json_response({"id": sid, "title": record.title}, status=201)
 
@@ -153,21 +275,34 @@ class WebServer:
         title = self._text_field(await self._json(request), "title").strip()
         if not title or len(title) > MAX_TITLE:
             return _error(400, f"title must be 1 to {MAX_TITLE} characters")
-        await self.core.create_session(session_key(sid))
-        await self.core.rename(session_key(sid), title)
-        return web.json_response({"id": sid, "title": title})
+        await self.host.create_session(session_key(sid))
+        stored = await self.host.rename(session_key(sid), title)
+        return web.json_response({"id": sid, "title": stored})
 
     async def history(self, request: web.Request) -> web.StreamResponse:
+        """The newest ``limit`` messages, or with ``before=<message id>`` the ones older than that message;
+        ``has_more`` tells whether older ones remain (the page loads them when scrolled to the top)."""
         sid = self._session_id(request)
-        revision, messages = await self.core.history(session_key(sid))
-        return web.json_response({"history_revision": revision, "messages": [m.history_view() for m in messages]})
+        raw_limit = request.query.get("limit", str(HISTORY_PAGE))
+        if not (raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 6
+                and 1 <= int(raw_limit) <= HISTORY_MAX):
+            return _error(400, f"'limit' must be a whole number from 1 to {HISTORY_MAX}")
+        limit = int(raw_limit)
+        before = request.query.get("before")
+        if before is not None and not _ID.match(before):
+            return _error(400, "'before' must be a message id")
+        try:  # one more than asked: whether older messages remain, without a second query
+            revision, messages = await self.host.history(session_key(sid), limit=limit + 1, before=before)
+        except UnknownMessageError:
+            return _error(400, "'before' is not a message of this conversation")
+        return web.json_response({"history_revision": revision, "has_more": len(messages) > limit,
+                                  "messages": [m.history_view() for m in messages[-limit:]]})
 
     @staticmethod
     def _text_field(body: dict[str, Any], name: str) -> str:
         value = body.get(name)
         if not isinstance(value, str):
-            raise web.HTTPBadRequest(text=json.dumps({"error": f"'{name}' must be a string"}),
-                                     content_type="application/json")
+            raise _bad_request(f"'{name}' must be a string")
         return value
 
     async def post_message(self, request: web.Request) -> web.StreamResponse:
@@ -185,16 +320,16 @@ class WebServer:
             return _error(503, "the bridge is shutting down; send the message again in a minute")
         envelope = InboundEnvelope(
             channel=CHANNEL, chat_id=sid, session_key=session_key(sid), sender_id=SENDER, content=text,
-            event_id=client_id, channel_context=ChannelContext(data={"client_id": client_id} if client_id else {}))
+            event_id=client_id, channel_context=WebContext(client_id=client_id).wrap())
         try:
-            result = await self.core.submit(envelope)
-        except RouterClosedError:
+            result = await self.host.submit(envelope)
+        except ShuttingDownError:
             return _error(503, "the bridge is shutting down; send the message again in a minute")
         return web.json_response({"status": result.value}, status=202)
 
     async def stop(self, request: web.Request) -> web.StreamResponse:
         sid = self._session_id(request)
-        stopped = await self.core.stop(session_key(sid))
+        stopped = await self.host.stop(session_key(sid))
         return web.json_response({"stopped": stopped})
 
     async def decide(self, request: web.Request) -> web.StreamResponse:
@@ -206,23 +341,28 @@ class WebServer:
         decision = (await self._json(request)).get("decision")
         if decision not in ("allow", "deny"):
             return _error(400, "'decision' must be \"allow\" or \"deny\"")
-        if not self.core.decide(session_key(sid), call_id, decision, decided_by=SENDER):
+        if not self.host.decide(session_key(sid), call_id, decision, decided_by=SENDER):
             return _error(404, "no such pending approval (already decided, timed out, or the turn ended)")
         return web.json_response({"call_id": call_id, "decision": decision})
 
     # ---- SSE ------------------------------------------------------------------------------------
 
-    async def _open_sse(self, request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                           "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        await resp.prepare(request)
-        return resp
+    def _take_slot(self, request: web.Request) -> str | web.Response:
+        client = client_key(request.remote)
+        refused = self.slots.acquire(client)
+        if refused is not None:
+            return _error(503, refused, headers={"Retry-After": "5"})
+        return client
 
-    async def _pump(self, resp: web.StreamResponse, sub: Subscriber, first: bytes) -> None:
+    async def _pump(self, request: web.Request, sub: Subscriber, first: bytes) -> web.StreamResponse:
         task = asyncio.current_task()
         if task is not None:
             self.connections.add(task)
+        self._listening[sub] = request
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
+            await resp.prepare(request)
             await resp.write(first)
             while True:
                 try:
@@ -231,43 +371,74 @@ class WebServer:
                     await resp.write(HEARTBEAT)
                     continue
                 if data is None:
-                    return
+                    break
                 await resp.write(data)
         except (ConnectionError, RuntimeError):
-            return  # the client went away
+            pass  # the client went away (aiohttp finishes a response whose connection is gone quietly)
         finally:
+            self._listening.pop(sub, None)
             if task is not None:
                 self.connections.discard(task)
+        return resp
+
+    def use_cookie_key(self, key: bytes) -> None:
+        """Sign login cookies with ``key`` from now on (the channel's durable key, loaded at start)."""
+        self.tokens = TokenCheck(self.access.auth_token, key)
+
+    def reap_closed(self) -> int:
+        """End the streams whose client has gone; returns how many. Run about once a second."""
+        gone = 0
+        for sub, request in list(self._listening.items()):
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                sub.close()
+                gone += 1
+        return gone
+
+    @staticmethod
+    def _last_event_id(request: web.Request) -> str:
+        return (request.headers.get("Last-Event-ID") or request.query.get("last_event_id") or "").strip()
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         sid = self._session_id(request)
-        resp = await self._open_sse(request)
-        s = self.channel.hub.stream(sid)
-        last = request.headers.get("Last-Event-ID") or request.query.get("last_event_id") or ""
-        # From here to subscribe nothing awaits: the opening events and the live ones join without a gap.
-        parts = [b"retry: 2000\n\n"]
-        replay = s.replay_since(last) if last else None
-        if last and replay is None:
-            parts.append(encode_event("resync_required", {"session_id": sid, "last_event_id": last}))
-        if replay is None:
-            parts.append(s.task_state())
-        else:
-            parts.extend(replay)
-        sub = s.subscribe(self.max_pending)
+        slot = self._take_slot(request)
+        if isinstance(slot, web.Response):
+            return slot
         try:
-            await self._pump(resp, sub, b"".join(parts))
+            last = self._last_event_id(request)
+            s = self.channel.hub.stream(sid)
+            # From here to subscribe nothing awaits: the opening events and the live ones join without a gap
+            # (what arrives while the response is being prepared waits in the subscriber's queue).
+            parts = [b"retry: 2000\n\n"]
+            replay = s.replay_since(last) if _LAST_EVENT_ID.fullmatch(last) else None
+            if last and replay is None:
+                parts.append(encode_event("resync_required", {
+                    "session_id": sid, "last_event_id": last if _LAST_EVENT_ID.fullmatch(last) else None}))
+            if replay:
+                parts.extend(replay)
+            # After a replay too: the snapshot settles what the client missed before its replay buffer began.
+            parts.append(s.task_state())
+            sub = s.subscribe(self.max_pending)
+            try:
+                return await self._pump(request, sub, b"".join(parts))
+            finally:
+                s.unsubscribe(sub)
+                self.channel.hub.release(sid)
         finally:
-            s.unsubscribe(sub)
-        return resp
+            self.slots.release(slot)
 
     async def feed(self, request: web.Request) -> web.StreamResponse:
-        resp = await self._open_sse(request)
-        sub = self.channel.feed_subscribe()
+        slot = self._take_slot(request)
+        if isinstance(slot, web.Response):
+            return slot
         try:
-            await self._pump(resp, sub, b"retry: 2000\n\n" + encode_event("ready", {}))
+            sub = self.channel.feed_subscribe()
+            try:
+                return await self._pump(request, sub, b"retry: 2000\n\n" + encode_event("ready", {}))
+            finally:
+                self.channel.feed_unsubscribe(sub)
         finally:
-            self.channel.feed_unsubscribe(sub)
-        return resp
+            self.slots.release(slot)
 
     async def close(self) -> None:
         self.channel.close_connections()

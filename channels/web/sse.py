@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import time
 from collections import deque
@@ -37,6 +38,7 @@ def encode_event(name: str, data: Any, event_id: str | None = None) -> bytes:
 
 
 HEARTBEAT = b": keep-alive\n\n"
+_SEQ = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also accepts "²", which int() refuses
 
 
 def tool_view(snapshot: TurnSnapshot) -> list[dict[str, str]]:
@@ -75,9 +77,10 @@ class Subscriber:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._max_pending = max_pending
         self.overflowed = False
+        self.closed = False
 
     def push(self, data: bytes) -> None:
-        if self.overflowed:
+        if self.overflowed or self.closed:
             return
         if self.queue.qsize() >= self._max_pending:
             # It will reconnect with its Last-Event-ID and get a replay or a resync.
@@ -87,7 +90,9 @@ class Subscriber:
         self.queue.put_nowait(data)
 
     def close(self) -> None:
-        self.queue.put_nowait(None)
+        if not self.closed:
+            self.closed = True
+            self.queue.put_nowait(None)
 
 
 class SessionStream:
@@ -193,7 +198,7 @@ class SessionStream:
         """The events after ``last_event_id``, or None when that id cannot be resumed (another epoch, evicted,
         or from the future)."""
         epoch, sep, seq_text = last_event_id.strip().rpartition("-")
-        if not sep or epoch != self.epoch or not seq_text.isdigit():
+        if not sep or epoch != self.epoch or not _SEQ.fullmatch(seq_text):
             return None
         seq = int(seq_text)
         if seq > self.seq:
@@ -254,6 +259,13 @@ class StreamHub:
                               max_bytes=self.max_bytes, clock=self._clock)
             self._streams[session_id] = s
         return s
+
+    def release(self, session_id: str) -> None:
+        """Forget the session's stream at once if it never carried an event and nobody listens: opening a
+        stream for an id (any id) must not leave anything behind."""
+        s = self._streams.get(session_id)
+        if s is not None and s.seq == 0 and s.live is None and not s.subscribers:
+            del self._streams[session_id]
 
     def reclaim_idle(self) -> list[str]:
         now = self._clock()

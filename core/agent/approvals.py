@@ -2,9 +2,12 @@
 
 ``ApprovalBroker`` (one per ChatCore) holds the pending "ask" decisions so a channel can answer them
 through ``ChatCore.decide``. ``ApprovalGate`` (one per model request) takes each complete tool call in
-call order: policy ``auto`` allows it at once, ``deny`` (and unknown tools) block it with a synthetic
-output, ``ask`` publishes an approval request and waits for the user, the approval timeout, or abort.
-While an earlier call waits, later ones queue behind it; the LLM stream never waits for a decision.
+call order: policy ``deny`` (and unknown tools) block it with a synthetic output; otherwise its arguments
+are checked against the tool's schema first — a call that does not fit gets the reason as a failed output
+and is neither run nor offered for approval, so nobody approves something other than what would run.
+Then ``auto`` allows it at once, ``ask`` publishes an approval request showing every argument in full
+(``core.tools.arguments``) and waits for the user, the approval timeout, or abort. While an earlier call
+waits, later ones queue behind it; the LLM stream never waits for a decision.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable
 
 from core.agent.events import ApprovalDecided, ApprovalRequested, CompleteToolCall, Decision, ToolOutput, TurnEvent
 from core.agent.merge_queue import MergeQueue
+from core.tools.arguments import InvalidArguments, arguments_text, rejection, shown_arguments
 from core.tools.base import ApprovalPolicy, ToolRegistry
 
 DENIED_BY_USER = "Tool call denied by user."
@@ -83,6 +87,8 @@ class ApprovalGate:
     def submit(self, call: CompleteToolCall) -> None:
         """Take a complete tool call (called in call order by the stream driver)."""
         policy = self._tools.policy(call.name)
+        if policy != "deny" and not self._arguments_fit(call):
+            return
         if not self._busy and policy != "ask":
             self._settle(call, policy, None)  # nothing waits ahead of it: decide now, in stream order
             return
@@ -103,9 +109,23 @@ class ApprovalGate:
         finally:
             self._busy = False
 
+    def _arguments_fit(self, call: CompleteToolCall) -> bool:
+        """Check the call against its tool's schema; a call that does not fit gets its failed output here."""
+        checker = self._tools.checker(call.name)
+        if checker is None:
+            return True  # an unknown tool is denied by policy
+        try:
+            checker.parse(call.arguments)
+        except InvalidArguments as exc:
+            self._queue.push(ToolOutput(call.call_id, call.name, rejection(call.name, str(exc)), "failed"))
+            return False
+        return True
+
     async def _ask(self, call: CompleteToolCall) -> None:
-        self._queue.push(ApprovalRequested(call.call_id, call.name, summarize_arguments(call.arguments),
-                                           self._requested_by))
+        checker = self._tools.checker(call.name)
+        shown = shown_arguments(checker.parse(call.arguments), checker.schema) if checker is not None else ()
+        self._queue.push(ApprovalRequested(call.call_id, call.name, arguments_text(shown), self._requested_by,
+                                           shown))
         fut = self._broker.open(self._key, call.call_id)
         try:
             decision, decided_by = await asyncio.wait_for(fut, self._timeout)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from core.snapshot import ShownArgument
+
 Phase = Literal["start", "delta", "stop"]
 RequestStatus = Literal["completed", "failed", "timeout", "malformed", "aborted", "auth"]
 Decision = Literal["allow", "deny"]
@@ -83,7 +85,9 @@ class ApprovalRequested:
     call_id: str
     tool_name: str
     arguments_summary: str
+    """Every argument, one ``name=value`` line each, never cut."""
     requested_by: str | None
+    arguments: tuple[ShownArgument, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

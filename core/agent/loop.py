@@ -51,6 +51,7 @@ from core.llm.retry import retry_policy
 from core.llm.silence import bounded
 from core.retrying import run_with_retries
 from core.settings import CoreSettings
+from core.text import sound_text
 from core.tools.base import ToolContext, ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,9 @@ ABORTED_TOOL_OUTPUT = "Tool call aborted: the user stopped the turn before it fi
 
 
 def normalize_output(text: str, limit: int = MAX_TOOL_OUTPUT_CHARS) -> str:
-    """Empty output becomes '[no output]'; output over ``limit`` keeps its head and says what was cut."""
+    """Empty output becomes '[no output]'; output over ``limit`` keeps its head and says what was cut.
+    Every tool output enters the turn here, so this is where it is made sound (``core.text``)."""
+    text = sound_text(text)
     if not text.strip():
         return EMPTY_TOOL_OUTPUT
     if len(text) <= limit:
@@ -111,7 +114,7 @@ def request_status(err: ProviderError) -> RequestStatus:
 class AgentLoop:
     def __init__(self, *, provider: LLMProvider, tools: ToolRegistry, broker: ApprovalBroker,
                  settings: CoreSettings, session_key: str, turn_id: str, requested_by: str | None,
-                 emit: Callable[[TurnEvent], None], spawn: Spawn | None = None) -> None:
+                 emit: Callable[[TurnEvent], None], spawn: Spawn) -> None:
         self._provider = provider
         self._tools = tools
         self._broker = broker

@@ -25,14 +25,12 @@ T = TypeVar("T")
 Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 
-def _create_task(name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-    return asyncio.create_task(coro, name=name)
-
-
 class MergeQueue(Generic[T]):
-    def __init__(self, handle: Callable[[T], None], spawn: Spawn | None = None) -> None:
+    def __init__(self, handle: Callable[[T], None], spawn: Spawn) -> None:
+        """``handle`` consumes each item; ``spawn`` starts each producer (the turn's supervisor: every task
+        has a bounded shutdown)."""
         self._handle = handle
-        self._spawn = spawn or _create_task
+        self._spawn = spawn
         self._backlog: deque[T] = deque()
         self._handling = False
         self._closed = False

@@ -31,6 +31,8 @@ from anthropic.types import MessageParam, RawMessageStreamEvent, ToolParam
 
 from core.llm.http_errors import Redactor, refused, retry_after, sdk_error
 from core.llm.provider import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    DEFAULT_REQUEST_TIMEOUT,
     LLMMessage,
     LLMRequest,
     LLMToolCall,
@@ -70,8 +72,8 @@ class AnthropicProvider:
         model: str,
         base_url: str,
         api_key: str,
-        request_timeout: float = 60.0,
-        max_tokens_default: int = 1024,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_tokens_default: int = DEFAULT_MAX_OUTPUT_TOKENS,
     ) -> None:
         self.model = model
         self.base_url = base_url

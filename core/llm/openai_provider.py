@@ -23,6 +23,7 @@ from openai.types.chat import (
 
 from core.llm.http_errors import Redactor, refused, retry_after, sdk_error
 from core.llm.provider import (
+    DEFAULT_REQUEST_TIMEOUT,
     LLMMessage,
     LLMRequest,
     ProviderError,
@@ -51,7 +52,8 @@ class OpenAIProvider:
 
     name = "openai"
 
-    def __init__(self, model: str, base_url: str, api_key: str, request_timeout: float = 60.0) -> None:
+    def __init__(self, model: str, base_url: str, api_key: str,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
         self.model = model
         self.base_url = base_url
         self.request_timeout = request_timeout

@@ -1,7 +1,9 @@
 """The provider protocol: one request in, a stream of typed events out.
 
 Every provider (OpenAI-compatible, Anthropic, local) maps its wire format onto these events and its
-failures onto ``ProviderError`` kinds, so retries and presentation are decided once, in core.
+failures onto ``ProviderError`` kinds, so retries and presentation are decided once, in core. The events
+that carry model text are where it enters core: they make it sound (``core.text``) as they are built, so no
+provider can hand on a string that cannot be stored or sent.
 """
 
 from __future__ import annotations
@@ -10,6 +12,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, Protocol
+
+from core.text import sound_text
+
+DEFAULT_REQUEST_TIMEOUT = 60.0
+"""Seconds to wait for a model's answer to start, and then for each next streamed chunk."""
+DEFAULT_MAX_OUTPUT_TOKENS = 1024
+"""Output tokens asked for when the operator sets no ``max_output_tokens`` and the API needs a number."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +58,16 @@ class LLMRequest:
 class TextDelta:
     text: str
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", sound_text(self.text))
+
 
 @dataclass(frozen=True, slots=True)
 class ReasoningDelta:
     text: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", sound_text(self.text))
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +78,13 @@ class ToolCallDelta:
     id: str | None = None
     name: str | None = None
     arguments: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arguments", sound_text(self.arguments))
+        if self.id is not None:
+            object.__setattr__(self, "id", sound_text(self.id))
+        if self.name is not None:
+            object.__setattr__(self, "name", sound_text(self.name))
 
 
 @dataclass(frozen=True, slots=True)

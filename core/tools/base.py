@@ -1,7 +1,9 @@
 """The Tool protocol and the registry the agent loop draws from.
 
 A tool has a spec the model sees, an optional approval policy of its own, and an async ``run`` that
-returns text. Raising from ``run`` is allowed: the agent loop turns it into a failed tool output.
+returns text. Raising from ``run`` is allowed: the agent loop turns it into a failed tool output. The
+registry compiles each tool's parameters schema once (``checker``): a call is checked against it before it
+is run or offered for approval (``core.tools.arguments``).
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from core.llm.provider import LLMToolSpec
+from core.tools.arguments import ArgumentChecker
 
 ApprovalPolicy = Literal["auto", "ask", "deny"]
+DEFAULT_APPROVAL: ApprovalPolicy = "ask"
+"""A tool call waits for Allow / Deny in the chat unless the operator or the tool says otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +44,10 @@ class Tool(Protocol):
 
 
 class ToolRegistry:
-    def __init__(self, default_policy: ApprovalPolicy = "ask",
+    def __init__(self, default_policy: ApprovalPolicy = DEFAULT_APPROVAL,
                  overrides: dict[str, ApprovalPolicy] | None = None) -> None:
         self._tools: dict[str, Tool] = {}
+        self._checkers: dict[str, ArgumentChecker] = {}
         self._default = default_policy
         self._overrides = dict(overrides or {})
         self._specs: tuple[LLMToolSpec, ...] | None = None
@@ -51,6 +57,7 @@ class ToolRegistry:
         if name in self._tools:
             raise ValueError(f"tool {name!r} registered twice")
         self._tools[name] = tool
+        self._checkers[name] = ArgumentChecker(name, tool.spec.parameters)
         self._specs = None
 
     def extend(self, tools: Iterable[Tool]) -> None:
@@ -59,6 +66,10 @@ class ToolRegistry:
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
+
+    def checker(self, name: str) -> ArgumentChecker | None:
+        """The compiled parameters schema of a registered tool (None for an unknown name)."""
+        return self._checkers.get(name)
 
     def names(self) -> list[str]:
         return sorted(self._tools)

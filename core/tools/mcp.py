@@ -5,6 +5,9 @@ transports and ``ClientSession`` are async context managers whose enter and exit
 task, so that task enters them, initializes, lists the tools, and then serves requests from a queue until
 it is told to stop. Every tool the server offers becomes a :class:`McpTool` named ``<server>__<tool>``.
 
+No message of a server is held beyond ``MAX_MESSAGE_BYTES`` (see ``_transport``): a tool result that is
+longer keeps its head over stdio, and fails its call over streamable HTTP.
+
 :class:`McpManager` starts several servers side by side: one that fails (no such command, no answer within
 its start-up timeout, refused connection) is reported as a one-line reason and the others keep working.
 Reasons never contain the values of the server's ``env`` table nor the query part of its URL.
@@ -24,7 +27,9 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 from urllib.parse import urlsplit
 
 from core.llm.provider import LLMToolSpec
-from core.tools.base import ApprovalPolicy, ToolContext
+from core.supervisor import Spawn, TaskSupervisor
+from core.tools.base import DEFAULT_APPROVAL, ApprovalPolicy, ToolContext
+from core.tools.mcp_stdio import CUT_META, MAX_MESSAGE_BYTES
 
 if TYPE_CHECKING:  # the SDK is imported when a server is started, not when core is
     from mcp import ClientSession
@@ -40,6 +45,12 @@ CLOSE_GRACE_SECONDS = 8.0
 shutdown waits up to a few seconds for the process to exit, then terminates and kills it)."""
 
 
+DEFAULT_STARTUP_TIMEOUT = 20.0
+"""Seconds a server has to start, initialize and list its tools."""
+DEFAULT_CALL_TIMEOUT = 60.0
+"""Seconds one tool call may take."""
+
+
 @dataclass(frozen=True, slots=True)
 class McpServerConfig:
     """One MCP server as the operator configured it: ``command`` (stdio) or ``url`` (streamable HTTP)."""
@@ -49,9 +60,9 @@ class McpServerConfig:
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     url: str | None = None
-    approval: ApprovalPolicy = "ask"
-    startup_timeout: float = 20.0
-    call_timeout: float = 60.0
+    approval: ApprovalPolicy = DEFAULT_APPROVAL
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+    call_timeout: float = DEFAULT_CALL_TIMEOUT
 
     def __post_init__(self) -> None:
         if not NAME_PATTERN.match(self.name):
@@ -141,8 +152,10 @@ class _Call:
 class McpToolSource:
     """One MCP server held open by its own task; tool calls reach it through a queue."""
 
-    def __init__(self, config: McpServerConfig, *, errlog: TextIO | None = None) -> None:
+    def __init__(self, config: McpServerConfig, *, spawn: Spawn, errlog: TextIO | None = None) -> None:
+        """``spawn`` starts the serving task (a supervisor's, so it has a bounded shutdown)."""
         self.config = config
+        self._spawn = spawn
         self._errlog = errlog
         self._queue: asyncio.Queue[_Call | None] = asyncio.Queue()
         self._ready: asyncio.Future[list[McpTool]] | None = None
@@ -164,7 +177,7 @@ class McpToolSource:
             raise RuntimeError("McpToolSource.start called twice")
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
-        self._task = asyncio.create_task(self._serve(), name=f"mcp:{self.config.name}")
+        self._task = self._spawn(f"mcp:{self.config.name}", self._serve())
         try:
             tools = await asyncio.wait_for(asyncio.shield(self._ready), self.config.startup_timeout)
         except TimeoutError:
@@ -265,17 +278,21 @@ class McpToolSource:
                     group.start_soon(self._handle, session, request)
 
     def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The server's streams, each message bounded to ``MAX_MESSAGE_BYTES``: over stdio by our own
+        transport (``core.tools.mcp_stdio``, which keeps the head of a longer tool result); over streamable
+        HTTP by the SDK's ``max_sse_event_size`` (a longer event fails the call, read no further). What
+        remains out of our hands: a server answering a call with a plain JSON body (not an event stream),
+        which the SDK reads whole before anything of ours sees it."""
         cfg = self.config
         if cfg.command is not None:
-            from mcp import StdioServerParameters
-            from mcp.client.stdio import stdio_client
+            from core.tools.mcp_stdio import bounded_stdio_client
 
-            params = StdioServerParameters(command=cfg.command, args=list(cfg.args), env=dict(cfg.env) or None)
-            return stdio_client(params, errlog=self._errlog or _default_errlog())
+            return bounded_stdio_client(cfg.command, cfg.args, dict(cfg.env) or None,
+                                        self._errlog or _default_errlog())
         from mcp.client.streamable_http import streamable_http_client
 
         assert cfg.url is not None
-        return streamable_http_client(cfg.url)
+        return streamable_http_client(cfg.url, max_sse_event_size=MAX_MESSAGE_BYTES)
 
     async def _list_tools(self, session: ClientSession) -> list[McpTool]:
         from mcp.types import PaginatedRequestParams
@@ -309,7 +326,7 @@ class McpToolSource:
                 result = await session.call_tool(call.name, call.arguments,
                                                  read_timeout_seconds=self.config.call_timeout)
                 text = result_text(result)
-                if result.is_error:
+                if result.is_error and not _was_cut(result):
                     _settle(call.future, exc=McpToolError(text or f"MCP tool {call.name!r} failed"))
                 else:
                     _settle(call.future, text)
@@ -337,6 +354,10 @@ class McpToolSource:
         text = self.describe_failure(exc)
         if "timed out" in text.lower():
             return McpToolError(self._timeout_text(name))
+        if "byte limit" in text and "exceeded" in text:  # the SDK's bound on one streamable-HTTP event
+            return McpToolError(f"MCP tool {self.config.name}{TOOL_SEPARATOR}{name} failed: its result is larger "
+                                f"than {MAX_MESSAGE_BYTES:,} bytes and was not read (exceeded the "
+                                f"{MAX_MESSAGE_BYTES} byte limit)")
         return McpToolError(f"MCP tool {self.config.name}{TOOL_SEPARATOR}{name} failed: {text}")
 
     def _timeout_text(self, name: str) -> str:
@@ -380,6 +401,12 @@ def _settle(future: asyncio.Future[str], value: str | None = None, *, exc: BaseE
         future.set_exception(exc)
     else:
         future.set_result(value or "")
+
+
+def _was_cut(result: CallToolResult) -> bool:
+    """A result our transport rebuilt from the head of an oversized message (not an error of the tool)."""
+    meta = getattr(result, "meta", None)
+    return isinstance(meta, dict) and isinstance(meta.get(CUT_META), int)
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -476,6 +503,7 @@ class McpManager:
 
     def __init__(self, *, errlog: TextIO | None = None) -> None:
         self._errlog = errlog
+        self._supervisor = TaskSupervisor("mcp")  # the servers outlive the core: they have their own
         self._sources: list[McpToolSource] = []
         self.statuses: list[McpServerStatus] = []
 
@@ -492,7 +520,7 @@ class McpManager:
         for cfg in configs:
             if timeout is not None and timeout < cfg.startup_timeout:
                 cfg = _replace_timeout(cfg, timeout)
-            sources.append(McpToolSource(cfg, errlog=self._errlog))
+            sources.append(McpToolSource(cfg, spawn=self._supervisor.spawn, errlog=self._errlog))
         results = await asyncio.gather(*(s.start() for s in sources), return_exceptions=True)
         failures: list[str] = []
         for source, result in zip(sources, results, strict=True):
@@ -516,6 +544,7 @@ class McpManager:
         """Close every server concurrently, bounded by ``timeout`` each."""
         sources, self._sources = self._sources, []
         await asyncio.gather(*(s.aclose(timeout) for s in sources), return_exceptions=True)
+        await self._supervisor.shutdown(timeout)
 
 
 def _replace_timeout(cfg: McpServerConfig, timeout: float) -> McpServerConfig:

@@ -14,6 +14,7 @@ from core.agent.approvals import ApprovalBroker, ApprovalGate
 from core.agent.events import CompleteToolCall, PartialText, ToolOutput, TurnEvent
 from core.agent.merge_queue import MergeQueue
 from core.llm.provider import LLMToolSpec
+from core.supervisor import TaskSupervisor
 from core.tools.base import ToolContext, ToolRegistry
 
 EVENTS = 200_000
@@ -35,7 +36,7 @@ async def per_event() -> float:
         nonlocal count
         count += 1
 
-    queue: MergeQueue[TurnEvent] = MergeQueue(consume)
+    queue: MergeQueue[TurnEvent] = MergeQueue(consume, TaskSupervisor("bench").spawn)
     delta = PartialText("delta", "x")
 
     async def produce(n: int) -> None:
@@ -59,7 +60,7 @@ async def per_tool_call() -> float:
         nonlocal outputs
         outputs += isinstance(event, ToolOutput)
 
-    queue: MergeQueue[TurnEvent] = MergeQueue(consume)
+    queue: MergeQueue[TurnEvent] = MergeQueue(consume, TaskSupervisor("bench").spawn)
     tools = ToolRegistry()
     tools.add(Echo())  # type: ignore[arg-type]
 

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -64,8 +64,8 @@ def serve(kind: str, chunks: int, chunk_ms: float) -> None:
         """Records when each chat first shows the whole expected reply; driven through two extra methods."""
 
         expected = ""
-        queued: dict[int, float] = {}
-        done: dict[int, float] = {}
+        queued: ClassVar[dict[int, float]] = {}
+        done: ClassVar[dict[int, float]] = {}
 
         def _check(self, chat_id: int) -> None:
             if chat_id in self.done:

@@ -13,7 +13,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from channels.web.factory import WebRuntime, build
+from channels.web.channel import WebChannel
+from channels.web.factory import build
+from channels.web.server import WebAccess
 from channels.web.sse import StreamHub
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import LLMToolSpec
@@ -55,40 +57,45 @@ def registry(*tools: RecordingTool) -> ToolRegistry:
 
 
 class WebChat:
-    def __init__(self, core: ChatCore, runtime: WebRuntime, runner: web.AppRunner, base_url: str) -> None:
+    def __init__(self, core: ChatCore, channel: WebChannel, runner: web.AppRunner, base_url: str) -> None:
         self.core = core
-        self.runtime = runtime
+        self.channel = channel
         self.runner = runner
         self.base_url = base_url
 
     @property
     def hub(self) -> StreamHub:
-        return self.runtime.channel.hub
+        return self.channel.hub
 
     async def close(self) -> None:
-        await self.runtime.stop()
+        await self.channel.stop()
         await self.core.shutdown()
-        await self.runtime.close()
+        await self.channel.close()
         await self.runner.cleanup()
 
 
 async def start_web_chat(tmp_path: Path, fake: FakeOpenAI, *, auth_token: str = "", hub: StreamHub | None = None,
                          update_interval: float = 0.05, tools: ToolRegistry | None = None,
+                         access: WebAccess | None = None, reap_interval: float = 1.0,
                          **settings: Any) -> WebChat:
     s = dataclasses.replace(FAST, **settings)
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key="sk-test",
                               request_timeout=s.request_timeout)
     core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools)
     app = web.Application()
-    runtime = build(core, app, auth_token=auth_token, hub=hub, update_interval=update_interval)
+    if access is None:
+        access = WebAccess(auth_token=auth_token)
+    channel = build(core.host_for("web"), app, access=access, hub=hub, update_interval=update_interval,
+                    reap_interval=reap_interval)
+    core.add_channel(channel)
     await core.start()
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    await runtime.start()
-    return WebChat(core, runtime, runner, f"http://127.0.0.1:{port}")
+    port = runner.addresses[0][1]
+    await channel.start()
+    return WebChat(core, channel, runner, f"http://127.0.0.1:{port}")
 
 
 @dataclass

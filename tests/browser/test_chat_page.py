@@ -83,7 +83,8 @@ async def test_send_stream_stop_reload_and_safe_markdown(browser, chat, fake_ope
     assert await hostile.locator("code").inner_text() == "<b>code</b>"
     links = hostile.locator("a")
     assert await links.count() == 1
-    assert await links.first.get_attribute("href") == 'https://example.org/?a=1&b="2"'
+    assert await links.first.get_attribute("href") == "https://example.org/?a=1&b=%222%22"  # quotes encoded
+    assert await links.first.get_attribute("rel") == "noopener noreferrer nofollow"
     await page.screenshot(path=str(ARTIFACTS / "03-hostile-markdown.png"))
 
     # 3. stop a reply
@@ -104,6 +105,7 @@ async def test_send_stream_stop_reload_and_safe_markdown(browser, chat, fake_ope
     assert texts[0] == "What is the answer?" and "forty-two" in texts[1]
     assert texts[4] == "long story please" and texts[5].startswith("This reply")
     assert await page.locator("#messages .msg.partial").count() == 1
+    await expect(page.locator(".notice", has_text="Stopped")).to_have_count(1)  # kept in history
     assert await page.evaluate("window.__pwned") is None
     await page.screenshot(path=str(ARTIFACTS / "05-reloaded.png"))
 

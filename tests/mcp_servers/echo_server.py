@@ -49,6 +49,12 @@ async def sleep(seconds: float) -> str:
 
 
 @server.tool()
+def big(size: int) -> str:
+    """A text of ``size`` characters: "0123456789" repeated, so a cut shows where it was made."""
+    return ("0123456789" * (size // 10 + 1))[:size]
+
+
+@server.tool()
 def env(name: str) -> str:
     """The value of one environment variable of this server process ("" when unset)."""
     return os.environ.get(name, "")

@@ -1,9 +1,9 @@
 """A test channel: a fake chat platform that records what a user would see, with injectable faults.
 
 ``FakePlatform`` keeps the messages visible in each chat (sent, edited, deleted). ``TestChannel`` is a
-real ChannelPort whose sink follows a turn by editing one message in place, and which can be told to fail
-at open, fail the final update, hang, or hold the final update for platform pauses (which it reports, as
-a channel does, so that core's wait stretches with them).
+real Channel whose sink follows a turn by editing one message in place, and which can be told to fail at
+open, fail the final update, hang, or hold the final update for platform pauses (which it reports, as a
+channel does, so that core's wait stretches with them).
 """
 
 from __future__ import annotations
@@ -132,6 +132,20 @@ class TestChannel:
         self.plain_fail = False
         self.finish_pauses = 0
         self.pause_seconds = 0.0
+        self._state = "ready"
+
+    # receiving is the test's business (it submits envelopes itself): the lifecycle only records itself
+    async def start(self) -> None:
+        self._state = "ready"
+
+    async def stop(self) -> None:
+        self._state = "stopped"
+
+    async def close(self) -> None:
+        self._state = "closed"
+
+    def state(self) -> str:
+        return self._state
 
     async def open_sink(self, target: TurnTarget) -> TestSink:
         if self.hang_open:

@@ -70,7 +70,9 @@ class Harness:
 
 
 async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None = None,
-                       tools: ToolRegistry | None = None, **settings: Any) -> Harness:
+                       tools: ToolRegistry | None = None, start: bool = True, **settings: Any) -> Harness:
+    """``start=False``: the caller registers more channels, then starts the core (which reports turns a
+    previous process left running through them)."""
     s = dataclasses.replace(FAST, **settings)
     store = store or SqliteStore(tmp_path / "chat.db")
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key=API_KEY,
@@ -78,7 +80,8 @@ async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None 
     core = ChatCore(store=store, provider=provider, settings=s, tools=tools)
     channel = TestChannel()
     core.add_channel(channel)
-    await core.start()
+    if start:
+        await core.start()
     harness = Harness(core, channel, fake, store)
     LIVE.append(harness)
     return harness

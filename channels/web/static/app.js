@@ -1,82 +1,208 @@
 /* chatbridge web chat: plain JavaScript, no build step.
  *
- * Exposes window.chatbridge = {renderMarkdown, escapeHtml, HistoryMirror, app} (the browser test uses them).
- * History rules (same as core/history_mirror.py): apply only the next revision, ignore duplicate message
- * ids, one full fetch on a gap, deltas of other sessions only mark them unread.
+ * Model output is Markdown, rendered by markdown-it with raw HTML off (HTML in a reply is shown as text),
+ * links only to http(s) and mailto, and images shown as links (never loaded: an image URL written by a model
+ * could carry data out of the chat). DOMPurify then keeps only the tags and attributes markdown-it emits.
+ * Code blocks with a known language are highlighted by highlight.js and every code block gets a Copy button.
+ * The libraries are files under /static/vendor (see the README there); the page uses no inline script,
+ * no inline event handler and no eval, so it runs under a strict Content-Security-Policy.
+ *
+ * Streaming stays cheap: text is rendered per top-level block and a block whose source did not change is
+ * neither rendered, sanitized, highlighted nor put into the page again; code is highlighted once per text;
+ * and a live reply is re-rendered at most as often as its last render cost allows, so a long reply never
+ * freezes the page.
+ *
+ * Exposes window.chatbridge = {renderMarkdown, HistoryMirror, app, ...} (the browser tests use them).
+ * History rules (same as tests/support/history_mirror.py): apply only the next revision, ignore duplicate message
+ * ids, one full fetch on a gap, deltas of other sessions only mark them unread; older pages are prepended
+ * only when they end right before the oldest message held.
  */
 "use strict";
 (function () {
-  // ---- safe Markdown: escape everything first, then add a small, fixed set of tags ----------------------
-  const ESC = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
-  function escapeHtml(s) { return String(s).replace(/[&<>"']/g, (c) => ESC[c]); }
+  // ---- Markdown -------------------------------------------------------------------------------------------
+  const PAGE = 100;        // messages per history request
+  const LINK_OK = /^(https?:|mailto:)/i;
+  const HIGHLIGHT_CACHE_CHARS = 2000000;
+  const highlighted = new Map();  // language + "\0" + code → highlighted HTML (insertion order = age)
+  let highlightedChars = 0;
+  const stats = { highlightCalls: 0, liveRenders: 0, liveRenderMs: 0, liveRenderMaxMs: 0 };
 
-  function renderInline(text) {
-    // `text` is raw; every piece that reaches the output goes through escapeHtml. Code spans and links are
-    // set aside as placeholders first, so emphasis never reaches inside them.
-    const held = [];
-    const hold = (html) => { held.push(html); return "\u0000" + (held.length - 1) + "\u0000"; };
-    let s = text.replace(/\u0000/g, "");
-    s = s.replace(/`([^`\n]+)`/g, (_, code) => hold("<code>" + escapeHtml(code) + "</code>"));
-    s = s.replace(/\[([^\]\n]+)\]\(([^)\s]+)\)/g, (m, label, url) => {
-      if (!/^(https?:\/\/|mailto:)/i.test(url)) return m; // only these schemes become links
-      return hold('<a href="' + escapeHtml(url) + '" target="_blank" rel="noopener noreferrer nofollow">' +
-                  escapeHtml(label) + "</a>");
-    });
-    s = escapeHtml(s);
-    s = s.replace(/\*\*([^*\n]+)\*\*/g, "<strong>$1</strong>");
-    s = s.replace(/(^|[^*\w])\*([^*\n]+)\*(?!\w)/g, "$1<em>$2</em>");
-    s = s.replace(/(^|[^_\w])_([^_\n]+)_(?!\w)/g, "$1<em>$2</em>");
-    return s.replace(/\u0000(\d+)\u0000/g, (_, i) => held[Number(i)]);
+  function highlightCode(code, lang) {
+    const name = String(lang || "").trim().split(/\s+/)[0].toLowerCase();
+    const hljs = window.hljs;
+    if (!name || !hljs || !hljs.getLanguage(name)) return ""; // markdown-it escapes it as plain text
+    const key = name + "\u0000" + code;
+    let html = highlighted.get(key);
+    if (html === undefined) {
+      stats.highlightCalls++;
+      try { html = hljs.highlight(code, { language: name, ignoreIllegals: true }).value; } catch (_) { html = ""; }
+      highlighted.set(key, html);
+      highlightedChars += key.length + html.length;
+      for (const [k, v] of highlighted) { // oldest first; a growing (streamed) block leaves many versions
+        if (highlightedChars <= HIGHLIGHT_CACHE_CHARS) break;
+        highlighted.delete(k); highlightedChars -= k.length + v.length;
+      }
+    }
+    return html;
   }
 
-  function renderMarkdown(src) {
-    const lines = String(src).replace(/\r\n?/g, "\n").split("\n");
-    const out = [];
-    let para = [];
-    let list = null; // {tag, items}
-    const flushPara = () => { if (para.length) { out.push("<p>" + para.map(renderInline).join("<br>") + "</p>"); para = []; } };
-    const flushList = () => { if (list) { out.push("<" + list.tag + ">" + list.items.map((i) => "<li>" + renderInline(i) + "</li>").join("") + "</" + list.tag + ">"); list = null; } };
-    for (let i = 0; i < lines.length; i++) {
-      const line = lines[i];
-      const fence = line.match(/^\s*(```|~~~)\s*([\w+-]*)\s*$/);
-      if (fence) {
-        flushPara(); flushList();
-        const body = [];
-        i++;
-        while (i < lines.length && !lines[i].trim().startsWith(fence[1])) { body.push(lines[i]); i++; }
-        const lang = fence[2] ? ' class="lang-' + escapeHtml(fence[2]) + '"' : "";
-        out.push("<pre><code" + lang + ">" + escapeHtml(body.join("\n")) + "</code></pre>");
-        continue;
-      }
-      let m;
-      if (!line.trim()) { flushPara(); flushList(); continue; }
-      if ((m = line.match(/^(#{1,4})\s+(.*)$/))) {
-        flushPara(); flushList();
-        out.push("<h" + m[1].length + ">" + renderInline(m[2]) + "</h" + m[1].length + ">");
-        continue;
-      }
-      if ((m = line.match(/^\s*>\s?(.*)$/))) { flushPara(); flushList(); out.push("<blockquote>" + renderInline(m[1]) + "</blockquote>"); continue; }
-      if ((m = line.match(/^\s*[-*+]\s+(.*)$/)) || (m = line.match(/^\s*\d+[.)]\s+(.*)$/))) {
-        flushPara();
-        const tag = /^\s*\d/.test(line) ? "ol" : "ul";
-        if (list && list.tag !== tag) flushList();
-        if (!list) list = { tag, items: [] };
-        list.items.push(m[1]);
-        continue;
-      }
-      flushList();
-      para.push(line);
+  const md = window.markdownit({ html: false, linkify: true, breaks: true, highlight: highlightCode });
+  md.validateLink = (url) => LINK_OK.test(String(url).trim());
+  // An image becomes a link labelled with its description: nothing is fetched unless the user clicks.
+  md.renderer.rules.image = (tokens, idx, options, env, self) => {
+    const t = tokens[idx];
+    const label = self.renderInlineAsText(t.children, options, env) || "image";
+    return '<a href="' + md.utils.escapeHtml(t.attrGet("src") || "") + '">' + md.utils.escapeHtml("image: " + label) + "</a>";
+  };
+  // Table alignment as a class, not a style attribute (styles stay out of rendered output).
+  const cellOpen = (tokens, idx, options, env, self) => {
+    const t = tokens[idx];
+    const m = /text-align:(left|right|center)/.exec(t.attrGet("style") || "");
+    if (t.attrs) t.attrs = t.attrs.filter((a) => a[0] !== "style");
+    if (m) t.attrJoin("class", "align-" + m[1]);
+    return self.renderToken(tokens, idx, options);
+  };
+  md.renderer.rules.th_open = cellOpen;
+  md.renderer.rules.td_open = cellOpen;
+
+  const PURIFY = {
+    ALLOWED_TAGS: ["p", "br", "strong", "em", "s", "code", "pre", "blockquote", "ul", "ol", "li", "hr",
+                   "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td", "a", "span"],
+    ALLOWED_ATTR: ["href", "title", "class", "start"],
+    ALLOWED_URI_REGEXP: /^(?:https?:|mailto:)/i,
+    ALLOW_DATA_ATTR: false,
+  };
+  window.DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+    if (node.tagName === "A") { node.setAttribute("target", "_blank"); node.setAttribute("rel", "noopener noreferrer nofollow"); }
+  });
+
+  // A reply is rendered per top-level block (paragraph, list, table, code block, ...). The whole text is
+  // parsed every time, so the structure is exactly that of one full render, but a block whose source did not
+  // change reuses its sanitized rendering (cloned), and an element keeps the nodes of its unchanged leading
+  // blocks: while a reply streams, only its last block is rendered, sanitized and put into the page again.
+  const BLOCK_CACHE_CHARS = 4000000;
+  const blockCache = new Map();  // key (block kind, references, source lines) → sanitized DocumentFragment
+  let blockCacheChars = 0;
+  const blockState = new WeakMap();  // element → [{key, nodes}] of the blocks it shows
+
+  function markdownBlocks(src) {
+    const text = String(src).replace(/\r\n?/g, "\n").replace(/\u0000/g, "\uFFFD"); // as markdown-it sees it
+    const env = {};
+    const tokens = md.parse(text, env);
+    const lines = text.split("\n");
+    const refs = env.references ? Object.keys(env.references).join("\u0001") : "";
+    const blocks = [];
+    for (let i = 0; i < tokens.length;) {
+      const start = i;
+      let depth = 0;
+      do { depth += tokens[i].nesting; i++; } while (depth > 0 && i < tokens.length);
+      const first = tokens[start];
+      const map = first.map || [0, 0];
+      const key = first.type + "\u0000" + refs + "\u0000" + lines.slice(map[0], map[1]).join("\n");
+      blocks.push({ key, tokens: tokens.slice(start, i), env });
     }
-    flushPara(); flushList();
-    return out.join("");
+    return blocks;
+  }
+
+  function blockFragment(block) {
+    let frag = blockCache.get(block.key);
+    if (frag === undefined) {
+      const html = md.renderer.render(block.tokens, md.options, block.env);
+      frag = window.DOMPurify.sanitize(html, Object.assign({ RETURN_DOM_FRAGMENT: true }, PURIFY));
+      blockCache.set(block.key, frag);
+      blockCacheChars += block.key.length;
+      for (const k of blockCache.keys()) { // oldest first; a streamed block leaves many versions behind
+        if (blockCacheChars <= BLOCK_CACHE_CHARS) break;
+        blockCache.delete(k); blockCacheChars -= k.length;
+      }
+    }
+    return frag.cloneNode(true);
+  }
+
+  /** Model Markdown → sanitized HTML (a string; the page itself uses fillMarkdown). */
+  function renderMarkdown(src) {
+    const div = document.createElement("div");
+    for (const block of markdownBlocks(src)) div.appendChild(blockFragment(block));
+    return div.innerHTML;
+  }
+
+  /** Show Markdown `src` in `el`, keeping the nodes of the blocks `el` already shows unchanged. */
+  function fillMarkdown(el, src) {
+    const blocks = markdownBlocks(src);
+    const shown = blockState.get(el) || [];
+    let same = 0;
+    while (same < shown.length && same < blocks.length && shown[same].key === blocks[same].key) same++;
+    for (const old of shown.slice(same)) for (const n of old.nodes) n.remove();
+    const kept = shown.slice(0, same);
+    for (const block of blocks.slice(same)) {
+      const frag = blockFragment(block);
+      addCopyButtons(frag);
+      kept.push({ key: block.key, nodes: Array.from(frag.childNodes) });
+      el.appendChild(frag);
+    }
+    blockState.set(el, kept);
+  }
+
+  function addCopyButtons(root) {
+    for (const pre of root.querySelectorAll("pre")) {
+      const code = pre.querySelector("code");
+      if (!code) continue;
+      const box = document.createElement("div");
+      box.className = "code";
+      const b = document.createElement("button");
+      b.type = "button"; b.className = "copy"; b.textContent = "Copy"; b.title = "Copy this code";
+      b.addEventListener("click", () => copyText(code.textContent, b));
+      pre.replaceWith(box);
+      box.append(pre, b);
+    }
+  }
+
+  async function copyText(text, button) {
+    let ok = false;
+    try {
+      await navigator.clipboard.writeText(text);
+      ok = true;
+    } catch (_) {
+      ok = legacyCopy(text); // plain http on a LAN address is not a secure context: no Clipboard API there
+    }
+    button.textContent = ok ? "Copied" : "Copy failed";
+    setTimeout(() => { button.textContent = "Copy"; }, 1500);
+  }
+  function legacyCopy(text) {
+    const ta = document.createElement("textarea");
+    ta.className = "clipboard-helper"; ta.value = text; ta.readOnly = true;
+    document.body.appendChild(ta);
+    ta.select();
+    let ok = false;
+    try { ok = document.execCommand("copy"); } catch (_) { ok = false; }
+    ta.remove();
+    return ok;
   }
 
   // ---- history mirror ------------------------------------------------------------------------------------
   class HistoryMirror {
-    constructor() { this.openSession = null; this.revision = null; this.messages = []; this.ids = new Set(); this.unread = new Set(); this.fetchPending = false; }
-    loadFull(session, revision, messages) {
-      this.openSession = session; this.revision = revision; this.messages = messages.slice();
-      this.ids = new Set(messages.map((m) => m.id)); this.unread.delete(session); this.fetchPending = false;
+    constructor() { this.openSession = null; this.revision = null; this.messages = []; this.ids = new Set(); this.unread = new Set(); this.fetchPending = false; this.hasMore = false; }
+    // First load, reconnect miss, gap recovery or a session switch. The newest page replaces what is held,
+    // except that older pages already loaded stay when the new page overlaps them (history only grows).
+    loadFull(session, revision, messages, hasMore) {
+      let kept = [];
+      let more = !!hasMore;
+      if (session === this.openSession && messages.length) {
+        const at = this.messages.findIndex((m) => m.id === messages[0].id);
+        if (at >= 0) { kept = this.messages.slice(0, at); more = this.hasMore; }
+      }
+      this.openSession = session; this.revision = revision; this.messages = kept.concat(messages);
+      this.ids = new Set(this.messages.map((m) => m.id)); this.unread.delete(session); this.fetchPending = false;
+      this.hasMore = more;
+    }
+    // An older page asked for with before=<the oldest message held>; false when that no longer fits.
+    loadOlder(session, before, messages, hasMore) {
+      if (session !== this.openSession || !this.messages.length || this.messages[0].id !== before) return false;
+      const older = messages.filter((m) => !this.ids.has(m.id));
+      for (const m of older) this.ids.add(m.id);
+      this.messages = older.concat(this.messages);
+      this.hasMore = !!hasMore;
+      return true;
     }
     applyDelta(session, revision, messages) {
       if (session !== this.openSession) { this.unread.add(session); return "marked_unread"; }
@@ -105,7 +231,11 @@
     decisions: new Map(),  // tool call id → "allow" | "deny" clicked on this page (its buttons stay disabled)
     stream: null,
     feed: null,
-    stats: { fullFetches: 0, deltas: { applied: 0, duplicate: 0, needs_full_fetch: 0, marked_unread: 0 } },
+    loadingOlder: false,   // an older history page is on its way
+    rendered: new Map(),   // message key → its element (stored messages never change: rendered once)
+    liveView: null,        // {turnId, div, body, extra}: the element of the live reply
+    stats: Object.assign(stats, { fullFetches: 0, olderPages: 0,
+                                  deltas: { applied: 0, duplicate: 0, needs_full_fetch: 0, marked_unread: 0 } }),
   };
 
   function newClientId() {
@@ -190,9 +320,9 @@
     const id = app.session;
     app.mirror.fetchPending = true;
     app.stats.fullFetches++;
-    const p = api("GET", "/api/sessions/" + id + "/history").then((data) => {
+    const p = api("GET", "/api/sessions/" + id + "/history?limit=" + PAGE).then((data) => {
       if (app.session !== id) return;
-      app.mirror.loadFull(id, data.history_revision, data.messages);
+      app.mirror.loadFull(id, data.history_revision, data.messages, data.has_more);
       dropCommittedPending(data.messages);
       const held = app.held; app.held = [];
       if (app.live && app.live.state !== "running") app.live.committed = true; // core commits before the terminal event
@@ -204,6 +334,31 @@
     fetching = p;
     return p;
   }
+  // Older messages, when the top of the conversation is reached (the scroll position stays where it was).
+  async function loadOlder() {
+    const mirror = app.mirror;
+    const id = app.session;
+    if (app.loadingOlder || !mirror.hasMore || mirror.fetchPending || !mirror.messages.length || mirror.openSession !== id) return;
+    const before = mirror.messages[0].id;
+    app.loadingOlder = true;
+    renderTop();
+    try {
+      const data = await api("GET", "/api/sessions/" + id + "/history?limit=" + PAGE + "&before=" + encodeURIComponent(before));
+      if (app.session === id && mirror.loadOlder(id, before, data.messages, data.has_more)) {
+        app.stats.olderPages++;
+        app.loadingOlder = false;
+        renderHistory({ keepPosition: true });
+      }
+    } catch (e) {
+      setStatus(e.message);
+    } finally {
+      app.loadingOlder = false;
+      renderTop();
+    }
+  }
+  function nearTop() { return $("messages").scrollTop < 120; }
+  function maybeLoadOlder() { if (app.mirror.hasMore && !app.loadingOlder && nearTop()) loadOlder(); }
+
   function dropCommittedPending(messages) {
     for (const m of messages) {
       if (m.role !== "user") continue;
@@ -218,7 +373,13 @@
     app.stream = es;
     const on = (name, fn) => es.addEventListener(name, (ev) => { if (app.stream === es) fn(JSON.parse(ev.data)); });
     es.onopen = () => setStatus("");
-    es.onerror = () => setStatus(es.readyState === EventSource.CLOSED ? "disconnected" : "reconnecting…");
+    es.onerror = () => {
+      if (es.readyState !== EventSource.CLOSED) { setStatus("reconnecting…"); return; }
+      // The browser gives up on an error answer (e.g. a proxy's 502 while the bridge restarts). A new
+      // stream cannot resume where this one stopped, so it starts afresh and the history is fetched again.
+      setStatus("disconnected; retrying…");
+      setTimeout(() => { if (app.stream === es && app.session === id) { connect(id); fullFetch(); } }, 3000);
+    };
     on("resync_required", () => { fullFetch(); });
     on("task_state", (d) => {
       app.live = d.turn ? Object.assign({ committed: false }, d.turn) : null;
@@ -283,14 +444,13 @@
     if (d.error !== undefined) live.error = d.error;
     live.state = d.state; live.version = d.version;
     settleLive();
-    renderLive();
+    if (d.state === "running") scheduleLive(); else renderLive(); // the end of a turn shows at once
   }
 
-  // A committed turn lives on in history; only its terminal notice (stopped / failed) is added once.
+  // A committed turn lives on in history, its terminal notice (stopped / failed) included.
   function settleLive() {
     const live = app.live;
     if (!live || !live.committed || live.state === "running") return;
-    if (live.error) addNotice(live.error);
     app.live = null;
   }
 
@@ -298,12 +458,17 @@
   function nearBottom() { const el = $("messages"); return el.scrollHeight - el.scrollTop - el.clientHeight < 80; }
   function scrollDown(force) { const el = $("messages"); if (force) el.scrollTop = el.scrollHeight; }
 
-  function messageEl(m) {
+  function messageEl(m, toolName) {
+    if (m.kind === "notice") return noticeEl(m.content); // the bridge's words (failed, stopped, restarted)
+    if (m.role === "tool") return toolResultEl(m, toolName);
     const div = document.createElement("div");
     div.className = "msg " + m.role + (m.kind === "partial" ? " partial" : "");
     div.dataset.id = m.id;
     if (m.role === "assistant") {
-      div.innerHTML = renderMarkdown(m.content);
+      const body = document.createElement("div");
+      body.className = "body";
+      fillMarkdown(body, m.content);
+      div.appendChild(body);
       if (m.tool_calls && m.tool_calls.length) {
         if (!m.content) div.classList.add("calls-only");
         const ul = document.createElement("ul"); ul.className = "tools";
@@ -330,55 +495,115 @@
   }
   function noticeEl(text) { const d = document.createElement("div"); d.className = "notice"; d.textContent = text; return d; }
 
-  function renderHistory() {
-    const stick = nearBottom();
-    const box = $("messages");
-    box.textContent = "";
-    const byAfter = new Map();
-    for (const n of app.notices) { if (!byAfter.has(n.after)) byAfter.set(n.after, []); byAfter.get(n.after).push(n); }
-    for (const n of byAfter.get(null) || []) box.appendChild(noticeEl(n.text));
-    const toolNames = new Map();
-    for (const m of app.mirror.messages) {
-      if (m.role === "user" || m.role === "assistant") box.appendChild(messageEl(m));
-      if (m.role === "assistant") for (const c of m.tool_calls || []) toolNames.set(c.id, c.name);
-      if (m.role === "tool") box.appendChild(toolResultEl(m, toolNames.get(m.tool_call_id)));
-      for (const n of byAfter.get(m.id) || []) box.appendChild(noticeEl(n.text));
-    }
-    for (const [cid, text] of app.pending) {
-      const d = document.createElement("div"); d.className = "msg user pending"; d.dataset.clientId = cid; d.textContent = text; box.appendChild(d);
-    }
-    const liveBox = document.createElement("div"); liveBox.id = "live"; box.appendChild(liveBox);
-    renderSessions();
-    renderLive();
-    scrollDown(stick);
+  // The top of the conversation: a way to older messages while there are any.
+  function renderTop() {
+    const top = $("older");
+    if (!top) return;
+    top.hidden = !app.mirror.hasMore;
+    top.disabled = app.loadingOlder;
+    top.textContent = app.loadingOlder ? "Loading earlier messages…" : "Load earlier messages";
   }
 
+  // Rebuilds the conversation from cached elements (each stored message is rendered once). keepPosition:
+  // older messages were added above, so the part being read stays in place.
+  function renderHistory(opts) {
+    const box = $("messages");
+    const stick = nearBottom();
+    const fromBottom = box.scrollHeight - box.scrollTop;
+    const top = box.scrollTop;
+    const frag = document.createDocumentFragment();
+    const older = document.createElement("button");
+    older.type = "button"; older.id = "older";
+    older.addEventListener("click", () => loadOlder());
+    frag.appendChild(older);
+    const byAfter = new Map();
+    for (const n of app.notices) { if (!byAfter.has(n.after)) byAfter.set(n.after, []); byAfter.get(n.after).push(n); }
+    for (const n of byAfter.get(null) || []) frag.appendChild(noticeEl(n.text));
+    const toolNames = new Map();
+    const rendered = new Map();
+    for (const m of app.mirror.messages) {
+      if (m.role === "assistant") for (const c of m.tool_calls || []) toolNames.set(c.id, c.name);
+      if (m.role === "user" || m.role === "assistant" || m.role === "tool") {
+        const name = m.role === "tool" ? toolNames.get(m.tool_call_id) || "" : "";
+        const key = m.id + "\u0000" + name;
+        const el = app.rendered.get(key) || messageEl(m, name);
+        rendered.set(key, el);
+        frag.appendChild(el);
+      }
+      for (const n of byAfter.get(m.id) || []) frag.appendChild(noticeEl(n.text));
+    }
+    app.rendered = rendered;
+    for (const [cid, text] of app.pending) {
+      const d = document.createElement("div"); d.className = "msg user pending"; d.dataset.clientId = cid; d.textContent = text; frag.appendChild(d);
+    }
+    let liveBox = $("live"); // kept (with the live reply in it) across rebuilds
+    if (!liveBox) { liveBox = document.createElement("div"); liveBox.id = "live"; }
+    frag.appendChild(liveBox);
+    box.replaceChildren(frag);
+    renderTop();
+    renderSessions();
+    renderLive();
+    if (opts && opts.keepPosition) box.scrollTop = box.scrollHeight - fromBottom;
+    else if (stick) scrollDown(true);
+    else box.scrollTop = top;
+    maybeLoadOlder(); // a first page shorter than the screen cannot be scrolled: fetch more now
+  }
+
+  // A live reply is re-rendered as its events arrive, but never more often than its last render cost allows
+  // (at most a fifth of the time goes to rendering), so a long reply with much code cannot freeze the page.
+  let liveTimer = null;
+  let liveDoneAt = 0;
+  let liveCost = 0;
+  function scheduleLive() {
+    if (liveTimer !== null) return;
+    const wait = Math.max(0, liveDoneAt + Math.min(liveCost * 4, 1000) - performance.now());
+    liveTimer = setTimeout(() => { liveTimer = null; renderLive(); }, wait);
+  }
+
+  // The live reply keeps one element per turn: its text is updated block by block (fillMarkdown), its tool
+  // lines, approvals and error are rebuilt (they are short).
   function renderLive() {
+    if (liveTimer !== null) { clearTimeout(liveTimer); liveTimer = null; }
+    const started = performance.now();
     const stick = nearBottom();
     const holder = $("live");
     if (!holder) return;
-    holder.textContent = "";
     const live = app.live;
     const running = !!(live && live.state === "running");
     $("stop").hidden = !running;
-    if (live && !live.committed) {
-      const div = document.createElement("div");
-      div.className = "msg assistant live" + (running ? " typing" : "");
-      div.dataset.turn = live.turn_id;
-      const body = document.createElement("div");
-      body.className = "body";
-      body.innerHTML = renderMarkdown(live.text);
-      div.appendChild(body);
+    if (!live || live.committed) {
+      holder.textContent = "";
+      app.liveView = null;
+    } else {
+      let view = app.liveView;
+      if (!view || view.turnId !== live.turn_id || !holder.contains(view.div)) {
+        const div = document.createElement("div");
+        const body = document.createElement("div");
+        body.className = "body";
+        const extra = document.createElement("div");
+        div.append(body, extra);
+        view = app.liveView = { turnId: live.turn_id, div, body, extra };
+        holder.replaceChildren(div);
+      }
+      view.div.className = "msg assistant live" + (running ? " typing" : "");
+      view.div.dataset.turn = live.turn_id;
+      fillMarkdown(view.body, live.text);
+      const parts = [];
       if (live.tools && live.tools.length) {
         const ul = document.createElement("ul"); ul.className = "tools";
         for (const t of live.tools) { const li = document.createElement("li"); li.className = t.status; li.textContent = t.name + " — " + t.status.replace("_", " ") + (t.summary ? ": " + t.summary : ""); ul.appendChild(li); }
-        div.appendChild(ul);
+        parts.push(ul);
       }
-      for (const a of (running && live.approvals) || []) div.appendChild(approvalEl(a));
-      if (live.error) { const e = document.createElement("div"); e.className = "turn-error"; e.textContent = live.error; div.appendChild(e); }
-      holder.appendChild(div);
+      for (const a of (running && live.approvals) || []) parts.push(approvalEl(a));
+      if (live.error) { const e = document.createElement("div"); e.className = "turn-error"; e.textContent = live.error; parts.push(e); }
+      view.extra.replaceChildren(...parts);
     }
     scrollDown(stick);
+    liveDoneAt = performance.now();
+    liveCost = liveDoneAt - started;
+    stats.liveRenders++;
+    stats.liveRenderMs += liveCost;
+    stats.liveRenderMaxMs = Math.max(stats.liveRenderMaxMs, liveCost);
   }
 
   // approvals: Allow / Deny under the live turn; a click disables both until the turn events move on
@@ -435,7 +660,8 @@
     app.session = id;
     history.replaceState(null, "", "#" + id);
     app.live = null; app.pending.clear(); app.notices = []; app.held = []; app.decisions.clear();
-    app.mirror.loadFull(id, null, []);
+    app.rendered = new Map(); app.loadingOlder = false;
+    app.mirror.loadFull(id, null, [], false);
     app.mirror.revision = null;
     renderHistory();
     connect(id);
@@ -461,6 +687,7 @@
     $("new-chat").addEventListener("click", () => newSession().catch((e) => setStatus(e.message)));
     $("rename").addEventListener("click", startRename);
     $("toggle-sidebar").addEventListener("click", () => $("app").classList.toggle("show-sidebar"));
+    $("messages").addEventListener("scroll", maybeLoadOlder, { passive: true });
     try {
       await loadSessions();
       const wanted = location.hash.slice(1);
@@ -474,6 +701,6 @@
     } catch (e) { setStatus(e.message); }
   }
 
-  window.chatbridge = { renderMarkdown, escapeHtml, HistoryMirror, app, openSession, fullFetch };
+  window.chatbridge = { renderMarkdown, HistoryMirror, app, openSession, fullFetch, loadOlder };
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start); else start();
 })();

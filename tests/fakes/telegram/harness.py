@@ -64,12 +64,13 @@ async def telegram_harness(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTele
                            clock: Clock | None = None, core: dict[str, Any] | None = None,
                            start: bool = True, limit: int = 4096, call_timeout: float | None = 5.0,
                            **settings: Any) -> TelegramHarness:
-    h = await make_harness(tmp_path, fake_openai, **(core or {}))
+    h = await make_harness(tmp_path, fake_openai, start=False, **(core or {}))
     s = dataclasses.replace(TEST_SETTINGS, **settings)
     bot = make_bot(tg.token, tg.base_url)
     calls = Calls(Throttle(clock=clock), CallPolicy(initial_wait=0.01, max_wait=0.05, timeout=call_timeout))
-    channel = TelegramChannel(h.core, bot, s, calls=calls, limit=limit)
+    channel = TelegramChannel(h.core.host_for("telegram"), bot, s, calls=calls, limit=limit)
     h.core.add_channel(channel)
+    await h.core.start()  # after the channel is registered: it tells chats about turns a crash interrupted
     th = TelegramHarness(h, channel, tg)
     if start:
         await channel.start()

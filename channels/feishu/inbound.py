@@ -1,0 +1,251 @@
+"""Inbound Feishu: one ``im.message.receive_v1`` event → a ``FeishuMessage``, parsed once, typed.
+
+A pure function of the event body (the decrypted webhook JSON, or the long connection's payload) and the
+bot's own open_id; it decides nothing about policy (allow lists, group policy, dedupe) and touches no I/O.
+
+- Chats: ``p2p`` or ``group``; the message id, chat id, sender ids (open_id, user_id, union_id — user_id
+  only when the app holds the employee-id scope).
+- Text: ``text`` content and ``post`` content (title, text, links, @mentions, code blocks, emoji) flattened
+  to plain text. Mentions arrive as ``@_user_N`` placeholders with a ``mentions`` list: each becomes
+  ``@Name``; ``@_all`` becomes ``@all``; the bot's own mention is removed from the text and recorded in
+  ``mentioned_bot`` (found by open_id, the only id Feishu gives a bot).
+- Media: images, files, audio, video and stickers (message types of their own, or images and videos inside
+  a post) become ``Attachment``s, described in words (this build does not download them).
+- Threads: a message with a ``thread_id`` is in a thread (a topic group's topic, or a "reply in thread");
+  its session is the thread's. ``root_id``/``parent_id`` of a plain quote reply only name the message
+  answered (``reply_to``): the conversation stays the chat's. Feishu gives ``thread_id`` on every message
+  of a thread, its first one included, so a thread keeps one session from its start.
+- Our own messages (sender_type other than ``user``, or the bot's open_id) give None.
+
+Dedupe keys: ``header.event_id`` (one delivery of an event) and ``message_id`` (Feishu documents that the
+same message can be pushed again under a new event id, and recommends deduplicating on message_id).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from core.envelope import MediaItem, ReplyTo, ThreadRef
+
+CHANNEL = "feishu"
+ChatType = Literal["p2p", "group"]
+_MEDIA_TYPES = ("image", "file", "audio", "media", "sticker")
+_PLACEHOLDER = re.compile(r"@_user_\d+|@_all")
+
+
+@dataclass(frozen=True, slots=True)
+class Sender:
+    open_id: str
+    user_id: str | None = None
+    union_id: str | None = None
+
+    def ids(self) -> tuple[str, ...]:
+        """Every id this sender is known by (for ``allow_from``, which may list any of them)."""
+        return tuple(i for i in (self.open_id, self.user_id, self.union_id) if i)
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    kind: str  # image | file | audio | media | sticker
+    key: str
+    """image_key or file_key (what the message-resource API downloads)."""
+    name: str | None = None
+    duration_ms: int | None = None
+
+    def as_media(self) -> MediaItem:
+        kind = {"image": "photo", "file": "document", "media": "video", "sticker": "photo"}.get(self.kind, self.kind)
+        return MediaItem(kind=kind, file_id=self.key, file_name=self.name)
+
+    def describe(self) -> str:
+        what = {"image": "an image", "file": "a file", "audio": "a voice message", "media": "a video",
+                "sticker": "a sticker"}.get(self.kind, "an attachment")
+        detail = f" ({self.name})" if self.name else ""
+        return (f"[The user attached {what}{detail}; the bridge does not download attachments, so its content "
+                "is not available.]")
+
+
+@dataclass(frozen=True, slots=True)
+class FeishuMessage:
+    event_id: str | None
+    message_id: str
+    chat_id: str
+    chat_type: ChatType
+    sender: Sender
+    message_type: str
+    text: str
+    """The words with mentions resolved and the bot's own mention removed (attachments not included)."""
+    mentioned_bot: bool
+    mentions_all: bool
+    root_id: str | None = None
+    parent_id: str | None = None
+    thread_id: str | None = None
+    attachments: tuple[Attachment, ...] = ()
+    create_time_ms: int | None = None
+
+    @property
+    def thread(self) -> ThreadRef | None:
+        return ThreadRef(thread_id=self.thread_id) if self.thread_id else None
+
+    @property
+    def reply_to(self) -> ReplyTo | None:
+        """The message this one answers, when it quotes one (a thread's first message answers none)."""
+        return ReplyTo(message_id=self.parent_id) if self.parent_id else None
+
+    def session_key(self) -> str:
+        """One session per p2p chat and per group, and per thread where the message is in a thread."""
+        base = f"{CHANNEL}:{self.chat_id}"
+        return f"{base}:{self.thread_id}" if self.thread_id else base
+
+    def dedupe_keys(self) -> tuple[str, ...]:
+        keys = [f"{CHANNEL}:msg:{self.message_id}"]
+        if self.event_id:
+            keys.insert(0, f"{CHANNEL}:event:{self.event_id}")
+        return tuple(keys)
+
+    def content_with_media(self) -> str:
+        """What the model is told: the text, then one line per attachment after a blank line."""
+        described = "\n".join(a.describe() for a in self.attachments)
+        if not described:
+            return self.text
+        return f"{self.text}\n\n{described}" if self.text else described
+
+    @property
+    def media(self) -> tuple[MediaItem, ...]:
+        return tuple(a.as_media() for a in self.attachments)
+
+
+@dataclass(frozen=True, slots=True)
+class _Mention:
+    key: str
+    name: str
+    open_id: str | None
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _str(value: Any) -> str | None:
+    return str(value) if isinstance(value, str | int) and str(value) else None
+
+
+def _mentions(message: Mapping[str, Any]) -> list[_Mention]:
+    found = []
+    for raw in message.get("mentions") or []:
+        if not isinstance(raw, Mapping):
+            continue
+        ids = _map(raw.get("id"))
+        found.append(_Mention(str(raw.get("key", "")), str(raw.get("name") or ""), _str(ids.get("open_id"))))
+    return found
+
+
+def _resolve(text: str, mentions: list[_Mention], bot_open_id: str | None) -> str:
+    by_key = {m.key: m for m in mentions}
+
+    def replace(match: re.Match[str]) -> str:
+        key = match.group(0)
+        if key == "@_all":
+            return "@all"
+        mention = by_key.get(key)
+        if mention is None:
+            return key
+        if bot_open_id and mention.open_id == bot_open_id:
+            return ""
+        return f"@{mention.name}" if mention.name else ""
+
+    resolved = _PLACEHOLDER.sub(replace, text)
+    # removing the bot's mention leaves doubled spaces and a leading space: tidy each line
+    return "\n".join(re.sub(r"[ \t]{2,}", " ", line).strip() for line in resolved.split("\n")).strip()
+
+
+def _post_text(content: Mapping[str, Any], attachments: list[Attachment]) -> str:
+    """A received post (``{"title", "content": [[node, …], …]}``) as plain text; a post sent in several
+    languages (``{"zh_cn": {…}}``) uses its first one."""
+    body: Mapping[str, Any] = content
+    if "content" not in content:
+        body = _map(next((v for v in content.values() if isinstance(v, Mapping)), None))
+    lines: list[str] = []
+    title = _str(body.get("title"))
+    if title:
+        lines.append(title)
+    for paragraph in body.get("content") or []:
+        if not isinstance(paragraph, list):
+            continue
+        line = ""
+        for node in paragraph:
+            if not isinstance(node, Mapping):
+                continue
+            tag = node.get("tag")
+            if tag in ("text", "md"):
+                line += str(node.get("text", ""))
+            elif tag == "a":
+                text, href = str(node.get("text") or ""), str(node.get("href") or "")
+                line += f"[{text}]({href})" if text and href and text != href else (href or text)
+            elif tag == "at":
+                user = str(node.get("user_id") or "")
+                line += user if user.startswith("@_") else f"@{node.get('user_name') or user}"
+            elif tag == "code_block":
+                lang = str(node.get("language") or "").lower()
+                line += f"\n```{lang}\n{node.get('text', '')}\n```\n"
+            elif tag == "emotion":
+                line += f":{node.get('emoji_type', '')}:"
+            elif tag == "hr":
+                line += "---"
+            elif tag == "img" and node.get("image_key"):
+                attachments.append(Attachment("image", str(node["image_key"])))
+            elif tag == "media" and node.get("file_key"):
+                attachments.append(Attachment("media", str(node["file_key"]), _str(node.get("file_name"))))
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def normalize(event: Mapping[str, Any], bot_open_id: str | None) -> FeishuMessage | None:
+    """The message in an ``im.message.receive_v1`` body (``{"schema": "2.0", "header", "event"}``), or None
+    when it is not a user's message this bridge can read."""
+    header, body = _map(event.get("header")), _map(event.get("event"))
+    if header and header.get("event_type") not in (None, "im.message.receive_v1"):
+        return None
+    sender, message = _map(body.get("sender")), _map(body.get("message"))
+    ids = _map(sender.get("sender_id"))
+    open_id = _str(ids.get("open_id"))
+    message_id, chat_id = _str(message.get("message_id")), _str(message.get("chat_id"))
+    chat_type = message.get("chat_type")
+    if not open_id or not message_id or not chat_id or chat_type not in ("p2p", "group"):
+        return None
+    if sender.get("sender_type", "user") != "user" or (bot_open_id and open_id == bot_open_id):
+        return None
+    message_type = str(message.get("message_type") or "")
+    try:
+        content = json.loads(str(message.get("content") or "{}"))
+    except ValueError:
+        content = {}
+    content = _map(content)
+    attachments: list[Attachment] = []
+    if message_type == "text":
+        raw_text = str(content.get("text") or "")
+    elif message_type == "post":
+        raw_text = _post_text(content, attachments)
+    elif message_type in _MEDIA_TYPES:
+        raw_text = ""
+        key = _str(content.get("image_key") if message_type == "image" else content.get("file_key"))
+        if key:
+            duration = content.get("duration")
+            attachments.append(Attachment(message_type, key, _str(content.get("file_name")),
+                                          int(duration) if isinstance(duration, int | float) else None))
+    else:
+        return None  # cards, shares, system messages, …: nothing a model could answer
+    mentions = _mentions(message)
+    create_time = message.get("create_time")
+    return FeishuMessage(
+        event_id=_str(header.get("event_id")), message_id=message_id, chat_id=chat_id, chat_type=chat_type,
+        sender=Sender(open_id, _str(ids.get("user_id")), _str(ids.get("union_id"))),
+        message_type=message_type, text=_resolve(raw_text, mentions, bot_open_id),
+        mentioned_bot=bool(bot_open_id) and any(m.open_id == bot_open_id for m in mentions),
+        mentions_all="@_all" in raw_text,
+        root_id=_str(message.get("root_id")), parent_id=_str(message.get("parent_id")),
+        thread_id=_str(message.get("thread_id")), attachments=tuple(attachments),
+        create_time_ms=int(create_time) if isinstance(create_time, str) and create_time.isdigit() else None)

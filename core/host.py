@@ -1,0 +1,163 @@
+"""What a channel may ask of the rest of chatbridge: the host it is handed instead of the core.
+
+Every platform channel gets a :class:`ChannelHost`, bound to its name:
+
+- ``submit(envelope)`` hands one normalised inbound message to core; it returns once core has accepted it
+  (or recognised it as a duplicate of an earlier one by the envelope's ``event_id``), so a channel
+  acknowledges the platform (commits an offset, answers a webhook) only after it returns;
+- ``decide(...)`` answers a pending tool approval of one of this channel's sessions;
+- ``spawn(name, coro)`` runs work as a supervised task (bounded shutdown; a failed spawn raises);
+- ``get_state`` / ``set_state`` keep small durable values across restarts (a polling offset, a cursor);
+- ``mark_seen(key)`` is durable dedupe on the channel's own keys (e.g. a Slack ``event_id`` on top of the
+  envelope's (channel, ts)), kept for the dedupe TTL. For an inbound message prefer the envelope's
+  ``event_id``, which core records together with the message itself; ``mark_seen`` is for keys that must
+  be recognised before or apart from that (button presses, retries of events that never become messages).
+
+The web chat is itself a client of the sessions (it lists them, reads history, renames, stops, and fans
+core events out to browsers), so it gets a :class:`SessionHost`: the same host plus exactly those reads
+and writes, restricted to its own sessions.
+
+``submit`` raises and ``spawn`` raises :class:`ShuttingDownError` once shutdown has begun: the channel
+tells the platform to redeliver (a 503, an offset left alone), never drops the message silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+
+from core.envelope import InboundEnvelope
+from core.events import CoreEvent
+from core.messages import ChatMessage
+from core.router import SubmitResult
+from core.store import SessionRecord
+from core.supervisor import ShuttingDownError
+
+if TYPE_CHECKING:
+    from core.runtime import ChatCore
+
+__all__ = ["ChannelHost", "CoreHost", "SessionHost", "ShuttingDownError", "SubmitResult"]
+
+T = TypeVar("T")
+Decision = Literal["allow", "deny"]
+
+
+class ChannelHost(Protocol):
+    @property
+    def channel(self) -> str:
+        """The name of the channel this host serves."""
+        ...
+
+    async def submit(self, envelope: InboundEnvelope) -> SubmitResult:
+        """Hand one inbound message to core; returns after core accepted it (or dropped a duplicate)."""
+        ...
+
+    def decide(self, session_key: str, tool_call_id: str, decision: Decision, decided_by: str | None = None) -> bool:
+        """Answer a pending approval; False when nothing is pending under that id (decided, timed out, over)."""
+        ...
+
+    def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``coro`` as a supervised task; raises ShuttingDownError once shutdown has begun."""
+        ...
+
+    async def get_state(self, name: str) -> str | None:
+        """A small durable value of this channel (None when never set)."""
+        ...
+
+    async def set_state(self, name: str, value: str) -> None: ...
+
+    async def mark_seen(self, key: str) -> bool:
+        """Record ``key`` durably for the dedupe TTL; True when it is new, False when seen before."""
+        ...
+
+
+class SessionHost(ChannelHost, Protocol):
+    """A channel whose users browse their sessions themselves (the web chat). Keys are this channel's."""
+
+    async def list_sessions(self) -> list[SessionRecord]: ...
+
+    async def create_session(self, key: str) -> SessionRecord: ...
+
+    async def rename(self, key: str, title: str) -> str:
+        """A user rename: always wins over the automatic title. Returns the title as stored."""
+        ...
+
+    async def history(self, key: str, *, limit: int = 1000,
+                      before: str | None = None) -> tuple[int, list[ChatMessage]]:
+        """(history_revision, the newest ``limit`` messages, or those just older than message ``before``);
+        ``core.store.UnknownMessageError`` when ``before`` is not a message of ``key``."""
+        ...
+
+    async def stop(self, key: str) -> bool:
+        """Stop the running turn of ``key`` (False when none runs)."""
+        ...
+
+    def subscribe(self, listener: Callable[[CoreEvent], None]) -> Callable[[], None]:
+        """Follow core events (history deltas, titles); returns the unsubscribe function."""
+        ...
+
+
+class CoreHost:
+    """Both host interfaces over one ChatCore, for the channel named ``channel``.
+
+    A channel can only speak for itself: its envelopes must carry its name, and the sessions it touches
+    are those whose keys start with ``"<channel>:"``.
+    """
+
+    def __init__(self, core: ChatCore, channel: str) -> None:
+        self._core = core
+        self._channel = channel
+        self._prefix = f"{channel}:"
+        self._dedupe_namespace = f"{channel}:channel-keys"  # apart from the envelopes' event ids
+
+    @property
+    def channel(self) -> str:
+        return self._channel
+
+    def _own(self, key: str) -> str:
+        if not key.startswith(self._prefix):
+            raise ValueError(f"channel {self._channel!r} cannot act on session {key!r}")
+        return key
+
+    async def submit(self, envelope: InboundEnvelope) -> SubmitResult:
+        if envelope.channel != self._channel:
+            raise ValueError(f"channel {self._channel!r} cannot submit as {envelope.channel!r}")
+        return await self._core.submit(envelope)
+
+    def decide(self, session_key: str, tool_call_id: str, decision: Decision, decided_by: str | None = None) -> bool:
+        return self._core.decide(self._own(session_key), tool_call_id, decision, decided_by)
+
+    def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        return self._core.supervisor.spawn(name, coro)
+
+    async def get_state(self, name: str) -> str | None:
+        return await self._core.store.get_channel_state(self._channel, name)
+
+    async def set_state(self, name: str, value: str) -> None:
+        await self._core.store.set_channel_state(self._channel, name, value)
+
+    async def mark_seen(self, key: str) -> bool:
+        return await self._core.store.mark_event_processed(
+            self._dedupe_namespace, key, ttl_seconds=self._core.settings.dedupe_ttl_seconds)
+
+    # ---- SessionHost -------------------------------------------------------------------------------
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        return await self._core.list_sessions(prefix=self._prefix)
+
+    async def create_session(self, key: str) -> SessionRecord:
+        return await self._core.create_session(self._own(key))
+
+    async def rename(self, key: str, title: str) -> str:
+        return await self._core.rename(self._own(key), title)
+
+    async def history(self, key: str, *, limit: int = 1000,
+                      before: str | None = None) -> tuple[int, list[ChatMessage]]:
+        return await self._core.history(self._own(key), limit=limit, before=before)
+
+    async def stop(self, key: str) -> bool:
+        return await self._core.stop(self._own(key))
+
+    def subscribe(self, listener: Callable[[CoreEvent], None]) -> Callable[[], None]:
+        return self._core.events.subscribe(listener)

@@ -1,0 +1,195 @@
+"""A stdio transport for MCP servers that never holds more than a bound of one message.
+
+Why not the SDK's (``mcp.client.stdio.stdio_client``): it reads each message as one line of any length,
+joining the pipe's chunks by string concatenation (quadratic in the line's length) and then parsing the
+whole line, so a 10 MB tool result cost about 100 MB and seconds of CPU, and a 50 MB one ran past the call
+timeout; it has no setting that bounds a line. Everything else is kept as the SDK does it: the SDK's safe
+default environment, the server in a process group of its own, and on exit stdin closed, a grace period,
+then the SDK's own termination of the process group. ``ClientSession`` takes these streams like any
+transport's. (On Windows the SDK's transport is used as it is, without the bound.)
+
+stdout is read as bytes, and at most ``max_message_bytes`` of a line are kept: the rest of a longer line is
+read and dropped, and the message is rebuilt from its head by :func:`salvage`. A tool result keeps the text
+it had so far, marked as cut (and flagged in ``_meta`` under ``CUT_META``, with ``isError`` set so that the
+SDK does not hold the cut result against the tool's output schema; :mod:`core.tools.mcp` reads the flag
+and treats the result as the tool's text). Any other oversized answer becomes a JSON-RPC error naming its
+size, so the request it answers fails at once instead of waiting for its timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, TextIO
+
+import anyio
+import pydantic_core
+from anyio.abc import Process
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""The most of one message (one line) kept in memory; also the bound on one streamable-HTTP event."""
+CUT_META = "chatbridge/cut_at_bytes"
+"""``_meta`` key of a result rebuilt from the head of an oversized message: its full size in bytes."""
+EXIT_GRACE_SECONDS = 2.0
+"""How long the server gets to exit on its own once its stdin is closed (the SDK waits as long)."""
+
+
+@contextlib.asynccontextmanager
+async def bounded_stdio_client(command: str, args: Sequence[str], env: Mapping[str, str] | None, errlog: TextIO,
+                               max_message_bytes: int = MAX_MESSAGE_BYTES) -> AsyncIterator[tuple[Any, Any]]:
+    """Start the server and yield (read stream, write stream) for ``mcp.ClientSession``."""
+    if sys.platform == "win32":  # pragma: no cover - the SDK spawns in a Job Object there
+        from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
+        async with stdio_client(StdioServerParameters(command=command, args=list(args), env=dict(env or {})),
+                                errlog=errlog) as streams:
+            yield streams
+        return
+
+    from mcp.client.stdio import get_default_environment
+    from mcp.shared.message import SessionMessage
+
+    process = await anyio.open_process([command, *args], env=get_default_environment() | dict(env or {}),
+                                       stderr=errlog, start_new_session=True)
+    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_read, process, read_writer, max_message_bytes)
+            group.start_soon(_write, process, write_reader, read_writer)
+            try:
+                yield read_stream, write_stream
+            finally:
+                with anyio.CancelScope(shield=True):
+                    read_stream.close()  # the reader now only drains the pipe
+                    await write_stream.aclose()
+                    await _stop(process)
+                group.cancel_scope.cancel()
+    finally:
+        for stream in (read_stream, read_writer, write_stream, write_reader):
+            await stream.aclose()
+
+
+async def _read(process: Process, out: MemoryObjectSendStream[Any], limit: int) -> None:
+    assert process.stdout is not None
+    head = bytearray()
+    size = 0
+    async with out:
+        try:
+            async for chunk in process.stdout:
+                start = 0
+                while True:
+                    newline = chunk.find(b"\n", start)
+                    end = len(chunk) if newline < 0 else newline
+                    size += end - start
+                    room = limit - len(head)
+                    if room > 0:
+                        head += chunk[start:min(end, start + room)]
+                    if newline < 0:
+                        break
+                    message = _message(bytes(head), size, limit)
+                    head.clear()
+                    size = 0
+                    start = newline + 1
+                    if message is not None:
+                        await out.send(message)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            # The session is gone: keep reading (and dropping) so a server flushing its output on the way
+            # out does not block on a full pipe and miss its chance to exit.
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                async for _ in process.stdout:
+                    pass
+        except OSError:
+            pass  # the pipe broke: the session sees the read stream end
+
+
+async def _write(process: Process, messages: MemoryObjectReceiveStream[Any],
+                 reads: MemoryObjectSendStream[Any]) -> None:
+    assert process.stdin is not None
+    try:
+        async with messages:
+            async for message in messages:
+                data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                await process.stdin.send(data.encode("utf-8"))
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        await reads.aclose()  # the server stopped reading: let the session see the end
+
+
+async def _stop(process: Process) -> None:
+    """stdin closed, a grace period, then the process group terminated (the SDK's own escalation)."""
+    from mcp.os.posix.utilities import terminate_posix_process_tree
+
+    for pipe in (process.stdin,):
+        if pipe is not None:
+            with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await pipe.aclose()
+    if not await _exited(process, EXIT_GRACE_SECONDS):
+        await terminate_posix_process_tree(process, EXIT_GRACE_SECONDS)
+        await _exited(process, EXIT_GRACE_SECONDS)
+    with anyio.move_on_after(EXIT_GRACE_SECONDS), \
+            contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await process.aclose()
+
+
+async def _exited(process: Process, timeout: float) -> bool:
+    # not process.wait(): it also waits for the pipes, which a child of the server may still hold
+    with anyio.move_on_after(timeout):
+        while process.returncode is None:  # noqa: ASYNC110 - nothing signals an exit without waiting on the pipes
+            await anyio.sleep(0.01)
+        return True
+    return False
+
+
+def _message(line: bytes, size: int, limit: int) -> Any:
+    """One line as a SessionMessage (a parse error is handed on as the value, as the SDK does), or None
+    for a blank line or an oversized one that cannot be matched to a request."""
+    from mcp.shared.message import SessionMessage
+    from mcp.types import jsonrpc_message_adapter
+
+    if size > limit:
+        return salvage(line, size)
+    if not line.strip():
+        return None
+    try:
+        return SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:
+        log.warning("an MCP server sent a line that is not a JSON-RPC message (%d bytes)", size)
+        return exc
+
+
+def salvage(head: bytes, size: int) -> Any:
+    """A small, valid message standing for an oversized one of ``size`` bytes whose first bytes are
+    ``head``: a tool result keeps its text so far, any other answer becomes an error. None when the head
+    does not even show which request it answers (the request then runs into its timeout)."""
+    from mcp.shared.message import SessionMessage
+    from mcp.types import jsonrpc_message_adapter
+
+    try:
+        # the head is cut anywhere: inside a string (kept as far as it goes), even inside a UTF-8 sequence
+        partial = pydantic_core.from_json(head.decode("utf-8", "ignore"), allow_partial="trailing-strings")
+    except ValueError:
+        partial = None
+    if not isinstance(partial, dict) or not isinstance(partial.get("id"), str | int):
+        log.warning("dropped an MCP message of %d bytes that does not say which request it answers", size)
+        return None
+    note = (f"[The tool's result was {size:,} bytes; only its first {len(head):,} bytes were read. "
+            "It begins:]")
+    result = partial.get("result")
+    if isinstance(result, dict) and isinstance(result.get("content"), list):
+        # a block cut short may not have reached its "type" yet (servers order the fields as they like)
+        texts = [b["text"] for b in result["content"]
+                 if isinstance(b, dict) and b.get("type", "text") == "text" and isinstance(b.get("text"), str)]
+        rebuilt: dict[str, Any] = {"jsonrpc": "2.0", "id": partial["id"], "result": {
+            "content": [{"type": "text", "text": note}, *({"type": "text", "text": t} for t in texts)],
+            "isError": True, "_meta": {CUT_META: size}}}
+    else:
+        rebuilt = {"jsonrpc": "2.0", "id": partial["id"], "error": {
+            "code": -32603, "message": f"the server's answer was {size:,} bytes, more than the "
+                                       f"{len(head):,} this client reads"}}
+    return SessionMessage(jsonrpc_message_adapter.validate_python(rebuilt, by_name=False))

@@ -1,0 +1,102 @@
+"""Normalising Feishu's ``im.message.receive_v1`` into a typed message: chats, mentions, threads, post
+content, attachments, our own messages, session and dedupe keys."""
+
+from __future__ import annotations
+
+import json
+
+from channels.feishu.inbound import normalize
+from core.envelope import ReplyTo, ThreadRef
+from tests.fakes.feishu.events import Mention, message_event, post_content
+
+BOT = "ou_bot0000000000000000000000000000"
+APP = "cli_app"
+
+
+def event(text: str | None = "hello", **kw):
+    return message_event(text, token="vt", app_id=APP, **kw)
+
+
+def test_a_p2p_text_message():
+    m = normalize(event("hello there", chat_type="p2p", chat_id="oc_dm", message_id="om_1", event_id="ev_1"), BOT)
+    assert m is not None
+    assert (m.chat_type, m.chat_id, m.message_id, m.text) == ("p2p", "oc_dm", "om_1", "hello there")
+    assert m.sender.ids() == ("ou_user0000000000000000000000000001", "u_alice", "on_alice")
+    assert m.session_key() == "feishu:oc_dm"
+    assert m.dedupe_keys() == ("feishu:event:ev_1", "feishu:msg:om_1")
+    assert m.thread is None and m.reply_to is None and not m.mentioned_bot
+
+
+def test_the_bots_mention_is_stripped_and_others_are_resolved():
+    m = normalize(event("@_user_1 ask @_user_2 about it @_all", mentions=[Mention("chatbridge", BOT),
+                                                                           Mention("Bob", "ou_bob")]), BOT)
+    assert m is not None
+    assert m.text == "ask @Bob about it @all"
+    assert m.mentioned_bot and m.mentions_all
+
+
+def test_a_group_message_without_the_bots_mention():
+    m = normalize(event("@_user_1 what do you think", mentions=[Mention("Bob", "ou_bob")]), BOT)
+    assert m is not None and not m.mentioned_bot and m.text == "@Bob what do you think"
+
+
+def test_a_message_in_a_thread_has_the_threads_session_and_answers_its_parent():
+    m = normalize(event("more", chat_id="oc_g", thread_id="omt_7", root_id="om_root", parent_id="om_prev"), BOT)
+    assert m is not None
+    assert m.session_key() == "feishu:oc_g:omt_7"
+    assert m.thread == ThreadRef(thread_id="omt_7") and m.reply_to == ReplyTo(message_id="om_prev")
+    first = normalize(event("topic start", chat_id="oc_g", thread_id="omt_7"), BOT)
+    assert first is not None and first.session_key() == m.session_key() and first.reply_to is None
+
+
+def test_a_quote_reply_outside_threads_stays_in_the_chats_session():
+    m = normalize(event("and why?", chat_id="oc_g", root_id="om_a", parent_id="om_b"), BOT)
+    assert m is not None
+    assert m.session_key() == "feishu:oc_g" and m.reply_to == ReplyTo(message_id="om_b")
+
+
+def test_post_content_is_flattened_with_links_mentions_code_and_images():
+    paragraphs = [
+        [{"tag": "at", "user_id": "@_user_1", "user_name": "chatbridge"},
+         {"tag": "text", "text": " please review "}, {"tag": "a", "href": "https://x.org/pr/1", "text": "the PR"}],
+        [{"tag": "code_block", "language": "PYTHON", "text": "print(1)"}],
+        [{"tag": "img", "image_key": "img_v3_abc"}],
+        [{"tag": "emotion", "emoji_type": "SMILE"}, {"tag": "text", "text": " thanks"}]]
+    m = normalize(event(message_type="post", content=post_content("Review", paragraphs),
+                        mentions=[Mention("chatbridge", BOT)]), BOT)
+    assert m is not None and m.mentioned_bot
+    assert m.text.startswith("Review\nplease review [the PR](https://x.org/pr/1)")
+    assert "```python\nprint(1)\n```" in m.text and ":SMILE: thanks" in m.text
+    [image] = m.attachments
+    assert (image.kind, image.key) == ("image", "img_v3_abc")
+    assert m.content_with_media().endswith("the bridge does not download attachments, so its content is not "
+                                           "available.]")
+
+
+def test_a_post_in_its_sending_shape_with_a_language_key():
+    content = json.dumps({"en_us": {"title": "", "content": [[{"tag": "text", "text": "hi"}]]}})
+    m = normalize(event(message_type="post", content=content), BOT)
+    assert m is not None and m.text == "hi"
+
+
+def test_files_and_images_become_attachments():
+    file = normalize(event(message_type="file", content=json.dumps({"file_key": "file_1", "file_name": "a.pdf"})),
+                     BOT)
+    assert file is not None and file.text == ""
+    [att] = file.attachments
+    assert (att.kind, att.key, att.name) == ("file", "file_1", "a.pdf")
+    assert file.media[0].kind == "document" and "a file (a.pdf)" in file.content_with_media()
+    image = normalize(event(message_type="image", content=json.dumps({"image_key": "img_1"})), BOT)
+    assert image is not None and image.media[0].kind == "photo"
+
+
+def test_our_own_and_unreadable_messages_are_dropped():
+    assert normalize(event(sender_open_id=BOT), BOT) is None
+    assert normalize(event(sender_type="app"), BOT) is None
+    assert normalize(event(message_type="interactive", content="{}"), BOT) is None
+    assert normalize({"schema": "2.0", "header": {"event_type": "im.message.read_v1"}, "event": {}}, BOT) is None
+    assert normalize({"event": {"message": {"chat_type": "group"}}}, BOT) is None
+    broken = event()
+    broken["event"]["message"]["content"] = "not json"
+    m = normalize(broken, BOT)
+    assert m is not None and m.text == ""
