@@ -53,7 +53,7 @@ class ChatCore:
         self.channels = ChannelRegistry()
         self.events = EventBus()
         s = self.settings
-        self._plain = PlainSender(self.channels, s)
+        self._plain = PlainSender(self.channels)
         self.tools = tools or ToolRegistry()
         self.approvals = ApprovalBroker()
         self._deciders: dict[str, Deciders] = {}

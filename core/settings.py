@@ -33,11 +33,10 @@ class CoreSettings:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     max_output_tokens: int | None = None
     temperature: float | None = None
-    sink_update_timeout: float = 15.0
-    sink_finish_attempts: int = 3
-    sink_finish_retry_delay: float = 1.0
+    sink_open_timeout: float = 15.0
+    """Bound on opening a turn's sink; also the grace the delivery wait adds after a platform pause."""
     delivery_wait_timeout: float = 120.0
-    plain_send_timeout: float = 30.0
+    """How long a finished turn waits for its sink to show it (stretched by platform pauses)."""
     dedupe_ttl_seconds: float = 48 * 3600.0
     shutdown_timeout: float = 10.0
     titles: bool = True

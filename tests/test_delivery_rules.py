@@ -38,27 +38,15 @@ async def test_open_failure_sends_exactly_one_plain_reply(tmp_path, fake_openai)
     await h.core.shutdown()
 
 
-async def test_permanent_final_failure_sends_exactly_one_fallback(tmp_path, fake_openai):
+async def test_a_failed_final_update_sends_exactly_one_fallback(tmp_path, fake_openai):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
     h = await make_harness(tmp_path, fake_openai)
-    h.channel.finish_fail_permanent = True
+    h.channel.finish_fail = True
     await h.say("capital of France?")
     await h.settle()
     plain = h.platform.plain("c1")
     assert plain == [ANSWER]
-    assert h.channel.sinks[0].finish_calls == 1  # permanent: not retried
-    await h.core.shutdown()
-
-
-async def test_transient_final_failure_then_success_sends_no_fallback(tmp_path, fake_openai):
-    fake_openai.script(Text(ANSWER))
-    h = await make_harness(tmp_path, fake_openai)
-    h.channel.finish_fail_transient = 2
-    await h.say("capital of France?")
-    await h.settle()
-    assert h.platform.visible("c1") == [ANSWER]
-    assert h.platform.plain("c1") == []
-    assert h.channel.sinks[0].finish_calls == 3
+    assert h.channel.sinks[0].finish_calls == 1  # retrying platform calls is the channel's business, not core's
     await h.core.shutdown()
 
 
@@ -130,7 +118,7 @@ async def test_stop_with_failing_sink_sends_one_plain_notice(tmp_path, fake_open
     hold = asyncio.Event()
     fake_openai.script(Text("Partial answer that goes on", hold=hold, hold_after=14))
     h = await make_harness(tmp_path, fake_openai)
-    h.channel.finish_fail_permanent = True
+    h.channel.finish_fail = True
     await h.say("tell me a story")
     await h.wait_for(lambda: any("Partial" in t for t in h.platform.visible("c1")))
     await h.say("/stop")
@@ -248,24 +236,13 @@ async def test_an_unexpected_provider_error_still_ends_the_turn_with_one_notice(
 
 async def test_platform_pauses_on_the_final_update_are_waited_out_beyond_the_delivery_wait(tmp_path, fake_openai):
     fake_openai.script(Text(ANSWER))
-    h = await make_harness(tmp_path, fake_openai, delivery_wait_timeout=0.2, sink_finish_attempts=2)
+    h = await make_harness(tmp_path, fake_openai, delivery_wait_timeout=0.2)
     h.channel.finish_pauses, h.channel.pause_seconds = 3, 0.15  # 0.45 s of pauses, more than the wait
     await h.say("hi")
     await h.settle()
     assert h.platform.visible("c1") == [ANSWER]
     assert h.platform.plain("c1") == []
-    assert h.channel.sinks[0].finish_calls == 4  # pauses do not use up the two attempts
-    await h.core.shutdown()
-
-
-async def test_a_plain_fallback_waits_out_platform_pauses(tmp_path, fake_openai):
-    fake_openai.script(Text(ANSWER))
-    h = await make_harness(tmp_path, fake_openai)
-    h.channel.fail_open = True
-    h.channel.plain_pauses, h.channel.pause_seconds = 4, 0.05
-    await h.say("hi")
-    await h.settle()
-    assert h.platform.plain("c1") == [ANSWER]
+    assert h.channel.sinks[0].finish_calls == 1
     await h.core.shutdown()
 
 

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,18 +31,20 @@ from aiogram.methods import (
     SetMyCommands,
     SetWebhook,
 )
-from aiogram.types import BotCommand, ReplyParameters, Update
+from aiogram.types import BotCommand, Update
 from aiohttp import web
 
+from channels.common.calls import Calls
 from channels.common.errors import PlatformError
+from channels.common.live_sink import LiveSettings, LiveSink
 from channels.common.splitter import split_text
-from channels.common.throttle import ChatThrottle
+from channels.common.throttle import Throttle
 from channels.telegram import render
 from channels.telegram.adapter import CHANNEL, AllowList, BotIdentity, normalize
 from channels.telegram.approvals import ApprovalButtons
 from channels.telegram.client import TelegramClient
 from channels.telegram.settings import WEBHOOK_PATH, TelegramConfig
-from channels.telegram.sink import Destination, TelegramSink, entities
+from channels.telegram.sink import Destination, TelegramOps, TelegramPrompts, entities
 from core.channel import ERROR, SinkError
 from core.envelope import TurnTarget
 from core.host import AdmissionError, ChannelHost, ShuttingDownError
@@ -86,15 +87,16 @@ class TelegramSettings:
 class TelegramChannel:
     name = CHANNEL
 
-    def __init__(self, host: ChannelHost, bot: Bot, settings: TelegramSettings, *,
-                 throttle: ChatThrottle | None = None, client: TelegramClient | None = None,
+    def __init__(self, host: ChannelHost, bot: Bot, settings: TelegramSettings, *, calls: Calls | None = None,
                  limit: int = render.MESSAGE_LIMIT) -> None:
         self.host = host
         self.bot = bot
         self.settings = settings
-        self.throttle = throttle or ChatThrottle(settings.edit_interval)
-        self.client = client or TelegramClient(bot, self.throttle)
+        self.calls = calls or Calls(Throttle())
+        self.client = TelegramClient(bot, self.calls, chat_interval=settings.edit_interval)
         self.limit = limit
+        self.renderer = render.TelegramRenderer(limit)
+        self.live = LiveSettings(first_chars=settings.first_chars, first_delay=settings.first_delay)
         self.allow = AllowList(settings.allow_from)
         self.approval_buttons = ApprovalButtons(self)
         self.me: BotIdentity | None = None
@@ -103,15 +105,16 @@ class TelegramChannel:
         self._poller: asyncio.Task[None] | None = None
         self._receiving = False
         self.ready = asyncio.Event()
-        self._plain_progress: OrderedDict[tuple[str, int | None, str], int] = OrderedDict()
 
     # ---- delivery ------------------------------------------------------------------------------
 
-    async def open_sink(self, target: TurnTarget) -> TelegramSink:
+    async def open_sink(self, target: TurnTarget) -> LiveSink:
         dest = Destination.of(target)
         transport = self.settings.stream_transport
         draft = dest.chat_type == "private" and transport != "edit" and not self.drafts_rejected
-        sink = TelegramSink(self, target, dest, draft=draft)
+        sink = LiveSink(TelegramOps(self, dest, draft=draft), self.renderer, self.calls,
+                        settings=self.live, prompts=TelegramPrompts(self, target, dest),
+                        spawn=self.host.spawn)
         try:
             await sink.typing()
         except PlatformError as exc:
@@ -120,23 +123,13 @@ class TelegramChannel:
         return sink
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
-        """One ordinary message (split if long, Markdown rendered as entities, plain if rejected).
-
-        A chat under a 429 pause raises SinkError with the pause left (core waits it out and retries, however
-        long). When the caller retries after a failure part-way through a split message, the parts that
-        were already sent are not sent again."""
+        """One ordinary message (split if long, Markdown rendered as entities, plain if rejected). Each part
+        is one paced call under the call policy, which waits out a 429 pause however long."""
         dest = Destination.of(target)
-        key = (dest.key, dest.thread_id, text)
-        done = self._plain_progress.get(key, 0)
         chunks = split_text(text, self.limit) if text.strip() else []
-        for i, chunk in enumerate(chunks[done:], start=done):
-            left = self.throttle.paused_for(dest.key)
-            if left > 0:
-                self._remember(key, i)
-                raise SinkError(f"chat paused by a 429 for {left:.1f}s more", transient=True, retry_after=left)
+        for i, chunk in enumerate(chunks):
             part = render.format_markdown(chunk, self.limit)
-            reply = ReplyParameters(message_id=dest.reply_to_message_id, allow_sending_without_reply=True) \
-                if dest.reply_to_message_id and i == 0 else None
+            reply = dest.reply() if i == 0 else None
             try:
                 try:
                     await self.client.call(SendMessage(
@@ -149,16 +142,7 @@ class TelegramChannel:
                         chat_id=dest.chat_id, text=chunk, parse_mode=None, message_thread_id=dest.thread_id,
                         reply_parameters=reply), chat=dest.key)
             except PlatformError as exc:
-                self._remember(key, i)
-                # core's PlainSender decides about retries: transient ones, and 429 pauses however long
-                raise SinkError(str(exc), transient=exc.transient, retry_after=exc.retry_after) from None
-        self._plain_progress.pop(key, None)
-
-    def _remember(self, key: tuple[str, int | None, str], sent: int) -> None:
-        if sent:
-            self._plain_progress[key] = sent
-            while len(self._plain_progress) > 256:
-                self._plain_progress.popitem(last=False)
+                raise SinkError(str(exc)) from None
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
