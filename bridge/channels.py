@@ -24,6 +24,7 @@ ChannelFactory = Callable[[Any, CoreHost, web.Application], Channel]
 FACTORIES: dict[str, str] = {
     "web": "channels.web.factory:create",
     "telegram": "channels.telegram.factory:create",
+    "feishu": "channels.feishu.factory:create",
 }
 
 
@@ -34,3 +35,10 @@ def factory_for(name: str) -> ChannelFactory | None:
     module, _, attr = target.partition(":")
     factory: ChannelFactory = getattr(importlib.import_module(module), attr)
     return factory
+
+
+def preload(names: list[str]) -> None:
+    """Import the factories of ``names`` now, before the event loop starts: lark-oapi binds its long
+    connection to the event loop that exists when it is first imported, which must not be the bridge's."""
+    for name in names:
+        factory_for(name)

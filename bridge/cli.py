@@ -129,9 +129,11 @@ def _run(option: str | None) -> int:
         return ExitCode.CONFIG
     print(f"chatbridge {__version__}: using {path or EMBEDDED_DEFAULT}", file=sys.stderr)
     from bridge.app import run_app
+    from bridge.channels import preload
     from bridge.gc_tuning import tune_gc
 
     try:
+        preload(config.enabled_channels())
         return int(asyncio.run(run_app(config, config_path=path, on_started=tune_gc)))
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED

@@ -120,7 +120,7 @@ class LiveSink:
         self._spawn_task = spawn
         caps = ops.capabilities
         self._limit = caps.limit
-        self._measure = MEASURES[caps.unit]
+        self._measure = caps.measure or MEASURES[caps.unit]
         self.stream: NativeStream | None = ops.stream() if caps.native_stream else None
         self.reconciler = Reconciler(_Paced(self))
         self.final = False

@@ -37,6 +37,9 @@ class Capabilities:
     """The platform honours a send's idempotency key, so a send whose outcome is unknown may be repeated."""
     native_stream: bool = False
     """``MessageOps.stream()`` returns a native stream for the unfinished part of a reply."""
+    measure: Measure | None = None
+    """A platform's own measure of a chunk against ``limit`` (replaces ``unit``'s): Feishu counts a card's
+    markdown as the bytes of its JSON encoding."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,272 @@
+"""FeishuApi: the Open API calls the channel makes, through lark-oapi's typed client, one attempt each.
+
+The client is built with ``domain`` (Feishu, Lark or a test server) and ``enable_set_token(True)``. That
+matters: lark-oapi fetches a missing or expired tenant token with blocking ``requests`` inside every call,
+``a``-methods included, which would stall the bridge's event loop for as long as the Open Platform takes
+to answer. Here the token is fetched with the SDK's own async ``tenant_access_token.ainternal`` (which needs
+no token, so nothing blocks) and passed to every call as a ``RequestOption``. This class owns it: one fetch
+at a time (single flight), a new one ten minutes before it expires, and on a token error (99991661,
+99991663, 99991665: revoked, rotated, expired early) the token is dropped and the call made once more with
+a fresh one — the SDK's own cache would keep the bad token until its expiry.
+
+Every failure becomes a ``PlatformError`` for the shared call policy (``channels.common.calls``), decided
+on the business ``code`` only (Feishu says its ``msg`` texts change):
+
+- 99991400 (HTTP 429, the app's rate limit): ``rate_limited`` for ``x-ogw-ratelimit-reset`` seconds;
+  230020 (a chat's frequency limit) and 11232 (the tenant's message limit) give no reset: a short pause;
+- HTTP 5xx, a non-JSON gateway page, a timeout, a network error: ``transient`` (a timeout's outcome is
+  unknown: the request may have been carried out);
+- a message recalled or deleted, a card entity gone: ``not_found``;
+- card content Feishu cannot render: ``format``;
+- anything else: ``permanent``.
+
+``str()`` of an error carries the API name, HTTP status and code, never a token or a request body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import httpx
+import lark_oapi as lark
+from lark_oapi.api.cardkit.v1 import (
+    BatchUpdateCardRequest,
+    BatchUpdateCardRequestBody,
+    ContentCardElementRequest,
+    ContentCardElementRequestBody,
+    CreateCardRequest,
+    CreateCardRequestBody,
+    SettingsCardRequest,
+    SettingsCardRequestBody,
+)
+from lark_oapi.api.im.v1 import (
+    CreateMessageReactionRequest,
+    CreateMessageReactionRequestBody,
+    CreateMessageRequest,
+    CreateMessageRequestBody,
+    DeleteMessageReactionRequest,
+    DeleteMessageRequest,
+    Emoji,
+    PatchMessageRequest,
+    PatchMessageRequestBody,
+    ReplyMessageRequest,
+    ReplyMessageRequestBody,
+    UpdateMessageRequest,
+    UpdateMessageRequestBody,
+)
+
+from channels.common.errors import PlatformError
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+RATE_LIMITED = 99991400
+CHAT_RATE_LIMITED = (230020, 11232)
+CHAT_LIMIT_PAUSE = 1.0
+"""Seconds a chat waits after a frequency limit that names no reset (Feishu allows 5 sends a second)."""
+TOKEN_ERRORS = frozenset({99991661, 99991663, 99991665})
+NOT_FOUND = frozenset({230011, 230110, 200740, 200750, 231003})
+FORMAT = frozenset({230099, 200621, 11310, 200570, 200220, 300303})
+TRANSIENT = frozenset({1500, 2200, 5000, 300120, 99991672, 1, 1000})
+TOKEN_EARLY = 600.0
+"""Seconds before its expiry a tenant token is replaced (as lark-oapi's own cache does)."""
+
+
+class FeishuApi:
+    def __init__(self, app_id: str, app_secret: str, domain: str, *, timeout: float = 30.0) -> None:
+        self.app_id = app_id
+        self._secret = app_secret
+        self.domain = domain
+        self.client = (lark.Client.builder().app_id(app_id).app_secret(app_secret).domain(domain)
+                       .timeout(timeout).enable_set_token(True).log_level(lark.LogLevel.ERROR).build())
+        self._token: str | None = None
+        self._expires = 0.0
+        self._fetching: asyncio.Task[str] | None = None
+
+    # ---- the tenant token ----------------------------------------------------------------------
+
+    async def token(self) -> str:
+        if self._token is not None and time.monotonic() < self._expires:
+            return self._token
+        if self._fetching is None or self._fetching.done():
+            self._fetching = asyncio.ensure_future(self._fetch_token())
+        return await asyncio.shield(self._fetching)
+
+    def drop_token(self, token: str) -> None:
+        if self._token == token:
+            self._token = None
+
+    async def _fetch_token(self) -> str:
+        body = (lark.auth.v3.InternalTenantAccessTokenRequestBody.builder().app_id(self.app_id)
+                .app_secret(self._secret).build())
+        request = lark.auth.v3.InternalTenantAccessTokenRequest.builder().request_body(body).build()
+        resp = await self._send("tenant_access_token", lambda: self.client.auth.v3.tenant_access_token.ainternal(
+            request))
+        # the token and its lifetime are at the top level of the body, which the typed response leaves out
+        try:
+            data = json.loads(resp.raw.content)
+            token, expire = str(data["tenant_access_token"]), float(data.get("expire") or 7200)
+        except (ValueError, KeyError, TypeError):
+            raise PlatformError("tenant_access_token: unexpected answer", kind="transient") from None
+        self._token = token
+        self._expires = time.monotonic() + max(60.0, expire - TOKEN_EARLY)
+        return token
+
+    # ---- one call ------------------------------------------------------------------------------
+
+    async def _send(self, what: str, fn: Callable[[], Awaitable[R]]) -> R:
+        """One request, its failures as PlatformError (the response must have code 0)."""
+        try:
+            resp: Any = await fn()
+        except httpx.TimeoutException:
+            raise PlatformError(f"{what}: no answer in time", kind="transient", outcome_unknown=True) from None
+        except httpx.ConnectError as exc:
+            raise PlatformError(f"{what}: cannot connect ({type(exc).__name__})", kind="transient") from None
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            # a gateway's HTML error page, a dropped connection: the request may have been carried out
+            raise PlatformError(f"{what}: {type(exc).__name__}", kind="transient", outcome_unknown=True) from None
+        code = int(resp.code or 0)
+        if code == 0:
+            return resp  # type: ignore[no-any-return]
+        raise _error(what, code, resp)
+
+    async def call(self, what: str, fn: Callable[[lark.RequestOption], Awaitable[R]]) -> R:
+        """An authenticated call; a token error refreshes the token once."""
+        for attempt in range(2):
+            token = await self.token()
+            option = lark.RequestOption.builder().tenant_access_token(token).build()
+            try:
+                return await self._send(what, lambda o=option: fn(o))  # type: ignore[misc]
+            except _TokenError:
+                self.drop_token(token)
+                if attempt:
+                    raise PlatformError(f"{what}: the tenant token was refused twice", kind="permanent") from None
+                log.info("%s: the tenant token was refused; fetching a new one", what)
+        raise AssertionError("unreachable")
+
+    # ---- the calls the channel makes -------------------------------------------------------------
+
+    async def bot_open_id(self) -> str:
+        request = (lark.BaseRequest.builder().http_method(lark.HttpMethod.GET).uri("/open-apis/bot/v3/info")
+                   .token_types({lark.AccessTokenType.TENANT}).build())
+        resp: Any = await self.call("bot.info", lambda o: self.client.arequest(request, o))
+        try:
+            return str(json.loads(resp.raw.content)["bot"]["open_id"])
+        except (ValueError, KeyError, TypeError):
+            raise PlatformError("bot.info: unexpected answer", kind="transient") from None
+
+    async def send(self, chat_id: str, msg_type: str, content: str, uuid: str, *,
+                   reply_to: str | None = None, in_thread: bool = False) -> str:
+        """Post a message (as a reply to ``reply_to`` when given); ``uuid`` makes a retry post nothing new."""
+        if reply_to:
+            body = ReplyMessageRequestBody.builder().msg_type(msg_type).content(content).uuid(uuid[:50])
+            if in_thread:
+                body = body.reply_in_thread(True)
+            reply = ReplyMessageRequest.builder().message_id(reply_to).request_body(body.build()).build()
+            resp: Any = await self.call("message.reply", lambda o: self.client.im.v1.message.areply(reply, o))
+        else:
+            cbody = (CreateMessageRequestBody.builder().receive_id(chat_id).msg_type(msg_type).content(content)
+                     .uuid(uuid[:50]).build())
+            create = CreateMessageRequest.builder().receive_id_type("chat_id").request_body(cbody).build()
+            resp = await self.call("message.create", lambda o: self.client.im.v1.message.acreate(create, o))
+        return str(resp.data.message_id)
+
+    async def update(self, message_id: str, msg_type: str, content: str) -> None:
+        """Edit a text or post message (PUT)."""
+        body = UpdateMessageRequestBody.builder().msg_type(msg_type).content(content).build()
+        request = UpdateMessageRequest.builder().message_id(message_id).request_body(body).build()
+        await self.call("message.update", lambda o: self.client.im.v1.message.aupdate(request, o))
+
+    async def patch_card(self, message_id: str, card: dict[str, Any]) -> None:
+        """Replace the card of a card message sent as JSON (not one sent by card_id)."""
+        body = PatchMessageRequestBody.builder().content(json.dumps(card, ensure_ascii=False)).build()
+        request = PatchMessageRequest.builder().message_id(message_id).request_body(body).build()
+        await self.call("message.patch", lambda o: self.client.im.v1.message.apatch(request, o))
+
+    async def delete(self, message_id: str) -> None:
+        request = DeleteMessageRequest.builder().message_id(message_id).build()
+        await self.call("message.delete", lambda o: self.client.im.v1.message.adelete(request, o))
+
+    async def react(self, message_id: str, emoji: str) -> str:
+        body = CreateMessageReactionRequestBody.builder().reaction_type(
+            Emoji.builder().emoji_type(emoji).build()).build()
+        request = CreateMessageReactionRequest.builder().message_id(message_id).request_body(body).build()
+        resp: Any = await self.call("reaction.create",
+                                    lambda o: self.client.im.v1.message_reaction.acreate(request, o))
+        return str(resp.data.reaction_id)
+
+    async def unreact(self, message_id: str, reaction_id: str) -> None:
+        request = DeleteMessageReactionRequest.builder().message_id(message_id).reaction_id(reaction_id).build()
+        await self.call("reaction.delete", lambda o: self.client.im.v1.message_reaction.adelete(request, o))
+
+    async def create_card(self, card: dict[str, Any]) -> str:
+        body = CreateCardRequestBody.builder().type("card_json").data(json.dumps(card, ensure_ascii=False)).build()
+        request = CreateCardRequest.builder().request_body(body).build()
+        resp: Any = await self.call("card.create", lambda o: self.client.cardkit.v1.card.acreate(request, o))
+        return str(resp.data.card_id)
+
+    async def card_content(self, card_id: str, element_id: str, content: str, sequence: int, uuid: str) -> None:
+        body = (ContentCardElementRequestBody.builder().content(content).sequence(sequence).uuid(uuid)
+                .build())
+        request = (ContentCardElementRequest.builder().card_id(card_id).element_id(element_id)
+                   .request_body(body).build())
+        await self.call("element.content", lambda o: self.client.cardkit.v1.card_element.acontent(request, o))
+
+    async def card_settings(self, card_id: str, config: dict[str, Any], sequence: int, uuid: str) -> None:
+        body = (SettingsCardRequestBody.builder().settings(json.dumps({"config": config})).sequence(sequence)
+                .uuid(uuid).build())
+        request = SettingsCardRequest.builder().card_id(card_id).request_body(body).build()
+        await self.call("card.settings", lambda o: self.client.cardkit.v1.card.asettings(request, o))
+
+    async def card_batch(self, card_id: str, actions: list[dict[str, Any]], sequence: int, uuid: str) -> None:
+        body = (BatchUpdateCardRequestBody.builder().actions(json.dumps(actions, ensure_ascii=False))
+                .sequence(sequence).uuid(uuid).build())
+        request = BatchUpdateCardRequest.builder().card_id(card_id).request_body(body).build()
+        await self.call("card.batch_update", lambda o: self.client.cardkit.v1.card.abatch_update(request, o))
+
+
+class FeishuError(PlatformError):
+    """A refused call, with Feishu's business ``code``."""
+
+    def __init__(self, detail: str, code: int, **kw: Any) -> None:
+        super().__init__(detail, **kw)
+        self.code = code
+
+
+class _TokenError(FeishuError):
+    pass
+
+
+def _error(what: str, code: int, resp: Any) -> PlatformError:
+    raw = getattr(resp, "raw", None)
+    status = int(getattr(raw, "status_code", 0) or 0)
+    detail = f"{what}: HTTP {status}, code {code}"
+    if code in TOKEN_ERRORS:
+        return _TokenError(detail, code, kind="permanent")
+    if code == RATE_LIMITED:
+        headers = {str(k).lower(): v for k, v in (getattr(raw, "headers", None) or {}).items()}
+        try:
+            reset = float(headers.get("x-ogw-ratelimit-reset") or 1.0)
+        except ValueError:
+            reset = 1.0
+        return FeishuError(detail, code, kind="rate_limited", retry_after=max(reset, 0.5))
+    if code in CHAT_RATE_LIMITED:
+        return FeishuError(detail, code, kind="rate_limited", retry_after=CHAT_LIMIT_PAUSE)
+    if status >= 500 or code in TRANSIENT:
+        return FeishuError(detail, code, kind="transient")
+    if code in NOT_FOUND:
+        return FeishuError(detail, code, kind="not_found")
+    if code in FORMAT:
+        return FeishuError(detail, code, kind="format")
+    return FeishuError(detail, code, kind="permanent")
+
+
+def code_of(exc: BaseException) -> int | None:
+    """The business code of a refused call (None for a network failure or another error)."""
+    return exc.code if isinstance(exc, FeishuError) else None

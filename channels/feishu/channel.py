@@ -1,0 +1,485 @@
+"""FeishuChannel: the Feishu / Lark ``Channel`` (core.channel), working through its ``ChannelHost``.
+
+Receiving, in one of two modes:
+
+- **websocket** (the long connection): ``lark.ws.Client`` runs its own event loop and blocks in
+  ``start()``, so it runs on a dedicated thread (``LongConnection``). Its handlers run on that thread, and
+  Feishu takes the handler's return as the ack (no ack within 3 s, or an exception: the event is pushed
+  again). So a message handler only hands the event to the bridge's loop (``call_soon_threadsafe``) and
+  returns at once. A card button press (``card.action.trigger``) arrives on the same connection and its
+  answer (a toast, the decided card) rides on the ack: the handler waits for the bridge's answer at most
+  ``press_wait`` seconds.
+- **webhook**: ``POST /feishu/events`` on the [web] server. The body is capped (``max_body_bytes``), a
+  signed request must be fresh (five minutes; lark-oapi does not check the age), and lark-oapi's own
+  dispatcher decrypts it (``encrypt_key``), checks the verification token and ``X-Lark-Signature``, and
+  answers ``url_verification`` (plain or encrypted). It is synchronous, so it runs in a worker thread. A
+  request it refuses is answered 401 without reaching core. An accepted message is answered 200 only after
+  core stored it (503 otherwise, and Feishu delivers it again).
+
+Dedupe is durable and on two keys: the envelope's ``event_id`` is ``msg:<message_id>``, which core records
+with the message (so a redelivered event, and the same message pushed again under a new event id as Feishu
+documents, are answered once, also after a restart); a press's ``header.event_id`` goes through
+``host.mark_seen``.
+
+Then: our own messages are ignored, ``allow_from`` (open_id, user_id or union_id) and ``group_policy``
+(``mention``: a group message only when the bot is @mentioned) apply before anything reaches core.
+Commands (``/stop``, ``/new``, ``/help``, ``/compact``) are message text, with or without the @mention
+(the bot's mention is removed from the text).
+
+Sending: every call is one attempt through ``FeishuApi`` under the shared call policy: a chat's scope
+paces it (``stream_interval_ms``), a 99991400/230020 pauses that chat and the call is made again after
+the pause, 5xx and timeouts are retried, any other error is a failure of that call. The tenant token is
+fetched asynchronously and never blocks the loop (``channels.feishu.api``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import lark_oapi as lark
+from aiohttp import web
+from lark_oapi.core.const import LARK_REQUEST_NONCE, LARK_REQUEST_SIGNATURE, LARK_REQUEST_TIMESTAMP
+from lark_oapi.event.callback.model.p2_card_action_trigger import P2CardActionTrigger, P2CardActionTriggerResponse
+from lark_oapi.ws import client as ws_client_module
+
+from channels.common.calls import Calls
+from channels.common.errors import ChannelStartupError, PlatformError
+from channels.common.live_sink import LiveSettings
+from channels.common.splitter import split_text
+from channels.common.throttle import Scope, Throttle
+from channels.feishu import approvals, render
+from channels.feishu.api import FeishuApi
+from channels.feishu.context import FeishuContext
+from channels.feishu.inbound import CHANNEL, FeishuMessage, Sender, normalize
+from channels.feishu.settings import WEBHOOK_PATH, FeishuConfig
+from channels.feishu.sink import (
+    Destination,
+    FeishuOps,
+    FeishuPrompts,
+    FeishuRenderer,
+    FeishuSink,
+    PendingApproval,
+    PendingApprovals,
+)
+from core.channel import ERROR, SinkError
+from core.envelope import InboundEnvelope, TurnTarget
+from core.host import AdmissionError, ChannelHost, Decider, DecideResult, ShuttingDownError
+
+log = logging.getLogger(__name__)
+
+_OPERATOR = FeishuConfig()
+NOT_TAKEN = "Sorry, I could not take that message just now. Please send it again."
+TRY_AGAIN = "Please try again in a moment."
+FRESHNESS = 300.0
+"""Seconds a signed webhook request may be old (or early)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FeishuSettings:
+    """What the channel runs with: the operator's ``[channels.feishu]`` and pacing that is not an operator key."""
+
+    app_id: str = ""
+    app_secret: str = ""
+    domain: str = _OPERATOR.base_url()
+    mode: Literal["websocket", "webhook"] = _OPERATOR.mode
+    verification_token: str = ""
+    encrypt_key: str = ""
+    allow_from: tuple[str, ...] = tuple(_OPERATOR.allow_from)
+    group_policy: str = _OPERATOR.group_policy
+    stream_interval: float = _OPERATOR.stream_interval_ms / 1000
+    max_body_bytes: int = _OPERATOR.max_body_bytes
+    first_chars: int = 24
+    first_delay: float = 1.0
+    press_wait: float = 2.5
+    """Seconds a card press waits for the bridge's answer (Feishu allows 3)."""
+    setup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
+    request_timeout: float = 30.0
+    connection_domain: str = ""
+    """Where the long connection asks for its address; ``domain`` unless set (tests run it apart)."""
+
+    @classmethod
+    def of(cls, config: FeishuConfig) -> FeishuSettings:
+        return cls(app_id=config.app_id, app_secret=config.app_secret, domain=config.base_url(), mode=config.mode,
+                   verification_token=config.verification_token, encrypt_key=config.encrypt_key,
+                   allow_from=tuple(config.allow_from), group_policy=config.group_policy,
+                   stream_interval=config.stream_interval_ms / 1000, max_body_bytes=config.max_body_bytes)
+
+
+class AllowList:
+    """``allow_from``: ``"*"`` is everyone; otherwise a sender is allowed when any of their ids is listed."""
+
+    def __init__(self, entries: tuple[str, ...]) -> None:
+        self.everyone = "*" in entries
+        self.ids = frozenset(entries)
+
+    def allows(self, sender: Sender) -> bool:
+        return self.everyone or any(i in self.ids for i in sender.ids())
+
+
+class LongConnection:
+    """``lark.ws.Client`` on a thread of its own.
+
+    lark-oapi runs every ws client on one event loop it captured when ``lark_oapi`` was first imported (the
+    public module attribute ``lark_oapi.ws.client.loop``); ``start()`` blocks on it forever and there is no
+    ``stop()``. So the client runs on a dedicated thread, and stopping cancels every task on that loop from
+    outside; ``start()`` then ends with CancelledError and the thread drains the cancelled tasks, so nothing
+    of this client resumes under a later one. This needs ``lark_oapi`` imported while no loop was running
+    (the bridge imports this module before it starts its loop).
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def sdk_loop() -> asyncio.AbstractEventLoop:
+        return ws_client_module.loop  # type: ignore[no-any-return]
+
+    def start(self) -> None:
+        loop = self.sdk_loop()
+        if loop.is_running():
+            raise ChannelStartupError(
+                "[channels.feishu] the long connection cannot start: another Feishu long connection runs in this "
+                "process, or lark-oapi was first imported inside a running event loop")
+
+        def run() -> None:
+            try:
+                self.client.start()
+            except asyncio.CancelledError:
+                pass  # stopped
+            except BaseException as exc:  # reported through state()
+                self.error = exc
+                log.error("the Feishu long connection ended: %s", type(exc).__name__)
+            finally:
+                pending = asyncio.all_tasks(loop)
+                if pending:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+        self._thread = threading.Thread(target=run, name="feishu-long-connection", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        loop = self.sdk_loop()
+
+        async def cancel_all() -> None:
+            me = asyncio.current_task()
+            for task in asyncio.all_tasks():
+                if task is not me:
+                    task.cancel()
+
+        if loop.is_running():
+            asyncio.run_coroutine_threadsafe(cancel_all(), loop)
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning("the Feishu long connection did not stop within %.0fs", timeout)
+
+
+class FeishuChannel:
+    name = CHANNEL
+
+    def __init__(self, host: ChannelHost, settings: FeishuSettings, *, calls: Calls | None = None,
+                 api: FeishuApi | None = None) -> None:
+        self.host = host
+        self.settings = settings
+        self.calls = calls or Calls(Throttle())
+        self.api = api or FeishuApi(settings.app_id, settings.app_secret, settings.domain,
+                                    timeout=settings.request_timeout)
+        self.stream_interval = settings.stream_interval
+        self.renderer = FeishuRenderer()
+        self.live = LiveSettings(first_chars=settings.first_chars, first_delay=settings.first_delay)
+        self.allow = AllowList(settings.allow_from)
+        self.pending_approvals = PendingApprovals()
+        self.cardkit_refused = False
+        """Set when CardKit refused a card for good: replies then stream by patching card messages."""
+        self.bot_open_id: str | None = None
+        self.ready = asyncio.Event()
+        self.connection: LongConnection | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._receiving = False
+        self._state = "stopped"
+        self._setup: asyncio.Task[None] | None = None
+        host.set_deciders(settings.allow_from)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def state(self) -> str:
+        if self._state == "connected" and self.connection is not None and not self.connection.alive:
+            return ERROR
+        return self._state
+
+    async def start(self) -> None:
+        """Begin receiving. The set-up calls (tenant token, the bot's identity) are retried in the background
+        while they fail, with /healthz at "error"; the long connection opens once they succeed."""
+        self._loop = asyncio.get_running_loop()
+        self._receiving = True
+        self._state = "starting"
+        self._setup = self.host.spawn("feishu:setup", self._set_up())
+
+    async def _set_up(self) -> None:
+        failures = 0
+        while self._receiving:
+            try:
+                self.bot_open_id = await self.calls.call(self.api.bot_open_id)
+                break
+            except PlatformError as exc:
+                delays = self.settings.setup_backoff
+                delay = exc.retry_after or delays[min(failures, len(delays) - 1)]
+                failures += 1
+                self._state = ERROR
+                log.error("Feishu set-up failed (%s); retrying in %.0fs", exc, delay)
+                await asyncio.sleep(delay)
+        if not self._receiving:
+            return
+        if self.settings.mode == "websocket":
+            self._state = "connecting"
+            self.connection = self._connect()
+            self.connection.start()
+            self._state = "connected"
+        else:
+            self._state = "webhook"
+        self.ready.set()
+
+    def _connect(self) -> LongConnection:
+        dispatcher = (lark.EventDispatcherHandler.builder("", "")
+                      .register_p2_im_message_receive_v1(self._on_ws_message)
+                      .register_p2_card_action_trigger(self._on_card_press).build())
+        client = lark.ws.Client(self.settings.app_id, self.settings.app_secret, event_handler=dispatcher,
+                                domain=self.settings.connection_domain or self.settings.domain,
+                                log_level=lark.LogLevel.ERROR)
+        loop = self._loop
+        assert loop is not None
+
+        def state(word: str) -> None:
+            loop.call_soon_threadsafe(self._set_state, word)
+
+        client.on_reconnecting = lambda: state("reconnecting")
+        client.on_reconnected = lambda: state("connected")
+        return LongConnection(client)
+
+    def _set_state(self, word: str) -> None:
+        if self._receiving:
+            self._state = word
+
+    async def stop(self) -> None:
+        self._receiving = False
+        setup, self._setup = self._setup, None
+        if setup is not None and not setup.done():
+            setup.cancel()
+            with contextlib.suppress(BaseException):
+                await setup
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            await asyncio.to_thread(connection.stop)
+        self._state = "stopped"
+
+    async def close(self) -> None:
+        """Nothing to release: lark-oapi opens an HTTP client per request."""
+
+    # ---- delivery ------------------------------------------------------------------------------
+
+    async def open_sink(self, target: TurnTarget) -> FeishuSink:
+        ops = FeishuOps(self, Destination.of(target))
+        sink = FeishuSink(ops, self.renderer, self.calls, settings=self.live,
+                          prompts=FeishuPrompts(self, target, ops), spawn=self.host.spawn)
+        try:
+            await sink.typing()  # the working reaction; a reply works without it
+        except PlatformError as exc:
+            log.info("could not add the working reaction: %s", exc)
+        return sink
+
+    async def send_plain(self, target: TurnTarget, text: str) -> None:
+        """One ordinary reply (as post messages, split under Feishu's 30 KB; plain text if refused). Each part
+        is one call under the policy, with its own uuid, so a retried part never posts twice."""
+        dest = Destination.of(target)
+        ops = FeishuOps(self, dest)
+        scopes = (Scope(dest.key, self.stream_interval),)
+        for source in split_text(text, render.POST_PART_BYTES, measure=render.json_bytes) if text.strip() else []:
+            key = secrets.token_hex(16)
+            try:
+                try:
+                    await self._post(ops, scopes, render.post_content(source), key)
+                except PlatformError as exc:
+                    if exc.kind != "format":
+                        raise
+                    await self._post(ops, scopes, render.plain_post_content(source), key + "p")
+            except PlatformError as exc:
+                raise SinkError(str(exc)) from None
+
+    async def _post(self, ops: FeishuOps, scopes: tuple[Scope, ...], content: str, key: str) -> None:
+        await self.calls.call(lambda: ops.post("post", content, key), scopes=scopes)
+
+    # ---- receiving -----------------------------------------------------------------------------
+
+    def _on_ws_message(self, data: Any) -> None:
+        """On the long connection's thread: hand the event over and return at once (the return is the ack)."""
+        payload = json.loads(lark.JSON.marshal(data))
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise RuntimeError("the bridge is not running")  # no ack: Feishu pushes it again
+        loop.call_soon_threadsafe(self._take, payload)
+
+    def _take(self, payload: dict[str, Any]) -> None:
+        try:
+            self.host.spawn("feishu:event", self._accept_pushed(payload))
+        except ShuttingDownError:
+            log.info("a Feishu event arrived while shutting down; it was not taken")
+
+    async def _accept_pushed(self, payload: dict[str, Any]) -> None:
+        """A message from the long connection (already acked): if core cannot store it, tell the sender."""
+        try:
+            await self.accept(payload)
+        except (AdmissionError, ShuttingDownError):
+            message = normalize(payload, self.bot_open_id)
+            if message is not None:
+                with contextlib.suppress(SinkError):
+                    await self.send_plain(self._target_of(message), NOT_TAKEN)
+
+    async def accept(self, payload: dict[str, Any]) -> bool:
+        """Hand one ``im.message.receive_v1`` body to core. False when it is not for core (ours, not allowed,
+        not addressed, nothing to answer); raises AdmissionError / ShuttingDownError when core did not store
+        it."""
+        message = normalize(payload, self.bot_open_id)
+        if message is None or not self.allow.allows(message.sender):
+            return False
+        if message.chat_type == "group":
+            policy = self.settings.group_policy
+            if policy == "off" or (policy == "mention" and not message.mentioned_bot):
+                return False
+        content = message.content_with_media()
+        if not content.strip():
+            return False
+        envelope = InboundEnvelope(
+            channel=CHANNEL, chat_id=message.chat_id, sender_id=message.sender.open_id, content=content,
+            media=message.media, reply_to=message.reply_to, thread=message.thread,
+            event_id=f"msg:{message.message_id}",
+            channel_context=self._context(message).wrap())
+        await self.host.submit(envelope)
+        return True
+
+    @staticmethod
+    def _context(message: FeishuMessage) -> FeishuContext:
+        return FeishuContext(chat_type=message.chat_type, message_id=message.message_id, thread_id=message.thread_id)
+
+    def _target_of(self, message: FeishuMessage) -> TurnTarget:
+        return TurnTarget(channel=CHANNEL, chat_id=message.chat_id, session_key=message.session_key(),
+                          sender_id=message.sender.open_id,
+                          channel_context=self._context(message).wrap())
+
+    # ---- approvals -----------------------------------------------------------------------------
+
+    def _on_card_press(self, data: P2CardActionTrigger) -> P2CardActionTriggerResponse:
+        """On the SDK's thread (the long connection's, or a webhook worker): the answer is the ack's body, so
+        wait for the bridge's decision, but never past Feishu's limit."""
+        payload = json.loads(lark.JSON.marshal(data))
+        loop = self._loop
+        answer: dict[str, Any]
+        if loop is None or loop.is_closed():
+            answer = approvals.toast("error", TRY_AGAIN)
+        else:
+            future = asyncio.run_coroutine_threadsafe(self.press(payload), loop)
+            try:
+                answer = future.result(self.settings.press_wait)
+            except Exception:  # slow or failed: the user may press again
+                future.cancel()
+                log.exception("a Feishu card press could not be answered")
+                answer = approvals.toast("error", TRY_AGAIN)
+        return P2CardActionTriggerResponse(answer)
+
+    async def press(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """A ``card.action.trigger`` body → the callback's answer (a toast, and the decided card)."""
+        action = approvals.parse_card_action(payload)
+        if action is None or action.approval is None:
+            return {}
+        if action.event_id and not await self.host.mark_seen(f"press:{action.event_id}"):
+            return approvals.toast("info", approvals.GONE)  # the same press delivered again
+        entry = self.pending_approvals.get(action.approval.ref)
+        if entry is None:
+            return approvals.toast("info", approvals.GONE)
+        decision = action.approval.decision
+        who = action.operator
+        names = tuple(n for n in (who.user_id, who.union_id) if n)
+        result = self.host.decide(entry.session_key, entry.call_id, decision, Decider(who.open_id, names))
+        if result is DecideResult.REFUSED:
+            return approvals.toast("warning", approvals.NOT_YOURS)
+        if result is DecideResult.NOT_PENDING:
+            return approvals.toast("info", approvals.GONE)
+        line = approvals.outcome_line(decision, who.user_id or who.open_id)
+        entry.outcome = line
+        card = approvals.decided_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by, line)
+        kind: approvals.ToastKind = "success" if decision == "allow" else "info"
+        return approvals.toast_with_card(kind, approvals.ALLOWED if decision == "allow" else approvals.DENIED, card)
+
+    async def show_outcome(self, entry: PendingApproval, line: str) -> None:
+        """An approval that ended without a press (timed out, /stop): its card shows how, without buttons."""
+        if entry.message_id is None:
+            return
+        card = approvals.decided_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by, line)
+        message_id = entry.message_id
+        try:
+            await self.calls.call(lambda: self.api.patch_card(message_id, card))
+        except PlatformError as exc:
+            log.warning("could not mark an approval card as ended: %s", exc)
+
+    # ---- webhook -------------------------------------------------------------------------------
+
+    async def webhook(self, request: web.Request) -> web.Response:
+        if not self._receiving:
+            return web.json_response({"msg": "not ready"}, status=503)  # Feishu delivers it again
+        cap = self.settings.max_body_bytes
+        if (request.content_length or 0) > cap:
+            return web.json_response({"msg": "too large"}, status=413)
+        body = await request.content.read(cap + 1)
+        if len(body) > cap:
+            return web.json_response({"msg": "too large"}, status=413)
+        stamp = request.headers.get(LARK_REQUEST_TIMESTAMP)
+        if stamp is not None:
+            try:
+                fresh = abs(time.time() - float(stamp)) <= FRESHNESS
+            except ValueError:
+                fresh = False
+            if not fresh:
+                return web.json_response({"msg": "rejected"}, status=401)
+        messages: list[dict[str, Any]] = []
+
+        def on_message(data: Any) -> None:
+            messages.append(json.loads(lark.JSON.marshal(data)))
+
+        dispatcher = (lark.EventDispatcherHandler.builder(self.settings.encrypt_key, self.settings.verification_token)
+                      .register_p2_im_message_receive_v1(on_message)
+                      .register_p2_card_action_trigger(self._on_card_press).build())
+        raw = lark.RawRequest()
+        raw.uri = request.path
+        raw.headers = dict(request.headers)
+        for name in (LARK_REQUEST_TIMESTAMP, LARK_REQUEST_NONCE, LARK_REQUEST_SIGNATURE):
+            raw.headers[name] = request.headers.get(name, "")
+        raw.body = body
+        answer = await asyncio.to_thread(dispatcher.do, raw)
+        if answer.status_code != 200:
+            # a wrong token or signature, a body that does not decrypt, an event we do not handle: never
+            # echo lark-oapi's message (it can quote the request)
+            return web.json_response({"msg": "rejected"}, status=401)
+        for payload in messages:
+            try:
+                await self.accept(payload)  # returns once core has stored it
+            except (AdmissionError, ShuttingDownError):
+                return web.json_response({"msg": "busy"}, status=503)
+        return web.Response(status=200, body=answer.content or b"{}", content_type="application/json")
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post(WEBHOOK_PATH, self.webhook)

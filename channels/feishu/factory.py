@@ -1,0 +1,19 @@
+"""Builds the Feishu / Lark channel from its ``[channels.feishu]`` settings, its host and the HTTP application.
+
+Webhook mode adds ``POST /feishu/events`` to the application (served by the [web] server).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from channels.feishu.channel import FeishuChannel, FeishuSettings
+from channels.feishu.settings import FeishuConfig
+from core.host import ChannelHost
+
+
+def create(config: FeishuConfig, host: ChannelHost, app: web.Application) -> FeishuChannel:
+    channel = FeishuChannel(host, FeishuSettings.of(config))
+    if config.mode == "webhook":
+        channel.routes(app)
+    return channel

@@ -1,0 +1,395 @@
+"""Feishu's side of the shared live sink: a CardKit streaming card, message operations, approval cards.
+
+A reply streams into a **CardKit card entity** (JSON 2.0, ``streaming_mode`` on), sent by ``card_id`` as a
+reply to the user's message. ``CardStream`` is the sink's native stream: every push writes the markdown
+element's whole content (Feishu types the difference when the old text is a prefix of the new) with the
+card's next ``sequence`` — one counter per card, shared by every card operation, strictly increasing, a
+fresh number for every attempt — and a ``uuid`` per operation, so a repeated operation is a no-op. The card
+also shows the turn's tool activity and pending approvals under the answer (``shows_activity``). Pushes are
+paced by the chat's throttle scope (``stream_interval_ms``, 0.5 s: latest snapshot wins).
+
+Size: the sink splits the reply with this platform's measure (JSON bytes of the card markdown, at most
+``render.CARD_PART_BYTES``). When the unfinished tail outgrows one card, the shared sink sends the finished
+part as a new message; here that ``send`` **freezes the streaming card** instead: it gets the finished
+part as its final content, ``streaming_mode`` is closed, and the next push opens a new card below it.
+Nothing is truncated, and the cards read in order.
+
+The end: ``close`` writes the final content and closes ``streaming_mode`` (also after /stop and a model
+failure: the terminal snapshot carries the notice). If it fails for good, the shared sink's fallback sends
+what the ledger says is missing; the card is then closed with a short "answer below" note when it can
+still be edited (``FeishuSink``).
+
+Where CardKit is refused (card creation refused for good: no ``cardkit:card:write`` scope, a private
+deployment without CardKit), the stream reports ``unsupported`` and the sink streams by sending and
+patching plain JSON card messages instead. Parts rendered plain (after Feishu rejected the card markdown)
+are sent as ``text`` messages.
+
+Message sends carry the API's ``uuid`` (the reconciler's idempotency key for that send), so a retried send
+never posts twice. While the turn runs, the user's message carries a reaction (removed at the end).
+
+Approval requests are separate card messages (Feishu does not let a callback update a streaming card):
+``FeishuPrompts`` posts them; the channel answers presses (``channels.feishu.channel``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from channels.common.errors import PlatformError
+from channels.common.ledger import Part
+from channels.common.live_sink import LiveSink
+from channels.common.ops import Capabilities, NativeStream, TextChange
+from channels.common.throttle import Scope
+from channels.feishu import approvals, render
+from channels.feishu.api import code_of
+from channels.feishu.context import FeishuContext
+from core.channel import SinkError
+from core.envelope import TurnTarget
+from core.snapshot import ApprovalRequest, TurnSnapshot
+
+if TYPE_CHECKING:
+    from channels.feishu.channel import FeishuChannel
+
+log = logging.getLogger(__name__)
+
+ANSWER = "answer"
+"""The element_id of a card's markdown element."""
+WORKING_EMOJI = "Typing"
+PLACEHOLDER = "…"
+ANSWER_BELOW = "_(The answer continues in the message below.)_"
+STREAMING_CLOSED = (300309, 200850)
+"""Content updates refused because streaming_mode is off (closed, or Feishu's 10-minute timeout)."""
+_PLAIN = ("plain",)
+
+
+def uuid_for(key: str) -> str:
+    """An idempotency key within Feishu's 50 characters (the same key always gives the same uuid)."""
+    return key if len(key) <= 50 else hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def streaming_card(content: str) -> dict[str, Any]:
+    return {"schema": "2.0",
+            "config": {"streaming_mode": True, "update_multi": True, "summary": {"content": "[…]"},
+                       "streaming_config": {"print_strategy": "fast"}},
+            "body": {"elements": [{"tag": "markdown", "element_id": ANSWER, "content": content or PLACEHOLDER}]}}
+
+
+def static_card(content: str) -> dict[str, Any]:
+    """A card message sent as JSON (when CardKit is not available)."""
+    return {"schema": "2.0", "config": {"update_multi": True},
+            "body": {"elements": [{"tag": "markdown", "element_id": ANSWER, "content": content or PLACEHOLDER}]}}
+
+
+def activity(snapshot: TurnSnapshot) -> str:
+    """Tool activity and pending approvals, as lines under the answer while the turn runs."""
+    icons = {"awaiting_approval": "⏳", "running": "⚙️", "done": "✅", "failed": "⚠️", "denied": "⛔"}
+    lines = []
+    for tool in snapshot.tools:
+        status = str(tool.status)
+        what = "waiting for approval (see the card below)" if status == "awaiting_approval" else status
+        lines.append(f"{icons.get(status, '•')} `{tool.name}` {what}")
+    return "\n".join(lines)
+
+
+class FeishuRenderer:
+    """Card markdown while streaming and at the end alike (the model's Markdown renders as written)."""
+
+    def stream_part(self, source: str) -> Part:
+        return Part(text=render.card_markdown(source), source=source)
+
+    def final_part(self, source: str) -> Part:
+        return Part(text=render.card_markdown(source), source=source)
+
+    def plain_part(self, source: str) -> Part:
+        return Part(text=source, source=source, formatting=_PLAIN)
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    chat_id: str
+    reply_to: str | None
+    """The user's message every reply quotes (None for a target without one)."""
+
+    @property
+    def key(self) -> str:
+        return f"chat:{self.chat_id}"
+
+    @classmethod
+    def of(cls, target: TurnTarget) -> Destination:
+        try:
+            reply_to: str | None = FeishuContext.of(target).message_id
+        except ValueError:
+            reply_to = None
+        return cls(target.chat_id, reply_to)
+
+
+@dataclass(slots=True)
+class CardState:
+    """One card entity of a reply: what it shows and its operation counter."""
+
+    card_id: str
+    content: str
+    sequence: int = 0
+    message_id: str | None = None
+    send_key: str = field(default_factory=lambda: secrets.token_hex(16))
+    streaming: bool = True
+
+    def next(self) -> tuple[int, str]:
+        self.sequence += 1
+        return self.sequence, secrets.token_hex(12)
+
+
+class FeishuOps:
+    """``MessageOps`` for one destination."""
+
+    def __init__(self, channel: FeishuChannel, dest: Destination) -> None:
+        self._channel = channel
+        self.api = channel.api
+        self.dest = dest
+        self.capabilities = Capabilities(limit=render.CARD_PART_BYTES, unit="bytes", measure=render.card_measure,
+                                         can_delete=True, idempotent_sends=True, native_stream=True)
+        self.scopes: tuple[Scope, ...] = (Scope(dest.key, channel.stream_interval),)
+        self.cards: dict[str, CardState] = {}
+        """Messages that show a card entity (by message id)."""
+        self.kinds: dict[str, str] = {}
+        """message id → "card" (JSON card message) | "text"."""
+        self.current: CardStream | None = None
+        self.reaction: str | None = None
+
+    async def post(self, msg_type: str, content: str, key: str) -> str:
+        d = self.dest
+        try:
+            return await self.api.send(d.chat_id, msg_type, content, uuid_for(key), reply_to=d.reply_to)
+        except PlatformError as exc:
+            if exc.kind != "not_found" or not d.reply_to:
+                raise
+            # the user's message was recalled meanwhile: the reply goes to the chat itself
+            return await self.api.send(d.chat_id, msg_type, content, uuid_for(key))
+
+    async def send(self, part: Part, key: str) -> str:
+        stream = self.current
+        if stream is not None and stream.card is not None and stream.card.message_id and part.formatting != _PLAIN:
+            return await stream.freeze(part)  # the streaming card becomes this finished part
+        if part.formatting == _PLAIN:
+            message_id = await self.post("text", json.dumps({"text": part.text}, ensure_ascii=False), key)
+            self.kinds[message_id] = "text"
+        else:
+            message_id = await self.post("interactive", json.dumps(static_card(part.text), ensure_ascii=False), key)
+            self.kinds[message_id] = "card"
+        return message_id
+
+    async def edit(self, message_id: str, part: Part) -> None:
+        card = self.cards.get(message_id)
+        if card is not None:
+            await set_card(self.api, card, part.text, close=True)
+        elif self.kinds.get(message_id) == "text":
+            await self.api.update(message_id, "text", json.dumps({"text": part.text}, ensure_ascii=False))
+        else:
+            await self.api.patch_card(message_id, static_card(part.text))
+
+    async def delete(self, message_id: str) -> None:
+        try:
+            await self.api.delete(message_id)
+        except PlatformError as exc:
+            if exc.kind != "not_found":
+                raise
+
+    async def typing(self) -> None:
+        """The "working" reaction on the user's message (once per turn)."""
+        if self.reaction is None and self.dest.reply_to:
+            self.reaction = await self.api.react(self.dest.reply_to, WORKING_EMOJI)
+
+    async def unreact(self) -> None:
+        reaction, self.reaction = self.reaction, None
+        if reaction is not None and self.dest.reply_to:
+            await self.api.unreact(self.dest.reply_to, reaction)
+
+    def stream(self) -> NativeStream | None:
+        if self._channel.cardkit_refused:
+            return None
+        self.current = CardStream(self)
+        return self.current
+
+
+async def set_card(api: Any, card: CardState, content: str, *, close: bool) -> None:
+    """Make ``card`` show ``content`` (and, with ``close``, end its streaming). Each step is skipped once done,
+    so a repeated call after a failure does only what is left; every attempt takes a new sequence."""
+    content = content or PLACEHOLDER
+    if card.content != content:
+        if card.streaming:
+            seq, op = card.next()
+            try:
+                await api.card_content(card.card_id, ANSWER, content, seq, op)
+            except PlatformError as exc:
+                if code_of(exc) not in STREAMING_CLOSED:
+                    raise
+                card.streaming = False  # Feishu closed it (10-minute limit): replace the element instead
+        if card.streaming is False and card.content != content:
+            seq, op = card.next()
+            element = {"tag": "markdown", "element_id": ANSWER, "content": content}
+            await api.card_batch(card.card_id, [{"action": "update_element",
+                                                 "params": {"element_id": ANSWER, "element": element}}], seq, op)
+        card.content = content
+    if close and card.streaming:
+        seq, op = card.next()
+        await api.card_settings(card.card_id, {"streaming_mode": False, "summary": {"content": ""}}, seq, op)
+        card.streaming = False
+
+
+class CardStream:
+    """The unfinished tail of a reply in a CardKit streaming card (with the turn's tool activity)."""
+
+    shows_activity = True
+
+    def __init__(self, ops: FeishuOps) -> None:
+        self._ops = ops
+        self.card: CardState | None = None
+
+    async def _open(self, content: str) -> CardState:
+        ops = self._ops
+        try:
+            card_id = await ops.api.create_card(streaming_card(content))
+        except PlatformError as exc:
+            if exc.transient or exc.kind == "not_found":
+                raise
+            ops._channel.cardkit_refused = True
+            raise PlatformError(f"CardKit refused: {exc}", kind="unsupported") from None
+        self.card = CardState(card_id, content or PLACEHOLDER)
+        return self.card
+
+    async def _show(self, content: str) -> None:
+        card = self.card or await self._open(content)
+        if card.message_id is None:  # created, not yet sent (a send that failed is repeated with its uuid)
+            payload = json.dumps({"type": "card", "data": {"card_id": card.card_id}})
+            card.message_id = await self._ops.post("interactive", payload, card.send_key)
+            self._ops.cards[card.message_id] = card
+        if card.content != (content or PLACEHOLDER):
+            try:
+                await set_card(self._ops.api, card, content, close=False)
+            except PlatformError as exc:
+                if code_of(exc) not in STREAMING_CLOSED:
+                    raise
+
+    async def push(self, snapshot: TurnSnapshot, text: str, change: TextChange | None) -> None:
+        answer = render.card_markdown(text) if text.strip() else ""
+        status = activity(snapshot)
+        await self._show(f"{answer}\n\n{status}".strip() if status else answer)
+
+    async def freeze(self, part: Part) -> str:
+        """The streaming card shows ``part`` for good; the next push opens a new card."""
+        card = self.card
+        assert card is not None and card.message_id is not None
+        await set_card(self._ops.api, card, part.text, close=True)
+        self.card = None
+        return card.message_id
+
+    async def close(self, snapshot: TurnSnapshot, part: Part | None) -> str | None:
+        card = self.card
+        if card is None or card.message_id is None:
+            return None  # nothing was shown: the sink sends the part as a message
+        if part is not None and part.formatting == _PLAIN:
+            # the card markdown was refused: the card keeps what it showed, closed; the plain part is sent
+            await set_card(self._ops.api, card, card.content, close=True)
+            return None
+        await set_card(self._ops.api, card, part.text if part is not None else card.content, close=True)
+        return card.message_id
+
+    async def note_below(self) -> None:
+        """After the final update failed for good: one try to close the card with a pointer to the fallback."""
+        card = self.card
+        if card is None or card.message_id is None or not card.streaming:
+            return
+        base = card.content if card.content != PLACEHOLDER else ""
+        with contextlib.suppress(PlatformError):
+            await set_card(self._ops.api, card, f"{base}\n\n{ANSWER_BELOW}".strip(), close=True)
+
+
+class FeishuSink(LiveSink):
+    """The shared live sink with Feishu's two extras: the working reaction is removed at the end, and a card
+    whose final update failed is closed with an "answer below" note before the fallback."""
+
+    ops: FeishuOps
+
+    async def finish(self, snapshot: TurnSnapshot) -> None:
+        try:
+            await super().finish(snapshot)
+        except SinkError:
+            current = self.ops.current
+            if current is not None:
+                await current.note_below()
+            raise
+        finally:
+            await self._unreact()
+
+    async def abort(self) -> None:
+        await super().abort()
+        await self._unreact()
+
+    async def _unreact(self) -> None:
+        try:
+            await self.calls.call(self.ops.unreact, scopes=self.ops.scopes, paced=False, retry=False)
+        except PlatformError as exc:
+            log.info("could not remove the working reaction: %s", exc)
+
+
+class FeishuPrompts:
+    """``ApprovalPrompts``: one approval card message per request, replying to the user's message."""
+
+    def __init__(self, channel: FeishuChannel, target: TurnTarget, ops: FeishuOps) -> None:
+        self._channel = channel
+        self._target = target
+        self._ops = ops
+
+    async def post(self, session_key: str, request: ApprovalRequest) -> Any:
+        entry = self._channel.pending_approvals.register(
+            session_key, request.call_id, request.tool_name, request.arguments_summary,
+            request.requested_by or self._target.sender_id)
+        card = approvals.approval_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by)
+        content = json.dumps(card, ensure_ascii=False)
+        entry.message_id = await self._channel.calls.call(
+            lambda: self._ops.post("interactive", content, entry.key), scopes=self._ops.scopes, idempotent=True)
+        return entry
+
+    async def ended(self, handle: Any, line: str) -> None:
+        entry: PendingApproval = handle
+        if entry.outcome is None:  # a press already showed its own outcome
+            entry.outcome = line
+            await self._channel.show_outcome(entry, line)
+
+
+@dataclass(slots=True)
+class PendingApproval:
+    ref: str
+    session_key: str
+    call_id: str
+    tool_name: str
+    arguments: str
+    requested_by: str | None
+    key: str = field(default_factory=lambda: secrets.token_hex(16))
+    message_id: str | None = None
+    outcome: str | None = None
+
+
+class PendingApprovals:
+    """Approval requests by the short ``ref`` their buttons carry (call ids never travel to the client)."""
+
+    def __init__(self, limit: int = 1000) -> None:
+        self._by_ref: dict[str, PendingApproval] = {}
+        self._limit = limit
+
+    def register(self, session_key: str, call_id: str, tool_name: str, arguments: str,
+                 requested_by: str | None) -> PendingApproval:
+        if len(self._by_ref) >= self._limit:  # forget the oldest: a press on it is answered "no longer pending"
+            self._by_ref.pop(next(iter(self._by_ref)))
+        entry = PendingApproval(secrets.token_hex(6), session_key, call_id, tool_name, arguments, requested_by)
+        self._by_ref[entry.ref] = entry
+        return entry
+
+    def get(self, ref: str) -> PendingApproval | None:
+        return self._by_ref.get(ref)
