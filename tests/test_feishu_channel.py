@@ -13,7 +13,8 @@ import pytest
 
 from tests.fakes.feishu import FakeFeishu, FakeLongConnection
 from tests.fakes.feishu.harness import CHAT, FeishuHarness, feishu_harness
-from tests.fakes.openai_server import FakeOpenAI, Text
+from tests.fakes.openai_server import FakeOpenAI, Hang, HttpError, Text
+from tests.support.clock import ManualClock
 
 ANSWER = "The capital of France is **Paris**, a city on the Seine."
 
@@ -63,3 +64,326 @@ async def test_a_reply_streams_into_one_card_and_ends_closed(bridge, fake_openai
     assert fake.count("message.reply") == 1 and fake.count("message.create") == 0
     assert not fake.messages[asked.message_id].reactions  # the working reaction is gone
     assert fake.count("reaction.create") == 1
+
+
+def said(request: dict[str, Any]) -> list[str]:
+    """What the model was told the user said, oldest first (the runtime context left out)."""
+    return [str(m["content"]).split("\n\n[Runtime context]")[0] for m in request["messages"] if m["role"] == "user"]
+
+
+def every_card_closed(fake: FakeFeishu) -> bool:
+    return all(not c.streaming for c in fake.cards.values())
+
+
+# ---- receiving: dedupe, policy, threads, commands -----------------------------------------------------
+
+
+async def test_a_redelivered_event_gets_no_second_reply_also_after_a_restart(bridge, fake_openai, fake):
+    fake_openai.script(Text(ANSWER), Text("Second answer, should never be asked for"))
+    t = await bridge()
+    msg, payload = t.event("capital of France?")
+    await t.deliver(payload)
+    await t.settle()
+    await t.deliver(payload)  # Feishu pushes the same event again (no ack in time)
+    _, again = t.event("capital of France?", message=msg)  # and the same message under a new event id
+    await t.deliver(again)
+    await t.settle()
+    assert len(fake_openai.requests) == 1
+    assert t.texts() == [ANSWER]
+    await t.close()
+
+    t2 = await bridge()  # a restart on the same database
+    await t2.deliver(payload)
+    await t2.settle()
+    assert len(fake_openai.requests) == 1
+    assert t2.texts() == [ANSWER]
+
+
+async def test_a_group_message_without_a_mention_is_ignored_under_mention(bridge, fake_openai, fake):
+    fake_openai.script(Text("answered"))
+    t = await bridge()
+    await t.say("talking among ourselves", mention=False)
+    await t.settle()
+    assert fake_openai.requests == [] and t.texts() == []
+    await t.say("now you", mention=True)
+    await t.settle()
+    assert t.texts() == ["answered"]
+    assert said(fake_openai.requests[0]) == ["now you"]  # the bot's mention removed
+
+
+async def test_a_p2p_message_needs_no_mention_and_group_policy_all_answers_everything(bridge, fake_openai, fake):
+    fake_openai.script(Text("in private"), Text("in the group"))
+    t = await bridge(group_policy="all")
+    fake.chat("oc_p2p", "p2p")
+    await t.say("hello", chat="oc_p2p", chat_type="p2p")
+    await t.settle()
+    await t.say("hello all", mention=False)
+    await t.settle()
+    assert t.texts("oc_p2p") == ["in private"] and t.texts() == ["in the group"]
+
+
+async def test_a_thread_reply_continues_the_threads_session(bridge, fake_openai, fake):
+    fake_openai.script(Text("first in thread"), Text("second in thread"), Text("in the chat"))
+    t = await bridge()
+    first = await t.say("start a topic", thread=True)
+    await t.settle()
+    await t.say("and more", parent=first)  # a reply inside that thread
+    await t.settle()
+    await t.say("back in the main chat")
+    await t.settle()
+    keys = sorted(s.key for s in await t.core.list_sessions())
+    thread = fake.messages[first.message_id].thread_id
+    assert keys == [f"feishu:{CHAT}", f"feishu:{CHAT}:{thread}"]
+    assert said(fake_openai.requests[1]) == ["start a topic", "and more"]
+    assert said(fake_openai.requests[2]) == ["back in the main chat"]
+
+
+async def test_allow_from_by_user_id_and_our_own_messages_are_ignored(bridge, fake_openai, fake):
+    fake_openai.script(Text("for bob"))
+    t = await bridge(allow_from=("u_bob",))
+    await t.say("from alice")  # alice's user_id is u_alice
+    _, own = t.event("from the bot itself", sender=fake.bot_open_id)
+    await t.deliver(own)
+    _, bob = t.event("from bob", sender="ou_bob", sender_user_id="u_bob")
+    await t.deliver(bob)
+    await t.settle()
+    assert [said(r) for r in fake_openai.requests] == [["from bob"]]
+    assert t.texts() == ["for bob"]
+
+
+@pytest.mark.parametrize("mention", [True, False])
+async def test_commands_work_as_text_with_and_without_a_mention(bridge, fake_openai, fake, mention):
+    t = await bridge(group_policy="all")
+    await t.say("/help", mention=mention)
+    await t.settle()
+    [shown] = t.texts()
+    assert "/stop" in shown and "/new" in shown and "/compact" in shown
+    assert fake_openai.requests == []
+
+
+async def test_stop_closes_the_streaming_card_with_the_partial_answer(bridge, fake_openai, fake):
+    hold = asyncio.Event()
+    fake_openai.script(Text("Partial answer that goes on and on", hold=hold, hold_after=30))
+    t = await bridge()
+    await t.say("tell me a story")
+    await t.wait_for(lambda: fake.cards)
+    await t.say("/stop")
+    await t.settle()
+    hold.set()
+    [msg] = fake.shown(CHAT)
+    card = fake.card_of(msg)
+    assert card is not None and card.text == "Partial answer that goes on an\n\n⏹ Stopped."
+    assert every_card_closed(fake)
+
+
+async def test_a_model_failure_closes_the_card_with_the_notice(bridge, fake_openai, fake):
+    # the model goes silent mid-answer (the card is streaming by then); the retry is refused for good
+    fake_openai.script(Hang(5, after_text="Some words before it breaks"), HttpError.auth(), HttpError.auth())
+    t = await bridge()
+    await t.say("go")
+    await t.settle()
+    assert fake.cards and every_card_closed(fake)
+    [msg] = fake.shown(CHAT)
+    assert fake.card_of(msg) is not None
+    assert "rejected the bridge's credentials" in fake.text_of(msg)
+
+
+# ---- webhook only: what Feishu's console and an attacker send ------------------------------------------
+
+
+@pytest.fixture
+async def hook(tmp_path, fake_openai, fake) -> AsyncIterator[FeishuHarness]:
+    t = await feishu_harness(tmp_path, fake_openai, fake, mode="webhook")
+    yield t
+    await t.close()
+
+
+async def test_url_verification_is_answered_plain_and_encrypted(hook):
+    sender = hook.sender
+    assert sender is not None
+    for key in ("", None):  # plain (an app without encryption sends it so), then encrypted with the app's key
+        sent = await sender.send(sender.url_verification(challenge="abc123"), encrypt_with=key, sign=False)
+        assert sent.status == 200 and sent.json() == {"challenge": "abc123"}
+    wrong = await sender.send(sender.url_verification(token="not-the-token", challenge="x"), sign=False)
+    assert wrong.status == 401 and "x" not in wrong.text
+
+
+@pytest.mark.parametrize("forgery", [
+    {"token": "vt_wrong"},
+    {"bad_signature": True},
+    {"undecryptable": True},
+    {"encrypt_with": "another-apps-key"},
+    {"sign": False},
+    {"timestamp": "1000000000"},  # a signed request from 2001: a replay
+])
+async def test_forged_or_replayed_requests_are_rejected_without_a_model_request(hook, fake_openai, forgery):
+    sender = hook.sender
+    assert sender is not None
+    token = forgery.pop("token", None)
+    _, payload = hook.event("hello")
+    if token:
+        payload["header"]["token"] = token
+    sent = await sender.send(payload, **forgery)
+    assert sent.status == 401
+    assert "token" not in sent.text.lower() and "sign" not in sent.text.lower()
+    await hook.settle()
+    assert fake_openai.requests == [] and hook.texts() == []
+
+
+async def test_a_body_over_the_cap_is_refused_before_it_is_read(tmp_path, fake_openai, fake):
+    t = await feishu_harness(tmp_path, fake_openai, fake, mode="webhook", max_body_bytes=4096)
+    try:
+        assert t.sender is not None
+        sent = await t.sender.send(t.event("x" * 5000)[1])
+        assert sent.status == 413
+        assert fake_openai.requests == []
+        assert t.channel.state() == "webhook"
+    finally:
+        await t.close()
+
+
+# ---- the sink -----------------------------------------------------------------------------------------
+
+
+def long_reply() -> str:
+    parts = []
+    for i in range(64):
+        parts.append(f"## 第 {i} 节\n\n这是第 {i} 节的说明文字，足够长，才有意义。Some prose for section {i}. " * 3)
+        parts.append(f"```python\ndef section_{i}():\n    return {i} * 2  # a comment with < and >\n```")
+        parts.append("| a | b |\n|---|---|\n" + "".join(f"| {i}.{j} | {j * i} |\n" for j in range(4)))
+    text = "\n\n".join(parts)
+    assert len(text) >= 20_000
+    return text
+
+
+async def test_a_20000_character_reply_arrives_complete_across_closed_cards(bridge, fake_openai, fake):
+    reply = long_reply()
+    fake_openai.script(Text(reply, chunk_size=400, delay=0.005))
+    t = await bridge()
+    await t.say("write a lot")
+    await t.settle(timeout=30)
+    shown = fake.shown(CHAT)
+    assert len(shown) >= 2
+    cards = [fake.card_of(m) for m in shown]
+    assert all(c is not None for c in cards)
+    assert all(not c.streaming for c in cards if c is not None)
+    for c in cards:
+        assert c is not None and c.sequences == sorted(set(c.sequences))
+    joined = "".join(c.text for c in cards if c is not None)
+    squash = lambda s: "".join(s.replace("```python", "").replace("```", "").replace("&#60;", "<").split())
+    assert squash(joined) == squash(reply)  # every word, in order, once
+    assert fake.count("message.create") == 0  # every card replies to the user's message
+
+
+async def test_a_rate_limit_on_the_final_update_waits_out_the_reset_then_shows_the_answer_once(
+        bridge, fake_openai, fake):
+    clock = ManualClock()
+    fake.clock = lambda: clock.t  # the fake stamps calls with the same (virtual) time
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.02))
+    t = await bridge(clock=clock, core={"delivery_wait_timeout": 3.0})
+    limited = fake.rate_limit("card.settings", reset=30)  # the call that closes the card
+    await t.say("capital of France?")
+    await t.settle(timeout=20)
+    assert limited.hits == 1
+    [msg] = fake.shown(CHAT)
+    card = fake.card_of(msg)
+    assert card is not None and card.text == ANSWER and not card.streaming
+    refused = next(c for c in fake.calls_to("card.settings") if c.code == 99991400)
+    after = fake.calls[fake.calls.index(refused) + 1:]
+    assert after and all(c.at >= refused.at + 30 for c in after)  # nothing reached the chat before the reset
+    assert len(fake_openai.requests) == 1
+
+
+async def test_a_chat_frequency_limit_pauses_and_retries(bridge, fake_openai, fake):
+    fake_openai.script(Text(ANSWER))
+    t = await bridge()
+    fake.chat_rate_limit("message.reply")
+    await t.say("capital of France?")
+    await t.settle()
+    assert t.texts() == [ANSWER]
+    assert len([c for c in fake.calls_to("message.reply") if c.code == 0]) == 1
+
+
+async def test_a_send_whose_answer_was_lost_is_retried_with_its_uuid_and_posts_once(bridge, fake_openai, fake):
+    fake_openai.script(Text(ANSWER))
+    t = await bridge()
+    fake.fail("message.reply", status=502, code=1500, apply_first=True)  # carried out, the answer lost
+    await t.say("capital of France?")
+    await t.settle()
+    assert t.texts() == [ANSWER]
+    replies = fake.calls_to("message.reply")
+    assert len(replies) == 2 and replies[0].body["uuid"] == replies[1].body["uuid"]
+
+
+async def test_a_revoked_tenant_token_is_refreshed_once_and_the_reply_arrives(bridge, fake_openai, fake):
+    fake_openai.script(Text("first"), Text("second"))
+    t = await bridge()
+    await t.say("one")
+    await t.settle()
+    fake.revoke_tokens()
+    await t.say("two")
+    await t.settle()
+    assert t.texts() == ["first", "second"]
+    assert fake.count("token") == 2
+
+
+# ---- the §15 fallback matrix --------------------------------------------------------------------------
+
+
+async def test_cardkit_refused_streams_into_a_card_message_instead(bridge, fake_openai, fake):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.02))
+    t = await bridge()
+    fake.fail("card.create", status=400, code=99991672, msg="no permission: cardkit:card:write", times=1)
+    fake.fail("card.create", status=400, code=230027, msg="lack of necessary permissions", times=1)
+    await t.say("capital of France?")
+    await t.settle()
+    assert t.texts() == [ANSWER]
+    [msg] = fake.shown(CHAT)
+    assert msg.msg_type == "interactive" and fake.card_of(msg) is None  # a JSON card message
+
+
+async def test_a_final_update_failing_for_good_falls_back_once_with_a_note_on_the_card(bridge, fake_openai, fake):
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, hold=hold, hold_after=30))
+    t = await bridge()
+    await t.say("capital of France?")
+    await t.wait_for(lambda: fake.cards and fake.shown(CHAT))
+    fake.fail("element.content", status=400, code=300313, msg="refused", times=100)
+    hold.set()
+    await t.settle()
+    shown = fake.shown(CHAT)
+    assert len(shown) == 2
+    card = fake.card_of(shown[0])
+    assert card is not None and not card.streaming and "continues in the message below" in card.text
+    assert shown[1].msg_type == "post" and fake.text_of(shown[1]) == ANSWER.replace("**", "")
+
+
+async def test_a_card_that_cannot_be_sent_falls_back_to_one_plain_reply(bridge, fake_openai, fake):
+    fake_openai.script(Text(ANSWER))
+    t = await bridge()
+    fake.fail("message.reply", status=400, code=230002, msg="bot not in chat", times=100,
+              when=lambda c: c.body.get("msg_type") == "interactive")
+    await t.say("capital of France?")
+    await t.settle()
+    shown = fake.shown(CHAT)
+    assert [m.msg_type for m in shown] == ["post"]
+    assert fake.text_of(shown[0]) == ANSWER.replace("**", "")
+
+
+async def test_transient_final_failures_then_success_send_no_fallback(bridge, fake_openai, fake):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.02))
+    t = await bridge()
+    fake.fail("card.settings", status=503, code=1500, times=2)
+    await t.say("capital of France?")
+    await t.settle()
+    [msg] = fake.shown(CHAT)
+    card = fake.card_of(msg)
+    assert card is not None and card.text == ANSWER and not card.streaming
+    assert [m.msg_type for m in fake.shown(CHAT)] == ["interactive"]
+
+
+async def test_healthz_state_follows_the_channel(bridge):
+    t = await bridge()
+    assert t.channel.state() == ("connected" if t.mode == "websocket" else "webhook")
+    await t.channel.stop()
+    assert t.channel.state() == "stopped"

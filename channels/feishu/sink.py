@@ -33,7 +33,6 @@ Approval requests are separate card messages (Feishu does not let a callback upd
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -174,7 +173,7 @@ class FeishuOps:
 
     async def send(self, part: Part, key: str) -> str:
         stream = self.current
-        if stream is not None and stream.card is not None and stream.card.message_id and part.formatting != _PLAIN:
+        if stream is not None and stream.card is not None and part.formatting != _PLAIN:
             return await stream.freeze(part)  # the streaming card becomes this finished part
         if part.formatting == _PLAIN:
             message_id = await self.post("text", json.dumps({"text": part.text}, ensure_ascii=False), key)
@@ -263,12 +262,18 @@ class CardStream:
         self.card = CardState(card_id, content or PLACEHOLDER)
         return self.card
 
-    async def _show(self, content: str) -> None:
-        card = self.card or await self._open(content)
-        if card.message_id is None:  # created, not yet sent (a send that failed is repeated with its uuid)
+    async def _sent(self, card: CardState) -> str:
+        """The card's message, sending it first if that has not succeeded yet (a send whose outcome was
+        unknown is repeated with the same uuid, so it never posts the card twice)."""
+        if card.message_id is None:
             payload = json.dumps({"type": "card", "data": {"card_id": card.card_id}})
             card.message_id = await self._ops.post("interactive", payload, card.send_key)
             self._ops.cards[card.message_id] = card
+        return card.message_id
+
+    async def _show(self, content: str) -> None:
+        card = self.card or await self._open(content)
+        await self._sent(card)
         if card.content != (content or PLACEHOLDER):
             try:
                 await set_card(self._ops.api, card, content, close=False)
@@ -284,21 +289,23 @@ class CardStream:
     async def freeze(self, part: Part) -> str:
         """The streaming card shows ``part`` for good; the next push opens a new card."""
         card = self.card
-        assert card is not None and card.message_id is not None
+        assert card is not None
+        message_id = await self._sent(card)
         await set_card(self._ops.api, card, part.text, close=True)
         self.card = None
-        return card.message_id
+        return message_id
 
     async def close(self, snapshot: TurnSnapshot, part: Part | None) -> str | None:
         card = self.card
-        if card is None or card.message_id is None:
+        if card is None:
             return None  # nothing was shown: the sink sends the part as a message
+        message_id = await self._sent(card)
         if part is not None and part.formatting == _PLAIN:
             # the card markdown was refused: the card keeps what it showed, closed; the plain part is sent
             await set_card(self._ops.api, card, card.content, close=True)
             return None
         await set_card(self._ops.api, card, part.text if part is not None else card.content, close=True)
-        return card.message_id
+        return message_id
 
     async def note_below(self) -> None:
         """After the final update failed for good: one try to close the card with a pointer to the fallback."""
@@ -306,8 +313,18 @@ class CardStream:
         if card is None or card.message_id is None or not card.streaming:
             return
         base = card.content if card.content != PLACEHOLDER else ""
-        with contextlib.suppress(PlatformError):
-            await set_card(self._ops.api, card, f"{base}\n\n{ANSWER_BELOW}".strip(), close=True)
+        text = f"{base}\n\n{ANSWER_BELOW}".strip()
+        element = {"tag": "markdown", "element_id": ANSWER, "content": text}
+        seq, op = card.next()
+        # one batch call that does not depend on the streaming update that just failed
+        actions = [{"action": "update_element", "params": {"element_id": ANSWER, "element": element}},
+                   {"action": "partial_update_setting", "params": {"settings": {"config": {"streaming_mode": False}}}}]
+        try:
+            await self._ops.api.card_batch(card.card_id, actions, seq, op)
+        except PlatformError as exc:
+            log.info("could not close the card with a note: %s", exc)
+            return
+        card.content, card.streaming = text, False
 
 
 class FeishuSink(LiveSink):
