@@ -93,9 +93,10 @@ async def test_run_exits_3_when_the_port_is_taken_or_a_channel_has_no_adapter(tm
         code, err = await finished(await chatbridge(tmp_path, "run", "-c", str(path)))
     assert code == ExitCode.STARTUP and f"cannot listen on 127.0.0.1:{port}" in err
     path.write_text(config_text(tmp_path, fake_openai.base_url, free_port(),
-                                '[channels.feishu]\nenabled = true\napp_id = "cli_1"\napp_secret = "fs-secret"\n'))
+                                '[channels.slack]\nenabled = true\nbot_token = "xoxb-1-sl-secret"\n'
+                                'app_token = "xapp-1-sl-secret"\n'))
     code, err = await finished(await chatbridge(tmp_path, "run", "-c", str(path)))
-    assert code == ExitCode.STARTUP and "feishu" in err and "fs-secret" not in err
+    assert code == ExitCode.STARTUP and "slack" in err and "sl-secret" not in err
 
 
 async def test_run_exits_3_when_the_data_dir_cannot_hold_the_database(tmp_path, fake_openai):

@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 
+from channels.feishu import approvals
+from tests.browser.server import RecordingTool, registry
 from tests.fakes.feishu import FakeFeishu, FakeLongConnection
 from tests.fakes.feishu.harness import CHAT, FeishuHarness, feishu_harness
-from tests.fakes.openai_server import FakeOpenAI, Hang, HttpError, Text
+from tests.fakes.feishu.openapi import card_buttons, card_text
+from tests.fakes.openai_server import FakeOpenAI, Hang, HttpError, Text, ToolCalls
 from tests.support.clock import ManualClock
 
 ANSWER = "The capital of France is **Paris**, a city on the Seine."
@@ -270,7 +273,8 @@ async def test_a_20000_character_reply_arrives_complete_across_closed_cards(brid
     for c in cards:
         assert c is not None and c.sequences == sorted(set(c.sequences))
     joined = "".join(c.text for c in cards if c is not None)
-    squash = lambda s: "".join(s.replace("```python", "").replace("```", "").replace("&#60;", "<").split())
+    def squash(s):
+        return "".join(s.replace("```python", "").replace("```", "").replace("&#60;", "<").split())
     assert squash(joined) == squash(reply)  # every word, in order, once
     assert fake.count("message.create") == 0  # every card replies to the user's message
 
@@ -387,3 +391,90 @@ async def test_healthz_state_follows_the_channel(bridge):
     assert t.channel.state() == ("connected" if t.mode == "websocket" else "webhook")
     await t.channel.stop()
     assert t.channel.state() == "stopped"
+
+
+# ---- approvals ----------------------------------------------------------------------------------------
+
+ASK = ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_F1"])
+
+
+def approval_cards(fake: FakeFeishu, chat: str = CHAT) -> list[Any]:
+    return [m for m in fake.shown(chat) if m.msg_type == "interactive" and card_buttons(m.content)]
+
+
+async def approval(t: FeishuHarness) -> Any:
+    await t.wait_for(lambda: approval_cards(t.fake))
+    [msg] = approval_cards(t.fake)
+    return msg
+
+
+def button(msg: Any, label: str) -> Any:
+    return next(value for text, value in card_buttons(msg.content) if label in text)
+
+
+async def test_the_requester_allows_on_the_card_and_the_answer_arrives(bridge, fake_openai, fake):
+    tool = RecordingTool("lookup", result="42 apples")
+    fake_openai.script(ASK, Text("You have 42 apples."))
+    t = await bridge(core={"tools": registry(tool)})
+    asked = await t.say("how many apples do I have?")
+    msg = await approval(t)
+    assert msg.parent_id == asked.message_id
+    assert "lookup" in fake.text_of(msg) and "apples" in fake.text_of(msg)
+    assert tool.calls == []
+    streaming = [c for c in fake.cards.values() if c.streaming]
+    assert all("waiting for approval" in c.text for c in streaming)  # the answer card says what it waits for
+
+    answer = await t.press(button(msg, "Allow"), message_id=msg.message_id)
+    assert answer["toast"]["content"] == approvals.ALLOWED
+    assert "Allowed by u\\_alice" in card_text(answer["card"]["data"])  # escaped as card markdown
+    assert card_buttons(answer["card"]["data"]) == []  # the decided card has no buttons
+    await t.settle()
+    assert tool.calls == [{"query": "apples"}]
+    assert fake.texts(CHAT)[-1] == "You have 42 apples."
+    assert every_card_closed(fake)
+
+
+async def test_a_strangers_press_is_refused_and_a_late_press_is_no_longer_pending(bridge, fake_openai, fake):
+    tool = RecordingTool("lookup", result="42 apples")
+    fake_openai.script(ASK, Text("Not counted."))
+    t = await bridge(core={"tools": registry(tool)})
+    await t.say("count my apples")
+    msg = await approval(t)
+    stranger = await t.press(button(msg, "Allow"), message_id=msg.message_id, operator="ou_mallory",
+                             operator_user_id="u_mallory")
+    assert stranger == approvals.toast("warning", approvals.NOT_YOURS)
+    assert tool.calls == []
+
+    denied = await t.press(button(msg, "Deny"), message_id=msg.message_id)
+    assert denied["toast"]["content"] == approvals.DENIED
+    await t.settle()
+    assert tool.calls == []
+    late = await t.press(button(msg, "Allow"), message_id=msg.message_id)
+    assert late == approvals.toast("info", approvals.GONE)
+
+
+async def test_an_allowed_user_may_decide_for_someone_else(bridge, fake_openai, fake):
+    tool = RecordingTool("lookup", result="42 apples")
+    fake_openai.script(ASK, Text("Counted."))
+    t = await bridge(core={"tools": registry(tool)}, allow_from=("u_alice", "u_admin"))
+    await t.say("count my apples")
+    msg = await approval(t)
+    answer = await t.press(button(msg, "Allow"), message_id=msg.message_id, operator="ou_admin",
+                           operator_user_id="u_admin")
+    assert answer["toast"]["content"] == approvals.ALLOWED
+    await t.settle()
+    assert tool.calls == [{"query": "apples"}]
+
+
+async def test_stop_marks_the_pending_approval_card_as_ended(bridge, fake_openai, fake):
+    tool = RecordingTool("lookup", result="42 apples")
+    fake_openai.script(ASK, Text("unused"))
+    t = await bridge(core={"tools": registry(tool)})
+    await t.say("count my apples")
+    msg = await approval(t)
+    await t.say("/stop")
+    await t.settle()
+    await t.wait_for(lambda: not card_buttons(fake.messages[msg.message_id].content))
+    assert "stopped before a decision" in fake.text_of(fake.messages[msg.message_id])
+    assert every_card_closed(fake)
+    assert tool.calls == []

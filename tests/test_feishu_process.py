@@ -1,0 +1,135 @@
+"""``chatbridge run`` with ``[channels.feishu] enabled = true``, as a real process against the Feishu fakes: over
+the long connection (the process imports lark-oapi before its event loop starts, so the SDK's client runs on
+its own thread) and over the webhook on the [web] server; ``/healthz`` names the channel's state."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from tests.fakes.feishu import FakeFeishu, FakeLongConnection, WebhookSender
+from tests.fakes.feishu.events import Mention, message_event
+from tests.fakes.feishu.harness import CHAT, KEY, TOKEN
+from tests.fakes.openai_server import FakeOpenAI, Text
+from tests.support.process import BridgeProcess
+from tests.test_app import free_port
+
+
+def config(tmp_path: Path, llm: str, port: int, feishu: str) -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(f"""
+[bridge]
+data_dir = "{tmp_path / 'data'}"
+[llm]
+provider = "openai"
+model = "fake"
+base_url = "{llm}"
+api_key = "sk-feishu-process"
+[web]
+port = {port}
+[channels.feishu]
+enabled = true
+{feishu}""")
+    return path
+
+
+async def wait_for(cond: Callable[[], Any], bridge: BridgeProcess, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await cond():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"condition not reached; log:\n{bridge.log()}")
+
+
+async def healthz(port: int) -> Any:
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/healthz") as resp:
+            return await resp.json()
+    except aiohttp.ClientError:
+        return None
+
+
+async def proxy(routes: dict[str, str]) -> tuple[web.AppRunner, str]:
+    """One origin in front of the two fakes (Feishu serves the Open API and the long connection's endpoint on
+    the same domain): each path prefix is forwarded to its fake."""
+    async def forward(request: web.Request) -> web.Response:
+        base = next(url for prefix, url in routes.items() if request.path.startswith(prefix))
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        async with aiohttp.ClientSession() as s, s.request(
+                request.method, base + request.path_qs, headers=headers, data=await request.read()) as resp:
+            return web.Response(status=resp.status, body=await resp.read(),
+                                content_type=resp.content_type or "application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def test_run_answers_over_the_long_connection(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(Text("Hello from the process."))
+    async with FakeFeishu() as fake, FakeLongConnection(fake.app_id, fake.app_secret) as conn:
+        fake.chat(CHAT)
+        runner, origin = await proxy({"/open-apis/": fake.base_url, "/callback/": conn.base_url})
+        port = free_port()
+        path = config(tmp_path, fake_openai.base_url, port,
+                      f'app_id = "{fake.app_id}"\napp_secret = "{fake.app_secret}"\ndomain = "{origin}"\n')
+        bridge = await BridgeProcess(path, tmp_path / "bridge.log").start()
+        try:
+            async def connected() -> bool:
+                body = await healthz(port)
+                return bool(body) and body["channels"].get("feishu") == "connected" and conn.connected == 1
+            await wait_for(connected, bridge)
+            msg = fake.user_message(CHAT, "hi")
+            frame = conn.push(message_event("@_user_1 hi", token="", app_id=fake.app_id, chat_id=CHAT,
+                                            message_id=msg.message_id,
+                                            mentions=[Mention(fake.bot_name, fake.bot_open_id)]))
+            assert (await conn.wait_ack(frame, timeout=10)).code == 200
+
+            async def answered() -> bool:
+                return fake.texts(CHAT) == ["Hello from the process."]
+            await wait_for(answered, bridge)
+            assert await bridge.stop() == 0
+        finally:
+            await bridge.stop()
+            await runner.cleanup()
+
+
+async def test_run_answers_over_the_webhook(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(Text("Hello over the webhook."))
+    async with FakeFeishu() as fake:
+        fake.chat(CHAT)
+        port = free_port()
+        path = config(tmp_path, fake_openai.base_url, port,
+                      f'app_id = "{fake.app_id}"\napp_secret = "{fake.app_secret}"\ndomain = "{fake.base_url}"\n'
+                      f'mode = "webhook"\nverification_token = "{TOKEN}"\nencrypt_key = "{KEY}"\n')
+        bridge = await BridgeProcess(path, tmp_path / "bridge.log").start()
+        try:
+            async def serving() -> bool:
+                body = await healthz(port)
+                return bool(body) and body["channels"].get("feishu") == "webhook"
+            await wait_for(serving, bridge)
+            sender = WebhookSender(f"http://127.0.0.1:{port}/feishu/events", TOKEN, fake.app_id, KEY)
+            msg = fake.user_message(CHAT, "hi")
+            sent = await sender.send(sender.message("@_user_1 hi", chat_id=CHAT, message_id=msg.message_id,
+                                                    mentions=[Mention(fake.bot_name, fake.bot_open_id)]))
+            assert sent.status == 200
+
+            async def answered() -> bool:
+                return fake.texts(CHAT) == ["Hello over the webhook."] and all(
+                    not c.streaming for c in fake.cards.values())
+            await wait_for(answered, bridge)
+            assert await bridge.stop() == 0
+            assert KEY not in bridge.log() and fake.app_secret not in bridge.log()
+        finally:
+            await bridge.stop()
