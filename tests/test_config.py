@@ -179,7 +179,33 @@ def test_mode_specific_secrets(tmp_path: Path) -> None:
     assert found == [
         "channels.slack.signing_secret: required in http mode (got empty)",
         "channels.feishu.verification_token: required in webhook mode (got empty)",
+        "channels.feishu.encrypt_key: required in webhook mode: set an Encrypt Key on the Encryption Strategy "
+        "page of the app, so that Feishu signs every request (got empty)",
     ]
+
+
+@pytest.mark.parametrize(("domain", "problem"), [
+    ("feishu", None),
+    ("lark", None),
+    ("https://open.larksuite.com", None),
+    ("http://127.0.0.1:8080", None),
+    ("http://open.feishu.cn", "http:// is accepted only for a loopback address; use https://"),
+    ("https://open.feishu.cn/open-apis", 'expected an origin without a path (such as "https://open.feishu.cn")'),
+    ("feishu.cn", 'expected "feishu", "lark" or an https:// origin such as "https://open.feishu.cn"'),
+])
+def test_the_feishu_domain_is_feishu_lark_or_an_origin(tmp_path: Path, domain: str, problem: str | None) -> None:
+    text = f'[channels.feishu]\nenabled = true\napp_id = "a"\napp_secret = "app-secret"\ndomain = "{domain}"\n'
+    if problem is None:
+        assert load_config(write(tmp_path, text), env={}).channels.feishu.domain == domain
+    else:
+        assert problems(tmp_path, text) == [f"channels.feishu.domain: {problem}"]
+
+
+def test_feishu_domain_names_resolve_to_their_open_platform() -> None:
+    from channels.feishu.settings import FeishuConfig
+    assert FeishuConfig(domain="lark").base_url() == "https://open.larksuite.com"
+    assert FeishuConfig(domain="Feishu").base_url() == "https://open.feishu.cn"
+    assert FeishuConfig(domain="https://example.test/").base_url() == "https://example.test"
 
 
 # ---- cross-field rules ---------------------------------------------------------------------------------

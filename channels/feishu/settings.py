@@ -81,5 +81,5 @@ class FeishuConfig(ChannelSection):
         if self.mode == "webhook":
             checks.require("verification_token", self.verification_token, "in webhook mode")
             checks.require("encrypt_key", self.encrypt_key,
-                           "in webhook mode: set an Encrypt Key on the app's Encryption Strategy page, so that "
-                           "Feishu signs every request")
+                           "in webhook mode: set an Encrypt Key on the Encryption Strategy page of the app, so "
+                           "that Feishu signs every request")
