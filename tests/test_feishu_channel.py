@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from channels.common.errors import PlatformError
 from channels.feishu import approvals
+from channels.feishu.channel import NOT_TAKEN
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.feishu import FakeFeishu, FakeLongConnection
 from tests.fakes.feishu.harness import CHAT, FeishuHarness, feishu_harness
@@ -478,3 +480,117 @@ async def test_stop_marks_the_pending_approval_card_as_ended(bridge, fake_openai
     assert "stopped before a decision" in fake.text_of(fake.messages[msg.message_id])
     assert every_card_closed(fake)
     assert tool.calls == []
+
+
+# ---- the connection and the token -----------------------------------------------------------------------
+
+
+async def test_the_tenant_token_is_fetched_without_blocking_the_event_loop(fake):
+    from channels.feishu.api import FeishuApi
+    api = FeishuApi(fake.app_id, fake.app_secret, fake.base_url, timeout=5)
+    fake.fail("token", hang=0.5, status=500, code=1500)  # the Open Platform is slow, then fails once
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    running = asyncio.create_task(ticker())
+    try:
+        with pytest.raises(PlatformError):
+            await api.token()  # the slow, failed fetch
+        assert ticks >= 20  # the loop kept running while the token request waited
+        assert await api.token()  # and the next one succeeds
+    finally:
+        running.cancel()
+
+
+async def test_the_long_connection_comes_back_after_a_drop(tmp_path, fake_openai, fake):
+    fake_openai.script(Text("before"), Text("after"))
+    async with FakeLongConnection(fake.app_id, fake.app_secret) as conn:
+        t = await feishu_harness(tmp_path, fake_openai, fake, conn=conn)
+        try:
+            await t.say("one")
+            await t.settle()
+            conn.disconnect()
+            await conn.wait_connected(1, opened=2, timeout=10)
+            await t.wait_for(lambda: t.channel.state() == "connected")
+            ack = await t.deliver(t.event("two")[1])
+            assert ack.code == 200 and not ack.data  # a message is acknowledged with an empty answer
+            await t.settle()
+            assert t.texts() == ["before", "after"]
+        finally:
+            await t.close()
+
+
+async def test_an_image_is_described_to_the_model(bridge, fake_openai, fake):
+    fake_openai.script(Text("A nice picture."))
+    t = await bridge()
+    msg = fake.user_message(CHAT, "", msg_type="image", content={"image_key": "img_v2_abc"})
+    _, payload = t.event("", message=msg, mention=False, message_type="image",
+                         content='{"image_key": "img_v2_abc"}', chat_type="p2p")
+    payload["event"]["message"]["chat_type"] = "p2p"
+    await t.deliver(payload)
+    await t.settle()
+    [told] = said(fake_openai.requests[0])
+    assert "attached an image" in told
+    assert t.texts() == ["A nice picture."]
+
+
+async def test_a_press_delivered_twice_decides_once(bridge, fake_openai, fake):
+    tool = RecordingTool("lookup", result="42 apples")
+    fake_openai.script(ASK, Text("Counted."))
+    t = await bridge(core={"tools": registry(tool)})
+    await t.say("count my apples")
+    msg = await approval(t)
+    first = await t.press(button(msg, "Deny"), message_id=msg.message_id, event_id="ev_press_1")
+    again = await t.press(button(msg, "Deny"), message_id=msg.message_id, event_id="ev_press_1")
+    assert first["toast"]["content"] == approvals.DENIED
+    assert again == approvals.toast("info", approvals.GONE)
+    await t.settle()
+    assert tool.calls == []
+
+
+# ---- when core cannot take a message --------------------------------------------------------------------
+
+
+async def test_webhook_answers_503_for_a_message_core_could_not_store_and_takes_the_retry(
+        tmp_path, fake_openai, fake):
+    from tests.test_admission import FlakyStore
+    fake_openai.script(Text("stored the second time"))
+    store = FlakyStore(tmp_path / "chat.db")
+    t = await feishu_harness(tmp_path, fake_openai, fake, mode="webhook", core={"store": store})
+    try:
+        store.fail_admissions = 1
+        _, payload = t.event("hello")
+        assert (await t.deliver(payload)).status == 503  # Feishu sends it again
+        assert (await t.deliver(payload)).status == 200
+        await t.settle()
+        assert t.texts() == ["stored the second time"]
+    finally:
+        await t.close()
+
+
+async def test_the_long_connection_acks_before_core_stores_and_tells_the_sender_when_it_cannot(
+        tmp_path, fake_openai, fake):
+    from tests.test_admission import FlakyStore
+    fake_openai.script(Text("answered"))
+    store = FlakyStore(tmp_path / "chat.db")
+    async with FakeLongConnection(fake.app_id, fake.app_secret) as conn:
+        t = await feishu_harness(tmp_path, fake_openai, fake, conn=conn, core={"store": store})
+        try:
+            store.admission_gate = asyncio.Event()  # core is slow to store the message
+            ack = await t.deliver(t.event("first")[1])
+            assert ack.code == 200  # acknowledged while core still holds it: the handler did not wait
+            store.admission_gate.set()
+            await t.settle()
+            assert t.texts() == ["answered"]
+
+            store.fail_admissions = 1
+            await t.deliver(t.event("second")[1])
+            await t.settle()
+            assert t.texts() == ["answered", NOT_TAKEN]  # the sender is told to send it again
+        finally:
+            await t.close()

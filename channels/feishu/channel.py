@@ -226,6 +226,10 @@ class FeishuChannel:
     async def start(self) -> None:
         """Begin receiving. The set-up calls (tenant token, the bot's identity) are retried in the background
         while they fail, with /healthz at "error"; the long connection opens once they succeed."""
+        if self.settings.mode == "websocket" and LongConnection.sdk_loop().is_running():
+            raise ChannelStartupError(
+                "[channels.feishu] the long connection cannot start: another Feishu long connection runs in this "
+                "process, or lark-oapi was first imported inside a running event loop")
         self._loop = asyncio.get_running_loop()
         self._receiving = True
         self._state = "starting"
@@ -249,7 +253,12 @@ class FeishuChannel:
         if self.settings.mode == "websocket":
             self._state = "connecting"
             self.connection = self._connect()
-            self.connection.start()
+            try:
+                self.connection.start()
+            except ChannelStartupError as exc:
+                self._state = ERROR
+                log.error("%s", exc)
+                return
             self._state = "connected"
         else:
             self._state = "webhook"
