@@ -594,3 +594,27 @@ async def test_the_long_connection_acks_before_core_stores_and_tells_the_sender_
             assert t.texts() == ["answered", NOT_TAKEN]  # the sender is told to send it again
         finally:
             await t.close()
+
+
+async def test_a_split_reply_whose_last_card_fails_resends_only_the_missing_part(bridge, fake_openai, fake):
+    reply = long_reply()
+    fake_openai.script(Text(reply, chunk_size=400, delay=0.005))
+    t = await bridge()
+
+    def later_card(call: Any) -> bool:  # every card but the first refuses to close
+        return call.path.split("/")[5] != min(fake.cards)
+
+    fake.fail("card.settings", status=400, code=99992402, msg="field validation failed", times=1000,
+              when=later_card)
+    await t.say("write a lot")
+    await t.settle(timeout=30)
+    shown = fake.shown(CHAT)
+    cards = [fake.card_of(m) for m in shown if fake.card_of(m) is not None]
+    posts = [m for m in shown if m.msg_type == "post"]
+    assert len(cards) >= 2 and posts
+    first = cards[0]
+    assert first is not None and not first.streaming and first.text.strip()
+    resent = "".join(fake.text_of(m) for m in posts)
+    assert first.text.split("\n")[2][:40] not in resent  # the first card's part is not sent again
+    assert "continues in the message below" in cards[-1].text  # type: ignore[union-attr]
+    assert [m.msg_type for m in shown][-len(posts):] == ["post"] * len(posts)

@@ -41,7 +41,7 @@ import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import lark_oapi as lark
@@ -53,7 +53,6 @@ from lark_oapi.ws import client as ws_client_module
 from channels.common.calls import Calls
 from channels.common.errors import ChannelStartupError, PlatformError
 from channels.common.live_sink import LiveSettings
-from channels.common.splitter import split_text
 from channels.common.throttle import Scope, Throttle
 from channels.feishu import approvals, render
 from channels.feishu.api import FeishuApi
@@ -87,11 +86,11 @@ class FeishuSettings:
     """What the channel runs with: the operator's ``[channels.feishu]`` and pacing that is not an operator key."""
 
     app_id: str = ""
-    app_secret: str = ""
+    app_secret: str = field(default="", repr=False)
     domain: str = _OPERATOR.base_url()
     mode: Literal["websocket", "webhook"] = _OPERATOR.mode
-    verification_token: str = ""
-    encrypt_key: str = ""
+    verification_token: str = field(default="", repr=False)
+    encrypt_key: str = field(default="", repr=False)
     allow_from: tuple[str, ...] = tuple(_OPERATOR.allow_from)
     group_policy: str = _OPERATOR.group_policy
     stream_interval: float = _OPERATOR.stream_interval_ms / 1000
@@ -318,7 +317,7 @@ class FeishuChannel:
         dest = Destination.of(target)
         ops = FeishuOps(self, dest)
         scopes = (Scope(dest.key, self.stream_interval),)
-        for source in split_text(text, render.POST_PART_BYTES, measure=render.json_bytes) if text.strip() else []:
+        for source in render.post_sources(text) if text.strip() else []:
             key = secrets.token_hex(16)
             try:
                 try:

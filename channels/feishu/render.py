@@ -323,7 +323,11 @@ def plain_post_content(text: str, *, title: str = "") -> str:
     return json.dumps({"zh_cn": {"title": title, "content": lines}}, ensure_ascii=False)
 
 
+def post_sources(source: str, budget: int = POST_PART_BYTES, limit: int = POST_BYTES) -> list[str]:
+    """The reply split into Markdown chunks whose post content is each within Feishu's 30 KB."""
+    return _fit(source, budget, json_bytes, lambda p: len(post_content(p).encode("utf-8")) <= limit)
+
+
 def post_parts(source: str, budget: int = POST_PART_BYTES, limit: int = POST_BYTES) -> list[str]:
     """The reply as post contents (JSON strings), each within Feishu's 30 KB."""
-    parts = _fit(source, budget, json_bytes, lambda p: len(post_content(p).encode("utf-8")) <= limit)
-    return [post_content(p) for p in parts]
+    return [post_content(p) for p in post_sources(source, budget, limit)]

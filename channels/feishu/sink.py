@@ -173,8 +173,8 @@ class FeishuOps:
 
     async def send(self, part: Part, key: str) -> str:
         stream = self.current
-        if stream is not None and stream.card is not None and part.formatting != _PLAIN:
-            return await stream.freeze(part)  # the streaming card becomes this finished part
+        if stream is not None and part.formatting != _PLAIN and not self._channel.cardkit_refused:
+            return await stream.freeze(part)  # the streaming card (or a new one) becomes this finished part
         if part.formatting == _PLAIN:
             message_id = await self.post("text", json.dumps({"text": part.text}, ensure_ascii=False), key)
             self.kinds[message_id] = "text"
@@ -288,8 +288,7 @@ class CardStream:
 
     async def freeze(self, part: Part) -> str:
         """The streaming card shows ``part`` for good; the next push opens a new card."""
-        card = self.card
-        assert card is not None
+        card = self.card or await self._open(part.text)
         message_id = await self._sent(card)
         await set_card(self._ops.api, card, part.text, close=True)
         self.card = None
