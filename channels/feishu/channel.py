@@ -482,6 +482,9 @@ class FeishuChannel:
             # a wrong token or signature, a body that does not decrypt, an event we do not handle: never
             # echo lark-oapi's message (it can quote the request)
             return web.json_response({"msg": "rejected"}, status=401)
+        if messages and not self.ready.is_set():
+            # the bot's own identity is not known yet (set-up still retrying): it could not tell a mention
+            return web.json_response({"msg": "not ready"}, status=503)
         for payload in messages:
             try:
                 await self.accept(payload)  # returns once core has stored it

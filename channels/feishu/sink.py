@@ -302,8 +302,10 @@ class CardStream:
         if part is not None and part.formatting == _PLAIN:
             # the card markdown was refused: the card keeps what it showed, closed; the plain part is sent
             await set_card(self._ops.api, card, card.content, close=True)
+            self.card = None
             return None
         await set_card(self._ops.api, card, part.text if part is not None else card.content, close=True)
+        self.card = None  # finished: a part sent after it gets a card of its own
         return message_id
 
     async def note_below(self) -> None:
