@@ -57,9 +57,13 @@ async def bridge(request: Any, tmp_path: Any, fake_openai: FakeOpenAI, fake: Fak
 
 
 async def test_a_reply_streams_into_one_card_and_ends_closed(bridge, fake_openai, fake):
-    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.02))
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, chunk_size=4, hold=hold, hold_after=30))
     t = await bridge()
     asked = await t.say("capital of France?")
+    await t.wait_for(lambda: fake.cards and next(iter(fake.cards.values())).streaming)  # streaming, unfinished
+    assert fake.messages[asked.message_id].reactions  # the working reaction meanwhile
+    hold.set()
     await t.settle()
     [msg] = fake.shown(CHAT)
     assert msg.parent_id == asked.message_id  # a reply to the user's message
@@ -285,10 +289,13 @@ async def test_a_rate_limit_on_the_final_update_waits_out_the_reset_then_shows_t
         bridge, fake_openai, fake):
     clock = ManualClock()
     fake.clock = lambda: clock.t  # the fake stamps calls with the same (virtual) time
-    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.02))
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, chunk_size=4, hold=hold, hold_after=30))
     t = await bridge(clock=clock, core={"delivery_wait_timeout": 3.0})
     limited = fake.rate_limit("card.settings", reset=30)  # the call that closes the card
     await t.say("capital of France?")
+    await t.wait_for(lambda: fake.cards)
+    hold.set()
     await t.settle(timeout=20)
     assert limited.hits == 1
     [msg] = fake.shown(CHAT)
@@ -339,13 +346,13 @@ async def test_a_revoked_tenant_token_is_refreshed_once_and_the_reply_arrives(br
 async def test_cardkit_refused_streams_into_a_card_message_instead(bridge, fake_openai, fake):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.02))
     t = await bridge()
-    fake.fail("card.create", status=400, code=99991672, msg="no permission: cardkit:card:write", times=1)
-    fake.fail("card.create", status=400, code=230027, msg="lack of necessary permissions", times=1)
+    fake.fail("card.create", status=400, code=99991672, msg="no permission: cardkit:card:write", times=100)
     await t.say("capital of France?")
     await t.settle()
     assert t.texts() == [ANSWER]
     [msg] = fake.shown(CHAT)
     assert msg.msg_type == "interactive" and fake.card_of(msg) is None  # a JSON card message
+    assert fake.count("card.create") == 1  # refused once: not asked again for this reply
 
 
 async def test_a_final_update_failing_for_good_falls_back_once_with_a_note_on_the_card(bridge, fake_openai, fake):
@@ -377,15 +384,19 @@ async def test_a_card_that_cannot_be_sent_falls_back_to_one_plain_reply(bridge, 
 
 
 async def test_transient_final_failures_then_success_send_no_fallback(bridge, fake_openai, fake):
-    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.02))
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, chunk_size=4, hold=hold, hold_after=30))
     t = await bridge()
     fake.fail("card.settings", status=503, code=1500, times=2)
     await t.say("capital of France?")
+    await t.wait_for(lambda: fake.cards)
+    hold.set()
     await t.settle()
     [msg] = fake.shown(CHAT)
     card = fake.card_of(msg)
     assert card is not None and card.text == ANSWER and not card.streaming
     assert [m.msg_type for m in fake.shown(CHAT)] == ["interactive"]
+    assert len(fake.calls_to("card.settings")) == 3  # two transient failures, then the close
 
 
 async def test_healthz_state_follows_the_channel(bridge):
@@ -598,7 +609,8 @@ async def test_the_long_connection_acks_before_core_stores_and_tells_the_sender_
 
 async def test_a_split_reply_whose_last_card_fails_resends_only_the_missing_part(bridge, fake_openai, fake):
     reply = long_reply()
-    fake_openai.script(Text(reply, chunk_size=400, delay=0.005))
+    hold = asyncio.Event()
+    fake_openai.script(Text(reply, chunk_size=400, hold=hold, hold_after=2000))
     t = await bridge()
 
     def later_card(call: Any) -> bool:  # every card but the first refuses to close
@@ -607,6 +619,8 @@ async def test_a_split_reply_whose_last_card_fails_resends_only_the_missing_part
     fake.fail("card.settings", status=400, code=99992402, msg="field validation failed", times=1000,
               when=later_card)
     await t.say("write a lot")
+    await t.wait_for(lambda: fake.cards)  # the first card streams
+    hold.set()
     await t.settle(timeout=30)
     shown = fake.shown(CHAT)
     cards = [fake.card_of(m) for m in shown if fake.card_of(m) is not None]

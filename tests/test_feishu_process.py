@@ -5,6 +5,8 @@ its own thread) and over the webhook on the [web] server; ``/healthz`` names the
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,8 @@ from aiohttp import web
 from tests.fakes.feishu import FakeFeishu, FakeLongConnection, WebhookSender
 from tests.fakes.feishu.events import Mention, message_event
 from tests.fakes.feishu.harness import CHAT, KEY, TOKEN
-from tests.fakes.openai_server import FakeOpenAI, Text
+from tests.fakes.feishu.openapi import card_buttons
+from tests.fakes.openai_server import FakeOpenAI, Text, ToolCalls
 from tests.support.process import BridgeProcess
 from tests.test_app import free_port
 
@@ -133,3 +136,61 @@ async def test_run_answers_over_the_webhook(tmp_path: Path, fake_openai: FakeOpe
             assert KEY not in bridge.log() and fake.app_secret not in bridge.log()
         finally:
             await bridge.stop()
+
+
+def open_approvals(tmp_path: Path) -> str:
+    """The approval requests the running bridge has recorded as open (read as another process would)."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "chatbridge.db")) as db:
+        row = db.execute("SELECT value FROM channel_state WHERE channel = 'feishu' AND name = 'open_approvals'"
+                         ).fetchone()
+    return row[0] if row else ""
+
+
+async def test_an_approval_card_left_waiting_by_a_crash_shows_the_restart(tmp_path: Path,
+                                                                        fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(ToolCalls([("current_time", "{}")], ids=["call_A"]))
+    async with FakeFeishu() as fake:
+        fake.chat(CHAT)
+        port = free_port()
+        path = config(tmp_path, fake_openai.base_url, port,
+                      f'app_id = "{fake.app_id}"\napp_secret = "{fake.app_secret}"\ndomain = "{fake.base_url}"\n'
+                      f'mode = "webhook"\nverification_token = "{TOKEN}"\nencrypt_key = "{KEY}"\n'
+                      '[agent]\ntitles = false\ntool_approval = { current_time = "ask" }\n')
+        sender = WebhookSender(f"http://127.0.0.1:{port}/feishu/events", TOKEN, fake.app_id, KEY)
+
+        def request() -> Any:
+            return next((m for m in fake.shown(CHAT) if m.msg_type == "interactive" and card_buttons(m.content)),
+                        None)
+
+        bridge = await BridgeProcess(path, tmp_path / "bridge.log").start()
+        try:
+            async def serving() -> bool:
+                body = await healthz(port)
+                return bool(body) and body["channels"].get("feishu") == "webhook"
+            await wait_for(serving, bridge)
+            msg = fake.user_message(CHAT, "what time is it?")
+            sent = await sender.send(sender.message("@_user_1 what time is it?", chat_id=CHAT,
+                                                    message_id=msg.message_id,
+                                                    mentions=[Mention(fake.bot_name, fake.bot_open_id)]))
+            assert sent.status == 200
+
+            async def recorded() -> bool:
+                return request() is not None and "message_id" in open_approvals(tmp_path)
+            await wait_for(recorded, bridge)
+            await bridge.kill()
+        finally:
+            await bridge.stop()
+        asked = request()
+        allow = card_buttons(asked.content)[0][1]
+
+        again = await BridgeProcess(path, tmp_path / "bridge.log").start()
+        try:
+            async def closed() -> bool:
+                shown = fake.messages[asked.message_id]
+                return not card_buttons(shown.content) and "the bridge restarted" in fake.text_of(shown)
+            await wait_for(closed, again)
+            late = await sender.send(sender.card_action(allow, message_id=asked.message_id, chat_id=CHAT))
+            assert late.status == 200 and "no longer pending" in late.text
+        finally:
+            assert await again.stop() == 0
+        assert len(fake_openai.requests) == 1  # the tool never ran: nothing asked the model again

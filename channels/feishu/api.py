@@ -73,7 +73,7 @@ CHAT_LIMIT_PAUSE = 1.0
 TOKEN_ERRORS = frozenset({99991661, 99991663, 99991665})
 NOT_FOUND = frozenset({230011, 230110, 200740, 200750, 231003})
 FORMAT = frozenset({230099, 200621, 11310, 200570, 200220, 300303})
-TRANSIENT = frozenset({1500, 2200, 5000, 300120, 99991672, 1, 1000})
+TRANSIENT = frozenset({1500, 2200, 5000, 300120})
 TOKEN_EARLY = 600.0
 """Seconds before its expiry a tenant token is replaced (as lark-oapi's own cache does)."""
 

@@ -77,6 +77,8 @@ log = logging.getLogger(__name__)
 _OPERATOR = FeishuConfig()
 NOT_TAKEN = "Sorry, I could not take that message just now. Please send it again."
 TRY_AGAIN = "Please try again in a moment."
+RESTARTED = "⛔ Denied: the bridge restarted."
+OPEN_APPROVALS = "open_approvals"
 FRESHNESS = 300.0
 """Seconds a signed webhook request may be old (or early)."""
 
@@ -197,6 +199,8 @@ class FeishuChannel:
         self.host = host
         self.settings = settings
         self.calls = calls or Calls(Throttle())
+        if self.calls.observe is None:
+            self.calls.observe = host.count_call  # every Open API attempt shows in /metrics
         self.api = api or FeishuApi(settings.app_id, settings.app_secret, settings.domain,
                                     timeout=settings.request_timeout)
         self.stream_interval = settings.stream_interval
@@ -213,6 +217,7 @@ class FeishuChannel:
         self._receiving = False
         self._state = "stopped"
         self._setup: asyncio.Task[None] | None = None
+        self._saving = asyncio.Lock()
         host.set_deciders(settings.allow_from)
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -239,6 +244,7 @@ class FeishuChannel:
         while self._receiving:
             try:
                 self.bot_open_id = await self.calls.call(self.api.bot_open_id)
+                await self.close_left_over()
                 break
             except PlatformError as exc:
                 delays = self.settings.setup_backoff
@@ -429,6 +435,7 @@ class FeishuChannel:
             return approvals.toast("info", approvals.GONE)
         line = approvals.outcome_line(decision, who.user_id or who.open_id)
         entry.outcome = line
+        self.host.spawn(f"feishu:approvals:{entry.ref}", self.save_open_approvals())
         card = approvals.decided_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by, line)
         kind: approvals.ToastKind = "success" if decision == "allow" else "info"
         return approvals.toast_with_card(kind, approvals.ALLOWED if decision == "allow" else approvals.DENIED, card)
@@ -443,6 +450,45 @@ class FeishuChannel:
             await self.calls.call(lambda: self.api.patch_card(message_id, card))
         except PlatformError as exc:
             log.warning("could not mark an approval card as ended: %s", exc)
+        await self.save_open_approvals()
+
+    # Approvals do not outlive the process (a restart ends the turn that waited for them), but their cards
+    # would: every posted request that has not ended is kept in the channel's durable state, and the next
+    # start marks each one as denied by the restart, so a button nobody can act on never looks live.
+
+    async def save_open_approvals(self) -> None:
+        async with self._saving:  # one writer at a time, each writing the newest state
+            open_now = [{"ref": e.ref, "message_id": e.message_id, "tool": e.tool_name, "arguments": e.arguments,
+                         "requested_by": e.requested_by}
+                        for e in self.pending_approvals.open()]
+            try:
+                await self.host.set_state(OPEN_APPROVALS, json.dumps(open_now))
+            except Exception as exc:
+                log.warning("could not record the open approval requests: %s", exc)
+
+    async def close_left_over(self) -> None:
+        """Start-up: every approval card a previous process left with live buttons says the restart denied it."""
+        try:
+            raw = await self.host.get_state(OPEN_APPROVALS)
+            left = json.loads(raw) if raw else []
+        except Exception as exc:  # unreadable state must not keep the channel from starting
+            log.warning("could not read the approvals left open by the last run: %s", exc)
+            return
+        for item in left if isinstance(left, list) else []:
+            try:
+                entry = PendingApproval(str(item["ref"]), "", "", str(item["tool"]), str(item["arguments"]),
+                                        item.get("requested_by"), message_id=str(item["message_id"]))
+                card = approvals.decided_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by,
+                                              RESTARTED)
+            except (KeyError, TypeError, ValueError):
+                continue
+            try:
+                await self.calls.call(lambda m=entry.message_id, c=card: self.api.patch_card(m, c))  # type: ignore[misc]
+            except PlatformError as exc:
+                log.warning("could not close an approval card left by the last run: %s", exc)
+        if left:
+            log.info("closed %d approval request(s) left open by the last run", len(left))
+            await self.save_open_approvals()
 
     # ---- webhook -------------------------------------------------------------------------------
 

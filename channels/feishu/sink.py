@@ -72,10 +72,11 @@ def uuid_for(key: str) -> str:
     return key if len(key) <= 50 else hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
-def streaming_card(content: str) -> dict[str, Any]:
-    return {"schema": "2.0",
-            "config": {"streaming_mode": True, "update_multi": True, "summary": {"content": "[…]"},
-                       "streaming_config": {"print_strategy": "fast"}},
+def streaming_card(content: str, *, streaming: bool = True) -> dict[str, Any]:
+    config: dict[str, Any] = {"streaming_mode": streaming, "update_multi": True}
+    if streaming:
+        config.update({"summary": {"content": "[…]"}, "streaming_config": {"print_strategy": "fast"}})
+    return {"schema": "2.0", "config": config,
             "body": {"elements": [{"tag": "markdown", "element_id": ANSWER, "content": content or PLACEHOLDER}]}}
 
 
@@ -174,7 +175,11 @@ class FeishuOps:
     async def send(self, part: Part, key: str) -> str:
         stream = self.current
         if stream is not None and part.formatting != _PLAIN and not self._channel.cardkit_refused:
-            return await stream.freeze(part)  # the streaming card (or a new one) becomes this finished part
+            try:
+                return await stream.freeze(part)  # the streaming card (or a new one) becomes this finished part
+            except PlatformError as exc:
+                if exc.kind != "unsupported":
+                    raise
         if part.formatting == _PLAIN:
             message_id = await self.post("text", json.dumps({"text": part.text}, ensure_ascii=False), key)
             self.kinds[message_id] = "text"
@@ -250,16 +255,16 @@ class CardStream:
         self._ops = ops
         self.card: CardState | None = None
 
-    async def _open(self, content: str) -> CardState:
+    async def _open(self, content: str, *, streaming: bool = True) -> CardState:
         ops = self._ops
         try:
-            card_id = await ops.api.create_card(streaming_card(content))
+            card_id = await ops.api.create_card(streaming_card(content, streaming=streaming))
         except PlatformError as exc:
             if exc.transient or exc.kind == "not_found":
                 raise
             ops._channel.cardkit_refused = True
             raise PlatformError(f"CardKit refused: {exc}", kind="unsupported") from None
-        self.card = CardState(card_id, content or PLACEHOLDER)
+        self.card = CardState(card_id, content or PLACEHOLDER, streaming=streaming)
         return self.card
 
     async def _sent(self, card: CardState) -> str:
@@ -288,7 +293,7 @@ class CardStream:
 
     async def freeze(self, part: Part) -> str:
         """The streaming card shows ``part`` for good; the next push opens a new card."""
-        card = self.card or await self._open(part.text)
+        card = self.card or await self._open(part.text, streaming=False)  # finished already: no streaming
         message_id = await self._sent(card)
         await set_card(self._ops.api, card, part.text, close=True)
         self.card = None
@@ -372,6 +377,7 @@ class FeishuPrompts:
         content = json.dumps(card, ensure_ascii=False)
         entry.message_id = await self._channel.calls.call(
             lambda: self._ops.post("interactive", content, entry.key), scopes=self._ops.scopes, idempotent=True)
+        await self._channel.save_open_approvals()
         return entry
 
     async def ended(self, handle: Any, line: str) -> None:
@@ -411,3 +417,7 @@ class PendingApprovals:
 
     def get(self, ref: str) -> PendingApproval | None:
         return self._by_ref.get(ref)
+
+    def open(self) -> list[PendingApproval]:
+        """Requests shown with their buttons that have not ended."""
+        return [e for e in self._by_ref.values() if e.outcome is None and e.message_id is not None]
