@@ -26,6 +26,10 @@ Then: our own messages are ignored, ``allow_from`` (open_id, user_id or union_id
 Commands (``/stop``, ``/new``, ``/help``, ``/compact``) are message text, with or without the @mention
 (the bot's mention is removed from the text).
 
+Approvals: each request is a card of its own with Allow / Deny buttons (``channels.feishu.sink``); a press
+is decided by core's rule through ``host.decide`` and answered with a toast and the decided card. Requests
+still open are kept in the channel's durable state, so the next start marks the cards a crash left behind.
+
 Sending: every call is one attempt through ``FeishuApi`` under the shared call policy: a chat's scope
 paces it (``stream_interval_ms``), a 99991400/230020 pauses that chat and the call is made again after
 the pause, 5xx and timeouts are retried, any other error is a failure of that call. The tenant token is
@@ -223,8 +227,8 @@ class FeishuChannel:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def state(self) -> str:
-        if self._state == "connected" and self.connection is not None and not self.connection.alive:
-            return ERROR
+        if self._receiving and self.connection is not None and not self.connection.alive:
+            return ERROR  # the long connection gave up (a refused app secret, too many connections)
         return self._state
 
     async def start(self) -> None:
