@@ -439,7 +439,8 @@ class FeishuChannel:
             return approvals.toast("info", approvals.GONE)
         line = approvals.outcome_line(decision, who.user_id or who.open_id)
         entry.outcome = line
-        self.host.spawn(f"feishu:approvals:{entry.ref}", self.save_open_approvals())
+        with contextlib.suppress(ShuttingDownError):  # recorded at the next change, or closed at the next start
+            self.host.spawn(f"feishu:approvals:{entry.ref}", self.save_open_approvals())
         card = approvals.decided_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by, line)
         kind: approvals.ToastKind = "success" if decision == "allow" else "info"
         return approvals.toast_with_card(kind, approvals.ALLOWED if decision == "allow" else approvals.DENIED, card)

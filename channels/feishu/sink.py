@@ -161,6 +161,7 @@ class FeishuOps:
         """message id → "card" (JSON card message) | "text"."""
         self.current: CardStream | None = None
         self.reaction: str | None = None
+        self._reacted = False
 
     async def post(self, msg_type: str, content: str, key: str) -> str:
         d = self.dest
@@ -205,9 +206,11 @@ class FeishuOps:
                 raise
 
     async def typing(self) -> None:
-        """The "working" reaction on the user's message (once per turn)."""
-        if self.reaction is None and self.dest.reply_to:
-            self.reaction = await self.api.react(self.dest.reply_to, WORKING_EMOJI)
+        """The "working" reaction on the user's message (tried once per turn)."""
+        if self._reacted or not self.dest.reply_to:
+            return
+        self._reacted = True
+        self.reaction = await self.api.react(self.dest.reply_to, WORKING_EMOJI)
 
     async def unreact(self) -> None:
         reaction, self.reaction = self.reaction, None
