@@ -634,3 +634,20 @@ async def test_a_split_reply_whose_last_card_fails_resends_only_the_missing_part
 
     shown_text = first.text + "".join(fake.text_of(m) for m in posts)
     assert sections(shown_text) == sections(reply)  # every part once, in order: the first card's is not resent
+
+
+async def test_the_plain_fallback_waits_out_a_rate_limit_and_arrives_once(bridge, fake_openai, fake):
+    clock = ManualClock()
+    fake.clock = lambda: clock.t
+    fake_openai.script(Text(ANSWER))
+    t = await bridge(clock=clock)
+    fake.fail("message.reply", status=400, code=230013, msg="refused", times=1000,
+              when=lambda c: c.body.get("msg_type") == "interactive")  # no card can be shown here
+    limited = fake.rate_limit("message.reply", reset=45, when=lambda c: c.body.get("msg_type") == "post")
+    await t.say("capital of France?")
+    await t.settle(timeout=20)
+    assert limited.hits == 1
+    assert [fake.text_of(m) for m in fake.shown(CHAT)] == [ANSWER.replace("**", "")]
+    refused = next(c for c in fake.calls_to("message.reply") if c.code == 99991400)
+    after = [c for c in fake.calls[fake.calls.index(refused) + 1:] if c.route == "message.reply"]
+    assert after and all(c.at >= refused.at + 45 for c in after)
