@@ -651,3 +651,21 @@ async def test_the_plain_fallback_waits_out_a_rate_limit_and_arrives_once(bridge
     refused = next(c for c in fake.calls_to("message.reply") if c.code == 99991400)
     after = [c for c in fake.calls[fake.calls.index(refused) + 1:] if c.route == "message.reply"]
     assert after and all(c.at >= refused.at + 45 for c in after)
+
+
+async def test_a_card_past_feishus_ten_minute_streaming_limit_still_ends_with_the_full_answer(
+        bridge, fake_openai, fake):
+    now = [0.0]
+    fake.clock = lambda: now[0]
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, chunk_size=4, hold=hold, hold_after=30))
+    t = await bridge()
+    await t.say("capital of France?")
+    await t.wait_for(lambda: fake.cards)
+    now[0] += 601  # Feishu turns streaming off by itself after ten minutes
+    hold.set()
+    await t.settle()
+    [msg] = fake.shown(CHAT)
+    card = fake.card_of(msg)
+    assert card is not None and card.text == ANSWER and not card.streaming
+    assert any(c.code == 200850 for c in fake.calls_to("element.content"))  # the refusal that was handled

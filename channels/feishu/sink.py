@@ -149,7 +149,7 @@ class FeishuOps:
     """``MessageOps`` for one destination."""
 
     def __init__(self, channel: FeishuChannel, dest: Destination) -> None:
-        self._channel = channel
+        self.channel = channel
         self.api = channel.api
         self.dest = dest
         self.capabilities = Capabilities(limit=render.CARD_PART_BYTES, unit="bytes", measure=render.card_measure,
@@ -175,7 +175,7 @@ class FeishuOps:
 
     async def send(self, part: Part, key: str) -> str:
         stream = self.current
-        if stream is not None and part.formatting != _PLAIN and not self._channel.cardkit_refused:
+        if stream is not None and part.formatting != _PLAIN and not self.channel.cardkit_refused:
             try:
                 return await stream.freeze(part)  # the streaming card (or a new one) becomes this finished part
             except PlatformError as exc:
@@ -218,7 +218,7 @@ class FeishuOps:
             await self.api.unreact(self.dest.reply_to, reaction)
 
     def stream(self) -> NativeStream | None:
-        if self._channel.cardkit_refused:
+        if self.channel.cardkit_refused:
             return None
         self.current = CardStream(self)
         return self.current
@@ -265,7 +265,7 @@ class CardStream:
         except PlatformError as exc:
             if exc.transient or exc.kind == "not_found":
                 raise
-            ops._channel.cardkit_refused = True
+            ops.channel.cardkit_refused = True
             raise PlatformError(f"CardKit refused: {exc}", kind="unsupported") from None
         self.card = CardState(card_id, content or PLACEHOLDER, streaming=streaming)
         return self.card
@@ -283,11 +283,7 @@ class CardStream:
         card = self.card or await self._open(content)
         await self._sent(card)
         if card.content != (content or PLACEHOLDER):
-            try:
-                await set_card(self._ops.api, card, content, close=False)
-            except PlatformError as exc:
-                if code_of(exc) not in STREAMING_CLOSED:
-                    raise
+            await set_card(self._ops.api, card, content, close=False)
 
     async def push(self, snapshot: TurnSnapshot, text: str, change: TextChange | None) -> None:
         answer = render.card_markdown(text) if text.strip() else ""
