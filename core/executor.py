@@ -1,6 +1,7 @@
 """ConversationExecutor: the flow of one turn, top to bottom.
 
-1. persist the user message (source: channel, sender, received_at, reply_to)
+1. fetch the message's attachments (bounded; ``core.media.intake``), persist the user message (source:
+   channel, sender, received_at, reply_to, attachment references), tell the user about refused attachments
 2. TurnInputBuilder.prepare (system prompt + context + runtime context, once)
 3. TurnRunner (model ⟂ cancel; at most one overflow recovery)
 4. TurnCommitter (generation/state_version check, atomic persistence — a turn without an answer keeps
@@ -25,6 +26,7 @@ from core.envelope import InboundEnvelope, TurnTarget
 from core.events import EventBus, TurnStarted
 from core.failures import TurnFailure, TurnFailureKind, TurnFailurePresenter
 from core.input_builder import RuntimeContext, TurnInputBuilder
+from core.media.intake import AttachmentIntake, Intake, unread
 from core.messages import MessageSource, NewMessage
 from core.runner import Cancelled, Completed, Failed, Stale, TurnRunner, TurnRunOutcome
 from core.settings import CoreSettings
@@ -40,7 +42,7 @@ class ConversationExecutor:
     def __init__(self, *, store: Store, builder: TurnInputBuilder, runner: TurnRunner,
                  committer: TurnCommitter, delivery: TurnDeliveryService, plain: PlainSender,
                  presenter: TurnFailurePresenter, titles: TitleService, events: EventBus,
-                 settings: CoreSettings) -> None:
+                 settings: CoreSettings, intake: AttachmentIntake | None = None) -> None:
         self._store = store
         self._builder = builder
         self._runner = runner
@@ -51,6 +53,7 @@ class ConversationExecutor:
         self._titles = titles
         self._events = events
         self._settings = settings
+        self._intake = intake
 
     async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache) -> None:
         """Run one turn. ``context`` is the session worker's cache of its context between turns.
@@ -66,13 +69,15 @@ class ConversationExecutor:
         target = envelope.target()
         key = target.session_key
 
-        # 1. persist the user message
+        # 1. fetch the attachments, then persist the user message with their references
+        attachments = await self._take_attachments(envelope)
         try:
             message, record = await self._store.append_message(key, NewMessage(
                 role="user", content=envelope.content, received_at=envelope.received_at,
                 source=MessageSource(kind="user_input", from_channel=envelope.channel,
                                      from_user_id=envelope.sender_id, turn_id=turn_id,
-                                     reply_to=envelope.reply_to.message_id if envelope.reply_to else None)),
+                                     reply_to=envelope.reply_to.message_id if envelope.reply_to else None,
+                                     attachments=attachments.refs)),
                 begin_turn=(turn_id, target.model_dump_json()))  # the reply target survives a crash
             base_generation, base_state_version = record.generation, record.state_version
         except Exception as exc:
@@ -81,6 +86,8 @@ class ConversationExecutor:
             await self._plain.send(target, self._presenter.failure(TurnFailure(TurnFailureKind.INPUT_PERSISTENCE)))
             return f"failed ({TurnFailureKind.INPUT_PERSISTENCE.value})"
         context.appended(message, record)
+        if attachments.notes:
+            await self._plain.send(target, attachments.note_text() or "")
 
         controller = TurnController(turn_id, key)
         self._events.publish(TurnStarted(key, turn_id, controller))
@@ -125,6 +132,18 @@ class ConversationExecutor:
         return _outcome_label(outcome)
 
     # ---- steps ---------------------------------------------------------------------------------
+
+    async def _take_attachments(self, envelope: InboundEnvelope) -> Intake:
+        if not envelope.media:
+            return Intake()
+        if self._intake is None:  # no media store: each attachment is described as it was announced
+            return Intake(tuple(unread(item, "this bridge does not download attachments")
+                                for item in envelope.media))
+        try:
+            return await self._intake.take(envelope)
+        except Exception:  # a bug or a failing store: the words of the message are still answered
+            log.exception("the attachments of a message in %s could not be taken", envelope.key())
+            return Intake(tuple(unread(item, "it could not be read") for item in envelope.media))
 
     async def _start_delivery(self, target: TurnTarget, controller: TurnController) -> DeliveryHandle | None:
         try:

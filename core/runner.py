@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.agent.approvals import ApprovalBroker
@@ -70,7 +71,8 @@ class _RecoveryFailed(Exception):
 class TurnRunner:
     def __init__(self, provider: LLMProvider, builder: TurnInputBuilder, store: Store,
                  supervisor: TaskSupervisor, settings: CoreSettings, *, tools: ToolRegistry | None = None,
-                 broker: ApprovalBroker | None = None, compactor: Compactor | None = None) -> None:
+                 broker: ApprovalBroker | None = None, compactor: Compactor | None = None,
+                 images_rejected: Callable[[], None] | None = None) -> None:
         self._provider = provider
         self._builder = builder
         self._store = store
@@ -79,13 +81,15 @@ class TurnRunner:
         self._tools = tools or ToolRegistry()
         self._broker = broker or ApprovalBroker()
         self._compactor = compactor
+        self._images_rejected = images_rejected
 
     async def run(self, prepared: PreparedTurnInput, controller: TurnController, cancel: CancelSignal,
                   *, requested_by: str | None = None) -> TurnRunOutcome:
         snap = controller.snapshot
         loop = AgentLoop(provider=self._provider, tools=self._tools, broker=self._broker,
                          settings=self._settings, session_key=snap.session_key, turn_id=snap.turn_id,
-                         requested_by=requested_by, emit=controller.apply, spawn=self._supervisor.spawn)
+                         requested_by=requested_by, emit=controller.apply, spawn=self._supervisor.spawn,
+                         images_rejected=self._images_rejected)
         compaction: list[Summary] = []
         work = self._supervisor.spawn(f"turn:{snap.turn_id}:loop",
                                       self._run_loop(loop, prepared, controller, compaction))

@@ -33,9 +33,10 @@ from typing import Any, Generic, TypeVar, cast, get_args
 import aiosqlite
 from pydantic import TypeAdapter, ValidationError
 
-from core.messages import ChatMessage, MessageSource, NewMessage, Role, SourceKind, ToolCall
+from core.messages import AttachmentRef, ChatMessage, MessageSource, NewMessage, Role, SourceKind, ToolCall
 from core.store import (
     DEFAULT_TITLE,
+    AttachmentRecord,
     CommitResult,
     SessionRecord,
     StaleStateError,
@@ -135,6 +136,23 @@ MIGRATIONS: tuple[Migration, ...] = (
         ) WITHOUT ROWID
         """,
     ),
+    # 4: stored attachment files (core.media): the file is <data_dir>/media/<id>; messages keep references
+    (
+        """
+        CREATE TABLE attachments (
+            id           TEXT PRIMARY KEY,
+            session_key  TEXT NOT NULL,
+            kind         TEXT NOT NULL,
+            name         TEXT NOT NULL,
+            content_type TEXT NOT NULL,
+            size         INTEGER NOT NULL,
+            created_at   REAL NOT NULL,
+            claimed      INTEGER NOT NULL DEFAULT 1
+        )
+        """,
+        "CREATE INDEX attachments_created_at ON attachments (created_at)",
+        "CREATE INDEX attachments_unclaimed ON attachments (session_key) WHERE claimed = 0",
+    ),
 )
 
 
@@ -181,6 +199,7 @@ _MESSAGE_COLUMNS = (
     "id, session_key, seq, role, content, tool_calls, tool_call_id, source, received_at, created_at"
 )
 _M_MESSAGE_COLUMNS = ", ".join(f"m.{c.strip()}" for c in _MESSAGE_COLUMNS.split(","))
+_ATTACHMENT_COLUMNS = "id, session_key, kind, name, content_type, size, created_at, claimed"
 _TURN_COLUMNS = "turn_id, session_key, state, target_json, started_at, ended_at"
 _TRACE_COLUMNS = "session_key, turn_id, seq, kind, payload, created_at"
 
@@ -223,12 +242,25 @@ def _message_from_row(row: sqlite3.Row) -> ChatMessage:
             content=row["content"],
             tool_calls=tuple(ToolCall.model_construct(**c) for c in calls),
             tool_call_id=row["tool_call_id"],
-            source=MessageSource.model_construct(**source),
+            source=_source(source),
             received_at=row["received_at"],
             created_at=row["created_at"],
         )
     except (TypeError, ValueError, KeyError) as exc:
         raise StoreError(f"sqlite store: read a malformed message row ({type(exc).__name__})") from None
+
+
+_ATTACHMENTS: TypeAdapter[tuple[AttachmentRef, ...]] = TypeAdapter(tuple[AttachmentRef, ...])
+
+
+def _source(fields: dict[str, Any]) -> MessageSource:
+    """A stored source; its attachment references (few messages have any) are rebuilt as models."""
+    refs = fields.get("attachments")
+    if refs:
+        fields["attachments"] = _ATTACHMENTS.validate_python(refs)
+    elif refs is not None:
+        fields["attachments"] = ()
+    return MessageSource.model_construct(**fields)
 
 
 def _message_params(message: ChatMessage) -> tuple[Any, ...]:
@@ -786,6 +818,52 @@ class SqliteStore:
 
         running = await self._transaction("close_interrupted_turns", body)
         return [turn.model_copy(update={"state": "interrupted", "ended_at": now}) for turn in running]
+
+    # -- attachments
+
+    async def add_attachment(self, record: AttachmentRecord) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                f"INSERT INTO attachments ({_ATTACHMENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (record.id, record.session_key, record.kind, record.name, record.content_type, record.size,
+                 record.created_at, int(record.claimed)))
+
+        await self._transaction("add_attachment", body)
+
+    async def get_attachment(self, attachment_id: str) -> AttachmentRecord | None:
+        async with self._read("get_attachment") as conn:
+            rows = list(await conn.execute_fetchall(
+                f"SELECT {_ATTACHMENT_COLUMNS} FROM attachments WHERE id = ?", (attachment_id,)))
+        if not rows:
+            return None
+        row = rows[0]
+        return AttachmentRecord(id=row["id"], session_key=row["session_key"], kind=row["kind"], name=row["name"],
+                                content_type=row["content_type"], size=row["size"], created_at=row["created_at"],
+                                claimed=bool(row["claimed"]))
+
+    async def claim_attachments(self, ids: Sequence[str]) -> None:
+        if not ids:
+            return
+
+        def body(conn: sqlite3.Connection) -> None:
+            conn.executemany("UPDATE attachments SET claimed = 1 WHERE id = ?", [(i,) for i in ids])
+
+        await self._transaction("claim_attachments", body)
+
+    async def drop_unclaimed_attachments(self, key: str) -> list[str]:
+        def body(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute("DELETE FROM attachments WHERE session_key = ? AND claimed = 0 RETURNING id",
+                                (key,)).fetchall()
+            return [str(r[0]) for r in rows]
+
+        return await self._transaction("drop_unclaimed_attachments", body)
+
+    async def drop_expired_attachments(self, before: float) -> list[str]:
+        def body(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute("DELETE FROM attachments WHERE created_at < ? RETURNING id", (before,)).fetchall()
+            return [str(r[0]) for r in rows]
+
+        return await self._transaction("drop_expired_attachments", body)
 
     # -- channel state
 
