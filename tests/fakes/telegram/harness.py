@@ -15,6 +15,7 @@ from channels.common.throttle import ChatThrottle, Clock
 from channels.telegram.channel import TelegramChannel, TelegramSettings
 from channels.telegram.client import TelegramClient
 from channels.telegram.factory import make_bot
+from core.media.transcribe import Transcriber
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram.server import FakeTelegram
 from tests.support.harness import Harness, make_harness
@@ -63,8 +64,9 @@ class TelegramHarness:
 
 async def telegram_harness(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, *,
                            clock: Clock | None = None, core: dict[str, Any] | None = None,
-                           start: bool = True, limit: int = 4096, **settings: Any) -> TelegramHarness:
-    h = await make_harness(tmp_path, fake_openai, start=False, **(core or {}))
+                           start: bool = True, limit: int = 4096, transcriber: Transcriber | None = None,
+                           **settings: Any) -> TelegramHarness:
+    h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber, **(core or {}))
     s = dataclasses.replace(TEST_SETTINGS, **settings)
     bot = make_bot(tg.token, tg.base_url)
     throttle = ChatThrottle(s.edit_interval, clock=clock)
