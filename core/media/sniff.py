@@ -3,7 +3,8 @@
 The answer decides how a file is read for the model and how the web chat serves it, so it comes from the
 bytes alone: a known binary signature (through ``puremagic``), else text when the bytes decode as text, else
 an opaque file. Only the four image formats every vision API accepts count as images; anything else that calls
-itself an image (SVG, which is a script-capable document, BMP, TIFF...) is an opaque file.
+itself an image is not one here: SVG (a script-capable XML document) is read as text and BMP or TIFF are
+opaque files, and none of them is ever served inline.
 """
 
 from __future__ import annotations
