@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any
@@ -70,7 +71,7 @@ class ConversationExecutor:
         key = target.session_key
 
         # 1. fetch the attachments, then persist the user message with their references
-        attachments = await self._take_attachments(envelope)
+        attachments = await self._take_attachments(envelope, cancel)
         try:
             message, record = await self._store.append_message(key, NewMessage(
                 role="user", content=envelope.content, received_at=envelope.received_at,
@@ -133,14 +134,24 @@ class ConversationExecutor:
 
     # ---- steps ---------------------------------------------------------------------------------
 
-    async def _take_attachments(self, envelope: InboundEnvelope) -> Intake:
+    async def _take_attachments(self, envelope: InboundEnvelope, cancel: CancelSignal) -> Intake:
+        """The message's attachments, fetched and read; ``/stop`` abandons the downloads at once."""
         if not envelope.media:
             return Intake()
         if self._intake is None:  # no media store: each attachment is described as it was announced
             return Intake(tuple(unread(item, "this bridge does not download attachments")
                                 for item in envelope.media))
         try:
-            return await self._intake.take(envelope)
+            async with asyncio.timeout(None) as scope:
+                loop = asyncio.get_running_loop()
+                unsubscribe = cancel.on_set(lambda: scope.reschedule(loop.time()))
+                try:
+                    return await self._intake.take(envelope)
+                finally:
+                    unsubscribe()
+        except TimeoutError:  # stopped: nothing half-downloaded is kept (core.media.files)
+            return Intake(tuple(unread(item, "the reply was stopped before it was downloaded")
+                                for item in envelope.media))
         except Exception:  # a bug or a failing store: the words of the message are still answered
             log.exception("the attachments of a message in %s could not be taken", envelope.key())
             return Intake(tuple(unread(item, "it could not be read") for item in envelope.media))

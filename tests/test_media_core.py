@@ -95,8 +95,10 @@ class DownloadingChannel(TestChannel):
         self.fail_after: int | None = None
         self.hang = False
         self.closed: list[str] = []
+        self.fetching = asyncio.Event()
 
     async def fetch_attachment(self, item: MediaItem, target: TurnTarget) -> AsyncGenerator[bytes, None]:
+        self.fetching.set()
         try:
             if item.file_id not in self.files:
                 raise FetchError("no such file")
@@ -144,6 +146,19 @@ async def test_a_download_that_takes_too_long_is_abandoned(tmp_path, fake_openai
     await h.settle()
     assert channel.platform.plain("c1") == ["⚠️ photo: it took too long to download."]
     assert media_files(tmp_path) == [] and channel.closed == ["f"]  # the channel's generator was closed
+    await h.core.shutdown()
+
+
+async def test_stop_abandons_a_download_at_once(tmp_path, fake_openai):
+    h, channel = await downloading_harness(tmp_path, fake_openai)
+    channel.files["f"] = bytes(5000)
+    channel.hang = True
+    await h.core.submit(channel.envelope("here", media=(MediaItem(kind="photo", file_id="f"),)))
+    await asyncio.wait_for(channel.fetching.wait(), 5)
+    assert await h.core.stop("files:c1")
+    await h.settle()  # within its bound, far below the two minutes of the fetch timeout
+    assert media_files(tmp_path) == [] and channel.closed == ["f"]
+    assert fake_openai.requests == []
     await h.core.shutdown()
 
 

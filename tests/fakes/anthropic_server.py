@@ -16,6 +16,8 @@ Tests script replies in order::
 
 Like the real API under the ``anthropic-version`` the SDK pins, a body with ``temperature``, ``top_p`` or
 ``top_k`` gets a 400. Every waiting reply (``Hang``, ``Text(hold=...)``) also wakes up when the server stops.
+Image blocks are checked as the API checks them (base64 source, one of the four image types, at most 5 MB of
+base64: otherwise a 400); ``image_blocks(body)`` decodes them for assertions.
 """
 
 from __future__ import annotations
