@@ -29,6 +29,7 @@ from core.sqlite_store import SqliteStore
 from core.store import StoreError
 from core.tools.base import ToolRegistry
 from core.tools.builtin import CurrentTime, FetchUrl
+from core.tools.mcp import McpManager
 
 log = logging.getLogger("chatbridge")
 
@@ -145,15 +146,21 @@ def build_channels(config: AppConfig, core: ChatCore, app: web.Application) -> l
     return channels
 
 
-def build_http_app(channels: list[Channel]) -> web.Application:
+def build_http_app(channels: list[Channel], mcp: McpManager | None = None) -> web.Application:
     app = web.Application()
 
     async def healthz(_: web.Request) -> web.Response:
         states = {c.name: c.state() for c in channels}
+        body: dict[str, object] = {"channels": states}
+        if mcp is not None and mcp.sources():
+            # Shown, but never the reason for a 503: an MCP server only adds tools, and while one is away the
+            # chat still works (its tools answer that it is restarting). Taking the bridge out of a load
+            # balancer for it would cost every conversation for the sake of a few tool calls.
+            body["mcp_servers"] = mcp.states()
         failing = sorted(name for name, state in states.items() if state == ERROR)
         if failing:
-            return web.json_response({"status": "error", "failing": failing, "channels": states}, status=503)
-        return web.json_response({"status": "ok", "channels": states})
+            return web.json_response({"status": "error", "failing": failing, **body}, status=503)
+        return web.json_response({"status": "ok", **body})
 
     app.router.add_get("/healthz", healthz)
     return app
@@ -187,7 +194,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
             loop.add_signal_handler(sig, stop.set)
 
     channels: list[Channel] = []
-    app = build_http_app(channels)
+    app = build_http_app(channels, mcp)
     try:
         channels.extend(build_channels(config, core, app))
     except (StartupError, ChannelStartupError) as exc:

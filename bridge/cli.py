@@ -89,8 +89,10 @@ def _check(option: str | None) -> int:
     print(json.dumps(config.masked_dump(), indent=2, ensure_ascii=False))
     print(f"config OK: {path or EMBEDDED_DEFAULT}")
     if config.agent.mcp_servers:
+        from bridge.logs import configure_logging
         from bridge.mcp import check_mcp_servers
 
+        configure_logging(config.bridge.log_level, config.secret_values())  # the servers' own output, masked
         lines, ok = asyncio.run(check_mcp_servers(config))
         print("\n".join(lines), flush=True)
         if not ok:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from typing import TextIO
 
 from bridge.config import AppConfig
-from core.tools.mcp import McpManager, McpServerConfig
+from channels.common.masking import mask
+from core.tools.mcp import McpManager, McpServerConfig, RestartPolicy
 
 log = logging.getLogger("chatbridge.mcp")
 
@@ -33,12 +33,20 @@ def _scrub(text: str, config: AppConfig) -> str:
     return text
 
 
-async def start_mcp_servers(config: AppConfig, *, errlog: TextIO | None = None) -> McpManager:
+def _manager(config: AppConfig, restart: RestartPolicy | None = None) -> McpManager:
+    """A manager whose servers' stderr lines are masked as every other text the operator sees: the config's
+    secret values (an MCP server's ``env`` values among them) and whatever looks like a credential."""
+    secrets = config.secret_values()
+    return McpManager(restart=restart, redact=lambda line: mask(line, secrets))
+
+
+async def start_mcp_servers(config: AppConfig, *, restart: RestartPolicy | None = None) -> McpManager:
     """Start every configured server (each bounded by its start-up timeout); log one line per server.
 
-    A server that fails is logged and left out; the others' tools are in ``manager.tools()``.
+    A server that fails is logged and left out; the others' tools are in ``manager.tools()``, and each of
+    them is brought back whenever it goes away (``restart``, default ``RestartPolicy()``).
     """
-    manager = McpManager(errlog=errlog)
+    manager = _manager(config, restart)
     configs = server_configs(config)
     if not configs:
         return manager
@@ -53,13 +61,13 @@ async def start_mcp_servers(config: AppConfig, *, errlog: TextIO | None = None) 
     return manager
 
 
-async def check_mcp_servers(config: AppConfig, *, errlog: TextIO | None = None) -> tuple[list[str], bool]:
+async def check_mcp_servers(config: AppConfig) -> tuple[list[str], bool]:
     """Start each configured server, list its tools, close it: report lines for ``chatbridge check``
     and whether every server started."""
     configs = server_configs(config)
     if not configs:
         return [], True
-    manager = McpManager(errlog=errlog)
+    manager = _manager(config)
     try:
         await manager.start(configs)
     finally:

@@ -5,7 +5,10 @@ Every platform channel gets a :class:`ChannelHost`, bound to its name:
 - ``submit(envelope)`` hands one normalised inbound message to core; it returns once core has accepted it
   (or recognised it as a duplicate of an earlier one by the envelope's ``event_id``), so a channel
   acknowledges the platform (commits an offset, answers a webhook) only after it returns;
-- ``decide(...)`` answers a pending tool approval of one of this channel's sessions;
+- ``decide(...)`` answers a pending tool approval of one of this channel's sessions on behalf of a user;
+  core decides whether that user may (``core.agent.deciders``: the sender of the turn's message, or a user
+  the allow list given to ``set_deciders`` names) and says so in its answer, which the channel only
+  translates for the platform ("not yours", "no longer pending");
 - ``spawn(name, coro)`` runs work as a supervised task (bounded shutdown; a failed spawn raises);
 - ``get_state`` / ``set_state`` keep small durable values across restarts (a polling offset, a cursor);
 - ``mark_seen(key)`` is durable dedupe on the channel's own keys (e.g. a Slack ``event_id`` on top of the
@@ -29,11 +32,12 @@ tells the platform to redeliver (a 503, an offset left alone), never drops the m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
+from core.agent.deciders import Decider, DecideResult
 from core.envelope import InboundEnvelope
 from core.events import CoreEvent
 from core.media.library import Refusal as AttachmentRefused
@@ -45,8 +49,17 @@ from core.supervisor import ShuttingDownError
 if TYPE_CHECKING:
     from core.runtime import ChatCore
 
-__all__ = ["AttachmentRefused", "ChannelHost", "CoreHost", "MediaLimits", "SessionHost", "ShuttingDownError",
-           "SubmitResult"]
+__all__ = [
+    "AttachmentRefused",
+    "ChannelHost",
+    "CoreHost",
+    "DecideResult",
+    "Decider",
+    "MediaLimits",
+    "SessionHost",
+    "ShuttingDownError",
+    "SubmitResult",
+]
 
 T = TypeVar("T")
 Decision = Literal["allow", "deny"]
@@ -62,8 +75,15 @@ class ChannelHost(Protocol):
         """Hand one inbound message to core; returns after core accepted it (or dropped a duplicate)."""
         ...
 
-    def decide(self, session_key: str, tool_call_id: str, decision: Decision, decided_by: str | None = None) -> bool:
-        """Answer a pending approval; False when nothing is pending under that id (decided, timed out, over)."""
+    def set_deciders(self, allow_from: Iterable[str]) -> None:
+        """The users (ids or names, as in the channel's ``allow_from``) who may decide any approval of this
+        channel besides the sender of the turn's message; ``"*"`` names nobody. Until set: only the sender."""
+        ...
+
+    def decide(self, session_key: str, tool_call_id: str, decision: Decision,
+               decided_by: Decider | str | None) -> DecideResult:
+        """Answer a pending approval on behalf of ``decided_by`` (a bare string is a user id): DECIDED,
+        REFUSED (this user may not decide it; it stays pending) or NOT_PENDING (decided, timed out, over)."""
         ...
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -153,8 +173,12 @@ class CoreHost:
             raise ValueError(f"channel {self._channel!r} cannot submit as {envelope.channel!r}")
         return await self._core.submit(envelope)
 
-    def decide(self, session_key: str, tool_call_id: str, decision: Decision, decided_by: str | None = None) -> bool:
-        return self._core.decide(self._own(session_key), tool_call_id, decision, decided_by)
+    def set_deciders(self, allow_from: Iterable[str]) -> None:
+        self._core.set_deciders(self._channel, allow_from)
+
+    def decide(self, session_key: str, tool_call_id: str, decision: Decision,
+               decided_by: Decider | str | None) -> DecideResult:
+        return self._core.decide(self._own(session_key), tool_call_id, decision, decided_by, channel=self._channel)
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         return self._core.supervisor.spawn(name, coro)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Literal
 
 from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor, summary_message
+from core.agent.deciders import NOBODY_ELSE, Decider, DecideResult, Deciders
 from core.channel import Channel, ChannelRegistry
 from core.committer import TurnCommitter
 from core.delivery import PlainSender, TurnDeliveryService
@@ -61,6 +62,7 @@ class ChatCore:
         self._plain = PlainSender(self.channels, s)
         self.tools = tools or ToolRegistry()
         self.approvals = ApprovalBroker()
+        self._deciders: dict[str, Deciders] = {}
         self.vision = VisionPolicy(s.vision, provider.name, str(getattr(provider, "model", "")))
         self.media = MediaLibrary(media_dir, store, s) if media_dir is not None else None
         self._transcriber = transcriber
@@ -121,14 +123,22 @@ class ChatCore:
     async def stop(self, key: str) -> bool:
         return await self.sessions.stop(key)
 
+    def set_deciders(self, channel: str, allow_from: Iterable[str]) -> None:
+        """The users (ids or names, as in ``allow_from``) who may decide any approval of ``channel``'s
+        sessions besides the sender of the turn's message (``core.agent.deciders``)."""
+        self._deciders[channel] = Deciders(allow_from)
+
     def decide(self, session_key: str, tool_call_id: str, decision: Literal["allow", "deny"],
-               decided_by: str | None = None) -> bool:
-        """Answer a pending approval (snapshot.approvals) of ``session_key``. Returns False when there is no
-        such pending approval (already decided, timed out, or the turn ended). Who may decide is the
-        channel's call: ApprovalRequest.requested_by names the sender of the turn's message."""
+               decided_by: Decider | str | None, *, channel: str | None = None) -> DecideResult:
+        """Answer a pending approval (snapshot.approvals) of ``session_key`` on behalf of ``decided_by``.
+
+        Core decides who may: the sender of the turn's message, or a user the allow list of ``channel``
+        (the session's channel) names; anyone else gets REFUSED and the approval stays pending. NOT_PENDING
+        when nothing is pending under that id (already decided, timed out, or the turn ended)."""
         if decision not in ("allow", "deny"):
             raise ValueError(f"decision must be 'allow' or 'deny', not {decision!r}")
-        return self.approvals.decide(session_key, tool_call_id, decision, decided_by)
+        deciders = self._deciders.get(channel, NOBODY_ELSE) if channel is not None else NOBODY_ELSE
+        return self.approvals.decide(session_key, tool_call_id, decision, decided_by, deciders)
 
     async def compact(self, key: str) -> str:
         """/compact: summarize the session's context now (not while a reply is being written)."""

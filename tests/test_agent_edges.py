@@ -8,6 +8,7 @@ from typing import Any
 
 from bridge.app import build_tools
 from bridge.config import load_config
+from core.agent.deciders import DecideResult
 from core.events import TurnStarted
 from core.tools.base import ToolRegistry
 from tests.fakes.openai_server import HttpError, Text, ToolCalls
@@ -66,7 +67,7 @@ async def test_abort_during_a_pending_approval_denies_it(tmp_path, fake_openai):
     await h.settle()
     tail = [(e.kind, getattr(e, "reason", None)) for e in events[-2:]]
     assert tail == [("approval_decision", "abort"), ("abort", "stop")]
-    assert h.core.decide(KEY, "call_D", "allow") is False  # nothing pending any more
+    assert h.core.decide(KEY, "call_D", "allow", "u1") is DecideResult.NOT_PENDING  # nothing pending any more
     snap = next(e for e in h.events if isinstance(e, TurnStarted)).controller.snapshot
     assert snap.approvals == () and snap.state == "cancelled"
     await h.core.shutdown()

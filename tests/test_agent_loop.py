@@ -8,6 +8,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from core.agent.deciders import DecideResult
 from core.agent.events import TurnEvent
 from core.events import CoreEvent, TurnCommitted, TurnStarted
 from core.llm.provider import LLMToolSpec
@@ -190,9 +191,11 @@ async def test_ask_puts_an_approval_in_the_snapshot_and_decide_allows_it(tmp_pat
     assert [t.status for t in started.controller.snapshot.tools] == ["awaiting_approval"]
     assert tool.calls == []
 
-    assert h.core.decide(KEY, "call_UNKNOWN", "allow") is False
-    assert h.core.decide(KEY, "call_W", "allow", decided_by="alice") is True
-    assert h.core.decide(KEY, "call_W", "deny") is False  # already decided
+    assert h.core.decide(KEY, "call_UNKNOWN", "allow", "alice") is DecideResult.NOT_PENDING
+    assert h.core.decide(KEY, "call_W", "allow", decided_by="mallory") is DecideResult.REFUSED  # not the asker
+    assert tool.calls == []
+    assert h.core.decide(KEY, "call_W", "allow", decided_by="alice") is DecideResult.DECIDED
+    assert h.core.decide(KEY, "call_W", "deny", "alice") is DecideResult.NOT_PENDING  # already decided
     await h.settle()
     assert tool.calls == [{"path": "a.txt"}]
     order = [e.kind for e in events if not e.partial]

@@ -144,9 +144,13 @@ startup_timeout_seconds = 5
                 try:
                     async with http.get(f"{base}/healthz") as resp:
                         if resp.status == 200:
+                            health = await resp.json()
                             break
                 except aiohttp.ClientConnectionError:
                     await asyncio.sleep(0.05)
+            # a server that failed to start is shown, and does not make the bridge unhealthy
+            assert health == {"status": "ok", "channels": {"web": "serving"},
+                              "mcp_servers": {"echo": "connected", "broken": "failed"}}
             async with http.post(f"{base}/api/sessions") as resp:
                 sid = (await resp.json())["id"]
             async with http.post(f"{base}/api/sessions/{sid}/messages", json={"text": "please echo"}) as resp:

@@ -109,7 +109,7 @@ async def test_the_approval_request_shows_the_url_first_and_every_argument_in_fu
     assert pending.arguments == (ShownArgument("url", json.dumps(url), True),
                                  ShownArgument("note", json.dumps(decoy), False))
     assert pending.arguments_summary == f"url={json.dumps(url)}\nnote={json.dumps(decoy)}"
-    assert h.core.decide(KEY, "call_U", "deny")
+    assert h.core.decide(KEY, "call_U", "deny", "u1")
     await h.settle()
     await h.core.shutdown()
 

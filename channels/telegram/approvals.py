@@ -8,10 +8,11 @@ the whole request would not fit one message. A button's ``callback_data`` is
 ``ap:<ref>:<a|d>``, where ``ref`` is a random token that maps, in memory, to (session key, tool call id);
 it stays far below Telegram's 64-byte limit whatever the call id looks like.
 
-A press is honoured only from the user whose message started the turn (``ApprovalRequest.requested_by``)
-or, when ``allow_from`` is a list rather than "*", from a user on it; anyone else gets an alert and nothing
-changes. A decision goes to the channel host's ``decide``; the callback query is always answered, and the message is
-edited to show the decision (the edit carries no keyboard, which removes it). An approval that ends without
+Who may press is core's rule (``core.agent.deciders``: the user whose message started the turn or, when
+``allow_from`` is a list rather than "*", a user on it; the channel hands core its ``allow_from`` once).
+A press goes to the channel host's ``decide`` as the presser's id and username; a press core refuses gets
+an alert and nothing changes. The callback query is always answered, and after a decision the message is
+edited to show it (the edit carries no keyboard, which removes it). An approval that ends without
 a press (timed out, the turn stopped) is edited the same way by the sink; a press the bridge no longer
 knows (after a restart, or once the turn ended) is answered "no longer pending" and its keyboard removed.
 """
@@ -26,12 +27,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from aiogram.methods import AnswerCallbackQuery, EditMessageReplyMarkup, EditMessageText
-from aiogram.types import CallbackQuery, InlineKeyboardButton, InlineKeyboardMarkup, Message, User
+from aiogram.types import CallbackQuery, InlineKeyboardButton, InlineKeyboardMarkup, Message
 
 from channels.common.errors import PlatformError
 from channels.common.splitter import utf16_len
 from channels.telegram.adapter import sender_name
 from channels.telegram.render import MESSAGE_LIMIT
+from core.host import Decider, DecideResult
 from core.snapshot import ShownArgument
 
 if TYPE_CHECKING:
@@ -147,6 +149,7 @@ class ApprovalButtons:
     def __init__(self, channel: TelegramChannel) -> None:
         self._channel = channel
         self._by_ref: OrderedDict[str, PendingApproval] = OrderedDict()
+        channel.host.set_deciders(channel.settings.allow_from)
 
     def register(self, session_key: str, call_id: str, tool_name: str, arguments: Sequence[ShownArgument],
                  requested_by: str | None, chat_id: int) -> PendingApproval:
@@ -159,12 +162,6 @@ class ApprovalButtons:
 
     def get(self, ref: str) -> PendingApproval | None:
         return self._by_ref.get(ref)
-
-    def may_decide(self, user: User, entry: PendingApproval) -> bool:
-        if entry.requested_by is not None and str(user.id) == entry.requested_by:
-            return True
-        allow = self._channel.allow
-        return not allow.everyone and allow.allows(user)
 
     async def on_press(self, query: CallbackQuery) -> None:
         """Handle one callback query: always answered, at most one decision."""
@@ -181,12 +178,13 @@ class ApprovalButtons:
             if message is not None:
                 await self._drop_keyboard(message.chat.id, message.message_id)
             return
-        if not self.may_decide(query.from_user, entry):
+        user = query.from_user
+        result = self._channel.host.decide(entry.session_key, entry.call_id, decision,
+                                           decided_by=Decider(str(user.id), (user.username,) if user.username else ()))
+        if result is DecideResult.REFUSED:
             await self._answer(query, NOT_YOURS, alert=True)
             return
-        decided = self._channel.host.decide(entry.session_key, entry.call_id, decision,
-                                            decided_by=str(query.from_user.id))
-        if not decided:
+        if result is DecideResult.NOT_PENDING:
             entry.outcome = "ended"
             await self._answer(query, GONE)
             await self.show_outcome(entry, "⌛ No longer pending.")

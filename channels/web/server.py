@@ -45,7 +45,7 @@ from channels.web.context import CHANNEL, WebContext, session_id_of, session_key
 from channels.web.guard import RequestGuard, add_security_headers, is_chat_path
 from channels.web.sse import HEARTBEAT, Subscriber, encode_event
 from core.envelope import InboundEnvelope, MediaItem
-from core.host import AttachmentRefused, SessionHost, ShuttingDownError
+from core.host import AttachmentRefused, DecideResult, SessionHost, ShuttingDownError
 from core.media.sniff import IMAGE_TYPES
 from core.store import UnknownMessageError
 
@@ -427,7 +427,13 @@ class WebServer:
         decision = (await self._json(request)).get("decision")
         if decision not in ("allow", "deny"):
             return _error(400, "'decision' must be \"allow\" or \"deny\"")
-        if not self.host.decide(session_key(sid), call_id, decision, decided_by=SENDER):
+        # The web chat has no user identities: every client that passed the token check speaks as the one
+        # SENDER its messages are submitted as, so core lets it decide the pending approvals of the session it
+        # addresses, and no other session's (approvals are keyed by session).
+        result = self.host.decide(session_key(sid), call_id, decision, decided_by=SENDER)
+        if result is DecideResult.REFUSED:
+            return _error(403, "this approval was requested by someone else")
+        if result is not DecideResult.DECIDED:
             return _error(404, "no such pending approval (already decided, timed out, or the turn ended)")
         return web.json_response({"call_id": call_id, "decision": decision})
 

@@ -1,13 +1,15 @@
 """Approvals: one decision at a time, in tool-call order.
 
-``ApprovalBroker`` (one per ChatCore) holds the pending "ask" decisions so a channel can answer them
-through ``ChatCore.decide``. ``ApprovalGate`` (one per model request) takes each complete tool call in
-call order: policy ``deny`` (and unknown tools) block it with a synthetic output; otherwise its arguments
-are checked against the tool's schema first — a call that does not fit gets the reason as a failed output
-and is neither run nor offered for approval, so nobody approves something other than what would run.
-Then ``auto`` allows it at once, ``ask`` publishes an approval request showing every argument in full
-(``core.tools.arguments``) and waits for the user, the approval timeout, or abort. While an earlier call
-waits, later ones queue behind it; the LLM stream never waits for a decision.
+``ApprovalBroker`` (one per ChatCore) holds the pending "ask" decisions, each with the sender it was
+requested for, so a channel can answer them through ``ChatCore.decide``; who may answer is the rule of
+``core.agent.deciders``, checked here for every channel. ``ApprovalGate`` (one per model request) takes
+each complete tool call in call order: policy ``deny`` (and unknown tools) block it with a synthetic
+output; otherwise its arguments are checked against the tool's schema first — a call that does not fit
+gets the reason as a failed output and is neither run nor offered for approval, so nobody approves
+something other than what would run. Then ``auto`` allows it at once, ``ask`` publishes an approval
+request showing every argument in full (``core.tools.arguments``) and waits for the user, the approval
+timeout, or abort. While an earlier call waits, later ones queue behind it; the LLM stream never waits for
+a decision.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import asyncio
 import json
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from core.agent.deciders import NOBODY_ELSE, Decider, DecideResult, Deciders
 from core.agent.events import ApprovalDecided, ApprovalRequested, CompleteToolCall, Decision, ToolOutput, TurnEvent
 from core.agent.merge_queue import MergeQueue
 from core.tools.arguments import InvalidArguments, arguments_text, rejection, shown_arguments
@@ -29,27 +33,38 @@ DENIED_BY_TIMEOUT = "Tool call denied: nobody approved it in time."
 Verdict = tuple[Decision, str | None]
 
 
+@dataclass(slots=True)
+class _Pending:
+    future: asyncio.Future[Verdict]
+    requested_by: str | None
+
+
 class ApprovalBroker:
     """Pending approvals of every session, keyed by (session key, tool call id)."""
 
     def __init__(self) -> None:
-        self._pending: dict[tuple[str, str], asyncio.Future[Verdict]] = {}
+        self._pending: dict[tuple[str, str], _Pending] = {}
 
-    def open(self, session_key: str, call_id: str) -> asyncio.Future[Verdict]:
+    def open(self, session_key: str, call_id: str, requested_by: str | None = None) -> asyncio.Future[Verdict]:
         fut: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
-        self._pending[(session_key, call_id)] = fut
+        self._pending[(session_key, call_id)] = _Pending(fut, requested_by)
         return fut
 
     def close(self, session_key: str, call_id: str) -> None:
         self._pending.pop((session_key, call_id), None)
 
-    def decide(self, session_key: str, call_id: str, decision: Decision, decided_by: str | None) -> bool:
-        """Resolve a pending approval; False when there is none (already decided, timed out, aborted)."""
-        fut = self._pending.pop((session_key, call_id), None)
-        if fut is None or fut.done():
-            return False
-        fut.set_result((decision, decided_by))
-        return True
+    def decide(self, session_key: str, call_id: str, decision: Decision, decided_by: Decider | str | None,
+               deciders: Deciders = NOBODY_ELSE) -> DecideResult:
+        """Resolve a pending approval if ``decided_by`` may decide it (``core.agent.deciders``)."""
+        pending = self._pending.get((session_key, call_id))
+        if pending is None or pending.future.done():
+            return DecideResult.NOT_PENDING
+        decider = Decider.of(decided_by)
+        if decider is None or not deciders.may_decide(decider, pending.requested_by):
+            return DecideResult.REFUSED
+        del self._pending[(session_key, call_id)]
+        pending.future.set_result((decision, decider.id))
+        return DecideResult.DECIDED
 
     def pending(self, session_key: str) -> list[str]:
         return [call_id for (key, call_id) in self._pending if key == session_key]
@@ -126,7 +141,7 @@ class ApprovalGate:
         shown = shown_arguments(checker.parse(call.arguments), checker.schema) if checker is not None else ()
         self._queue.push(ApprovalRequested(call.call_id, call.name, arguments_text(shown), self._requested_by,
                                            shown))
-        fut = self._broker.open(self._key, call.call_id)
+        fut = self._broker.open(self._key, call.call_id, self._requested_by)
         try:
             decision, decided_by = await asyncio.wait_for(fut, self._timeout)
         except TimeoutError:

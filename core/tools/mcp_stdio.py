@@ -8,6 +8,11 @@ default environment, the server in a process group of its own, and on exit stdin
 then the SDK's own termination of the process group. ``ClientSession`` takes these streams like any
 transport's. (On Windows the SDK's transport is used as it is, without the bound.)
 
+The server's stderr is read line by line (each line bounded to ``MAX_STDERR_LINE`` bytes) and handed to
+the caller's ``stderr`` function, which logs it; the end of its stdout (the server exited, or is exiting)
+is reported to ``on_exit`` with the exit status, so a server that dies while nobody calls it is noticed at
+once rather than at the next call.
+
 stdout is read as bytes, and at most ``max_message_bytes`` of a line are kept: the rest of a longer line is
 read and dropped, and the message is rebuilt from its head by :func:`salvage`. A tool result keeps the text
 it had so far, marked as cut (and flagged in ``_meta`` under ``CUT_META``, with ``isError`` set so that the
@@ -20,9 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, TextIO
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 import anyio
 import pydantic_core
@@ -37,18 +43,24 @@ CUT_META = "chatbridge/cut_at_bytes"
 """``_meta`` key of a result rebuilt from the head of an oversized message: its full size in bytes."""
 EXIT_GRACE_SECONDS = 2.0
 """How long the server gets to exit on its own once its stdin is closed (the SDK waits as long)."""
+MAX_STDERR_LINE = 8192
+"""The most of one line of the server's stderr that is kept (the rest of a longer line is counted, not kept)."""
 
 
 @contextlib.asynccontextmanager
-async def bounded_stdio_client(command: str, args: Sequence[str], env: Mapping[str, str] | None, errlog: TextIO,
+async def bounded_stdio_client(command: str, args: Sequence[str], env: Mapping[str, str] | None,
+                               stderr: Callable[[str], None], on_exit: Callable[[int | None], None] | None = None,
                                max_message_bytes: int = MAX_MESSAGE_BYTES) -> AsyncIterator[tuple[Any, Any]]:
-    """Start the server and yield (read stream, write stream) for ``mcp.ClientSession``."""
+    """Start the server and yield (read stream, write stream) for ``mcp.ClientSession``.
+
+    ``stderr`` gets each line the server writes to its stderr; ``on_exit`` the server's exit status (None
+    when it closed its stdout but had not exited a moment later) once its stdout ends."""
     if sys.platform == "win32":  # pragma: no cover - the SDK spawns in a Job Object there
         from mcp import StdioServerParameters
         from mcp.client.stdio import stdio_client
 
         async with stdio_client(StdioServerParameters(command=command, args=list(args), env=dict(env or {})),
-                                errlog=errlog) as streams:
+                                errlog=sys.stderr) as streams:
             yield streams
         return
 
@@ -56,27 +68,30 @@ async def bounded_stdio_client(command: str, args: Sequence[str], env: Mapping[s
     from mcp.shared.message import SessionMessage
 
     process = await anyio.open_process([command, *args], env=get_default_environment() | dict(env or {}),
-                                       stderr=errlog, start_new_session=True)
+                                       stderr=subprocess.PIPE, start_new_session=True)
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+    stderr_done = anyio.Event()
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(_read, process, read_writer, max_message_bytes)
+            group.start_soon(_read, process, read_writer, max_message_bytes, on_exit)
             group.start_soon(_write, process, write_reader, read_writer)
+            group.start_soon(_read_stderr, process, stderr, stderr_done)
             try:
                 yield read_stream, write_stream
             finally:
                 with anyio.CancelScope(shield=True):
                     read_stream.close()  # the reader now only drains the pipe
                     await write_stream.aclose()
-                    await _stop(process)
+                    await _stop(process, stderr_done)
                 group.cancel_scope.cancel()
     finally:
         for stream in (read_stream, read_writer, write_stream, write_reader):
             await stream.aclose()
 
 
-async def _read(process: Process, out: MemoryObjectSendStream[Any], limit: int) -> None:
+async def _read(process: Process, out: MemoryObjectSendStream[Any], limit: int,
+                on_exit: Callable[[int | None], None] | None) -> None:
     assert process.stdout is not None
     head = bytearray()
     size = 0
@@ -107,6 +122,47 @@ async def _read(process: Process, out: MemoryObjectSendStream[Any], limit: int) 
                     pass
         except OSError:
             pass  # the pipe broke: the session sees the read stream end
+        if on_exit is not None:
+            # stdout ended: the server exited, or is about to. Its exit status is reported before the session
+            # sees the stream end, so a call cut short by the exit fails with that as its reason.
+            await _exited(process, EXIT_GRACE_SECONDS)
+            on_exit(process.returncode)
+
+
+async def _read_stderr(process: Process, sink: Callable[[str], None], done: anyio.Event,
+                       limit: int = MAX_STDERR_LINE) -> None:
+    """Each line of the server's stderr to ``sink``, until the pipe ends (kept short: see ``MAX_STDERR_LINE``)."""
+    assert process.stderr is not None
+    line = bytearray()
+    over = 0
+
+    def emit() -> None:
+        text = line.decode("utf-8", "replace").rstrip("\r")
+        if over:
+            text += f"… ({over:,} more bytes of this line not shown)"
+        if text.strip():
+            sink(text)
+
+    try:
+        async for chunk in process.stderr:
+            start = 0
+            while True:
+                newline = chunk.find(b"\n", start)
+                end = len(chunk) if newline < 0 else newline
+                room = max(limit - len(line), 0)
+                line += chunk[start:start + min(end - start, room)]
+                over += max(end - start - room, 0)
+                if newline < 0:
+                    break
+                emit()
+                line.clear()
+                over = 0
+                start = newline + 1
+        emit()
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        pass
+    finally:
+        done.set()
 
 
 async def _write(process: Process, messages: MemoryObjectReceiveStream[Any],
@@ -121,8 +177,9 @@ async def _write(process: Process, messages: MemoryObjectReceiveStream[Any],
         await reads.aclose()  # the server stopped reading: let the session see the end
 
 
-async def _stop(process: Process) -> None:
-    """stdin closed, a grace period, then the process group terminated (the SDK's own escalation)."""
+async def _stop(process: Process, stderr_done: anyio.Event) -> None:
+    """stdin closed, a grace period, then the process group terminated (the SDK's own escalation); what the
+    server wrote to stderr on its way out is read before the pipes are closed."""
     from mcp.os.posix.utilities import terminate_posix_process_tree
 
     for pipe in (process.stdin,):
@@ -132,6 +189,8 @@ async def _stop(process: Process) -> None:
     if not await _exited(process, EXIT_GRACE_SECONDS):
         await terminate_posix_process_tree(process, EXIT_GRACE_SECONDS)
         await _exited(process, EXIT_GRACE_SECONDS)
+    with anyio.move_on_after(EXIT_GRACE_SECONDS):  # a child of the server may still hold the pipe open
+        await stderr_done.wait()
     with anyio.move_on_after(EXIT_GRACE_SECONDS), \
             contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.aclose()

@@ -1,7 +1,13 @@
 """A small MCP server for the tests, written with the official SDK.
 
-``python echo_server.py`` serves over stdio; ``python echo_server.py --http`` serves streamable HTTP on an
-ephemeral port of 127.0.0.1 and prints ``PORT <n>`` on stdout once it is listening.
+``python echo_server.py`` serves over stdio; ``python echo_server.py --http [--port N]`` serves streamable
+HTTP on 127.0.0.1 (an ephemeral port unless ``--port`` names one) and prints ``PORT <n>`` on stdout once it
+is listening.
+
+It can be told to go away: the ``crash`` tool ends the process at once, the ``pid`` tool tells a test whom
+to kill, and with ``ECHO_FAIL_STARTS=<file>`` in its environment a start while the file holds a number above
+zero counts it down and exits at once with status 2 (a server that keeps failing to come back). ``stderr``
+writes a line to its stderr, ``stderr_env`` the value of one of its environment variables.
 """
 
 from __future__ import annotations
@@ -42,6 +48,26 @@ def crash() -> str:
 
 
 @server.tool()
+def pid() -> int:
+    """This server's process id."""
+    return os.getpid()
+
+
+@server.tool()
+def stderr(text: str) -> str:
+    """Write ``text`` as a line to this server's stderr."""
+    print(text, file=sys.stderr, flush=True)
+    return "written"
+
+
+@server.tool()
+def stderr_env(name: str) -> str:
+    """Write the value of one environment variable to this server's stderr."""
+    print(f"{name} is {os.environ.get(name, '')}", file=sys.stderr, flush=True)
+    return "written"
+
+
+@server.tool()
 async def sleep(seconds: float) -> str:
     """Sleep, then say so."""
     await asyncio.sleep(seconds)
@@ -60,12 +86,27 @@ def env(name: str) -> str:
     return os.environ.get(name, "")
 
 
-async def _serve_http() -> None:
+def _fail_start_if_told() -> None:
+    path = os.environ.get("ECHO_FAIL_STARTS")
+    if not path:
+        return
+    try:
+        left = int(open(path).read().strip() or 0)
+    except FileNotFoundError:
+        return
+    if left > 0:
+        with open(path, "w") as f:
+            f.write(str(left - 1))
+        print(f"failing this start on purpose ({left - 1} more to fail)", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
+async def _serve_http(port: int) -> None:
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     sock.listen(16)
     app = server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
@@ -75,7 +116,9 @@ async def _serve_http() -> None:
 
 
 if __name__ == "__main__":
-    if "--http" in sys.argv[1:]:
-        asyncio.run(_serve_http())
+    _fail_start_if_told()
+    argv = sys.argv[1:]
+    if "--http" in argv:
+        asyncio.run(_serve_http(int(argv[argv.index("--port") + 1]) if "--port" in argv else 0))
     else:
         server.run()
