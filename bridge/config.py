@@ -112,6 +112,12 @@ def _lower(value: Any) -> Any:
     return value.strip().lower() if isinstance(value, str) else value
 
 
+def _vision(value: Any) -> Any:
+    if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return value if isinstance(value, bool) else "auto"
+    raise PydanticCustomError("vision", 'expected "auto", true or false')
+
+
 # ---- sections ------------------------------------------------------------------------------------------
 
 
@@ -142,7 +148,7 @@ class LLMConfig(Section):
     max_output_tokens: Annotated[Annotated[Int, Field(ge=1)] | None, BeforeValidator(_empty_to_none)] = None
     model_path: Annotated[str | None, BeforeValidator(_empty_to_none)] = None
     temperature: Annotated[Annotated[Float, Field(ge=0, le=2)] | None, BeforeValidator(_empty_to_none)] = None
-    vision: Annotated[Literal["auto"] | bool, BeforeValidator(_lower)] = CORE.vision
+    vision: Annotated[Literal["auto"] | bool, BeforeValidator(_vision)] = CORE.vision
 
     @property
     def effective_base_url(self) -> str:
