@@ -199,8 +199,8 @@ def assemble(system_prompt: str, history: list[ChatMessage], runtime: RuntimeCon
             size += sum(len(tc.arguments) for tc in msg.tool_calls)
         if kept and used + size > budget_chars:
             break
-        images = tuple(a for a in stored.source.attachments if a.kind == "image" and not a.note) \
-            if stored.role == "user" else ()
+        refs = stored.source.attachments
+        images = tuple(a for a in refs if a.kind == "image" and not a.note) if refs and stored.role == "user" else ()
         chosen: tuple[AttachmentRef, ...] = ()
         if images and shown is not None:
             cost = IMAGE_CHARS * len(images)

@@ -25,7 +25,7 @@ from tests.fakes.anthropic_server import FakeAnthropic, image_blocks
 from tests.fakes.openai_server import Text, image_parts, last_user_text
 from tests.support.channel import TestChannel
 from tests.support.harness import make_harness
-from tests.support.media import jpeg, pdf, png
+from tests.support.media import jpeg, pdf, pdf_bomb, png
 
 RT = RuntimeContext(channel="test", now=0.0)
 
@@ -172,7 +172,7 @@ async def test_only_max_files_attachments_of_a_message_are_read(tmp_path, fake_o
     text = last_user_text(fake_openai.requests[0])
     assert "file a" in text and "file b" in text and "file c" not in text
     assert "c.txt. It could not be read: only 2 attachments of a message are read" in text
-    assert channel.platform.plain("c1") == ["⚠️ Only the first 2 attachments of a message are read; 1 were left out."]
+    assert channel.platform.plain("c1") == ["⚠️ Only the first 2 attachments of a message are read; 1 was left out."]
     await h.core.shutdown()
 
 
@@ -224,6 +224,19 @@ async def test_a_channel_without_a_fetcher_has_its_attachments_described(tmp_pat
     assert "r.pdf (1 KB). It could not be read: this chat's files cannot be downloaded" in \
         last_user_text(fake_openai.requests[0])
     assert h.platform.plain("c1") == []
+    await h.core.shutdown()
+
+
+async def test_a_pdf_bomb_is_refused_once_opened_and_not_kept(tmp_path, fake_openai):
+    h, channel = await downloading_harness(tmp_path, fake_openai)
+    channel.files["b"] = pdf_bomb()
+    await h.core.submit(channel.envelope("read this", media=(MediaItem(kind="document", file_id="b",
+                                                                       file_name="report.pdf"),)))
+    await h.settle()
+    assert channel.platform.plain("c1") == [
+        "⚠️ report.pdf: it unpacks to more data than documents may have here."]
+    assert "report.pdf (application/pdf, " in last_user_text(fake_openai.requests[0])
+    assert media_files(tmp_path) == []
     await h.core.shutdown()
 
 

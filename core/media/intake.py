@@ -74,12 +74,18 @@ class AttachmentIntake:
             refs.append(ref)
             if note:
                 notes.append(f"⚠️ {name}: {note}.")
-        if len(envelope.media) > limit:
-            notes.append(f"⚠️ Only the first {limit} attachments of a message are read; "
-                         f"{len(envelope.media) - limit} were left out.")
         documents = sum(1 for r in refs if r.id is not None and r.kind in ("text", "pdf") and not r.note)
         budget = max(1000, self._text_budget() // max(documents, 1))
-        read = [await self._read(ref, budget) for ref in refs]
+        read = []
+        for ref in refs:
+            done = await self._read(ref, budget)
+            if ref.id is not None and done.id is None:  # refused once opened (a PDF that unpacks too far)
+                notes.append(f"⚠️ {ref.name}: {done.note}.")
+            read.append(done)
+        if len(envelope.media) > limit:
+            left = len(envelope.media) - limit
+            notes.append(f"⚠️ Only the first {limit} attachments of a message are read; {left} "
+                         f"{'was' if left == 1 else 'were'} left out.")
         return Intake(tuple(read), tuple(notes))
 
     def _text_budget(self) -> int:
