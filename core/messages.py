@@ -49,8 +49,9 @@ class MessageSource(BaseModel):
     reply_to: str | None = None
     """Platform id of the message the user replied to (typed ReplyTo.message_id)."""
     turn_id: str | None = None
-    attachments: tuple[AttachmentRef, ...] = ()
-    """What the user sent along with the text (user_input), or what a compaction summary stands for."""
+    attachments: tuple[AttachmentRef, ...] = Field(default=(), exclude_if=lambda refs: not refs)
+    """What the user sent along with the text (user_input), or what a compaction summary stands for. Left out
+    of the stored JSON when empty (most messages have none)."""
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
