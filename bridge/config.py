@@ -206,6 +206,7 @@ class AgentConfig(Section):
     max_turns: Annotated[Int, Field(ge=1)] = CORE.max_turns
     approval: Literal["ask", "auto", "deny"] = DEFAULT_APPROVAL
     queue_capacity: Annotated[Int, Field(ge=1)] = CORE.queue_capacity
+    resume_max_age_seconds: Annotated[Float, Field(ge=0)] = CORE.resume_max_age
     session_idle_seconds: PositiveFloat = CORE.session_idle_seconds
     titles: bool = CORE.titles
     approval_timeout_seconds: PositiveFloat = CORE.approval_timeout
@@ -268,6 +269,7 @@ class AppConfig(Section):
             max_turns=self.agent.max_turns,
             approval_timeout=float(self.agent.approval_timeout_seconds),
             queue_capacity=self.agent.queue_capacity,
+            resume_max_age=float(self.agent.resume_max_age_seconds),
             session_idle_seconds=float(self.agent.session_idle_seconds),
             context_window=self.llm.context_window,
             retry_delays=tuple(float(d) for d in self.llm.retry_delays),

@@ -12,10 +12,15 @@ turn) and ``send_plain`` (fallbacks, notices, command replies). The bridge drive
 means the channel cannot work right now, and ``/healthz`` then answers 503 naming it.
 
 A channel is handed a narrow host (``core.host.ChannelHost``), never the core itself.
+
+Retries and pacing of platform calls are the channel's business (one policy per platform call, in
+``channels.common.calls``): core calls a sink's ``finish`` and a channel's ``send_plain`` once each and only
+bounds how long it waits, stretching that bound by any pause the platform imposed (429 retry_after).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 from core.envelope import TurnTarget
@@ -23,28 +28,36 @@ from core.snapshot import TurnSnapshot
 
 
 class SinkError(Exception):
-    """A sink could not make the platform show a snapshot.
+    """A sink or a channel could not make the platform show something (after its own retries)."""
 
-    ``transient`` errors (timeouts, 5xx, rate limits) may succeed on retry; permanent ones
-    (message not found, forbidden) will not. ``retry_after`` is the platform's requested pause.
-    """
 
-    def __init__(self, detail: str, *, transient: bool, retry_after: float | None = None) -> None:
-        super().__init__(detail)
-        self.transient = transient
-        self.retry_after = retry_after
+class TurnFeed(Protocol):
+    """A running turn as a sink sees it (``core.controller.TurnController``): pull the newest snapshot when
+    the platform can take it; wait for a change when there is nothing new to show."""
+
+    @property
+    def snapshot(self) -> TurnSnapshot:
+        """The newest snapshot."""
+        ...
+
+    def changed(self, *, urgent_only: bool = False) -> asyncio.Future[None]:
+        """Resolved by the next change (``urgent_only``: pending approvals or the terminal state changed).
+        A waiter that gives up cancels it."""
+        ...
 
 
 class TurnSink(Protocol):
     """Live rendering of one turn on one platform. Created by ``Channel.open_sink``."""
 
-    async def update(self, snapshot: TurnSnapshot) -> None:
-        """Show a running snapshot (best effort; throttling is the sink's business)."""
+    async def follow(self, turn: TurnFeed) -> None:
+        """Show the running turn until its snapshot is terminal: pull the newest snapshot whenever the
+        platform's pace allows (latest wins), and show new or ended approvals at once. Returns soon after
+        the terminal snapshot appears (a platform call in flight lands first). A failed live update is the
+        sink's business: the next one, or the final, repeats the whole state."""
         ...
 
     async def finish(self, snapshot: TurnSnapshot) -> None:
-        """Make the platform show the terminal snapshot, or raise SinkError. Must be idempotent:
-        a retry repeats the same target state and never duplicates text."""
+        """Make the platform show the terminal snapshot (retrying within the channel's bounds), or raise."""
         ...
 
     async def abort(self) -> None:
@@ -52,8 +65,13 @@ class TurnSink(Protocol):
         ...
 
     def undelivered(self, snapshot: TurnSnapshot) -> str | None:
-        """The part of ``snapshot``'s text the platform does not show yet (for the fallback), or None
-        when the sink cannot tell, in which case the fallback carries the whole text."""
+        """After a failed ``finish``: the part of ``snapshot``'s text the platform does not show (for the
+        fallback), or None when the sink cannot tell, in which case the fallback carries the whole text."""
+        ...
+
+    def paused_seconds(self) -> float:
+        """Seconds of platform-imposed pause (429 retry_after) this turn's chat has been under since the sink
+        opened; core's wait for ``finish`` is stretched by them, however long."""
         ...
 
 
@@ -87,7 +105,8 @@ class Channel(Protocol):
         ...
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
-        """Send one ordinary message (fallbacks, notices, command replies); raise on failure."""
+        """Send one ordinary message (fallbacks, notices, command replies), retrying within the channel's
+        bounds and waiting out platform pauses; raise on failure."""
         ...
 
 

@@ -1,12 +1,18 @@
 """TurnController: the only producer of TurnSnapshots for a turn.
 
 Turn events (``core.agent.events``: text, tool calls, approvals, tool outputs, retries, notices, abort)
-become new immutable snapshots with a rising version; tool activity and pending approvals come only
-from here. Watchers always get the newest snapshot: a slow consumer skips intermediate ones, never builds
-a backlog. Event listeners (``subscribe``) get every turn event, partials included, in stream order.
+change the turn's state; tool activity and pending approvals come only from here. Event listeners
+(``subscribe``) get every turn event, partials included, in stream order.
+
+Snapshots are pulled, not pushed: an event only records the change and raises the version (a streamed
+token costs a list append and a counter, no snapshot and no wake-up), and ``snapshot`` builds the
+immutable picture when someone asks for it. A sink asks when the platform's pace lets it show something,
+so a slow sink sees the newest snapshot, never a backlog. ``changed`` wakes a waiting sink on the next
+change; ``urgent_only`` waits only for what must be shown at once (approvals, the terminal state).
 
 Visible text: the text of every model request of the turn, joined by a blank line (a sentence the model
-wrote before calling a tool stays visible), plus a max_turns notice if one ended the loop.
+wrote before calling a tool stays visible), plus a max_turns notice if one ended the loop. A retried
+request rewinds it to where that request began (``text_epoch`` rises).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 
 from core.agent.approvals import summarize_arguments
 from core.agent.events import (
@@ -39,9 +45,20 @@ EventListener = Callable[[TurnEvent], None]
 class TurnController:
     def __init__(self, turn_id: str, session_key: str) -> None:
         self._snap = TurnSnapshot(turn_id=turn_id, session_key=session_key, version=1, state="running")
+        self._version = 1
+        self._state: SnapshotState = "running"
+        # The visible text is "".join(self._pieces): appending a streamed token is O(1); the string is
+        # built only when a snapshot (or ``text``) is asked for.
+        self._pieces: list[str] = []
+        self._length = 0
+        self._epoch = 0
+        self._tools: tuple[ToolActivity, ...] = ()
+        self._approvals: tuple[ApprovalRequest, ...] = ()
+        self._error: str | None = None
         self._waiters: list[asyncio.Future[None]] = []
+        self._urgent: list[asyncio.Future[None]] = []
         self._listeners: list[EventListener] = []
-        self._request_text = ""  # visible text when the current request began (a retry goes back to it)
+        self._request_length = 0  # visible length when the current request began (a retry goes back to it)
         self._separate = False  # the next request's first text starts after a blank line
         self._aborted = False
         self.trace: list[TurnEvent] = []
@@ -49,110 +66,149 @@ class TurnController:
 
     @property
     def snapshot(self) -> TurnSnapshot:
-        return self._snap
+        """The newest snapshot (built now if anything changed since the last one)."""
+        snap = self._snap
+        if snap.version != self._version:
+            snap = self._snap = TurnSnapshot(
+                turn_id=snap.turn_id, session_key=snap.session_key, version=self._version, state=self._state,
+                text=self.text, tools=self._tools, approvals=self._approvals, error=self._error,
+                text_epoch=self._epoch)
+        return snap
 
     @property
     def text(self) -> str:
-        return self._snap.text
+        pieces = self._pieces
+        if len(pieces) > 1:
+            pieces[:] = ["".join(pieces)]
+        return pieces[0] if pieces else ""
+
+    @property
+    def terminal(self) -> bool:
+        return self._state != "running"
 
     def subscribe(self, listener: EventListener) -> Callable[[], None]:
         """Get every turn event of this turn, in stream order (listeners must not block)."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
-    def _publish(self, **changes: object) -> TurnSnapshot:
-        if self._snap.terminal:
-            return self._snap  # a terminal snapshot is final; late events are ignored
-        self._snap = dataclasses.replace(self._snap, version=self._snap.version + 1, **changes)  # type: ignore[arg-type]
-        waiters, self._waiters = self._waiters, []
-        for w in waiters:
+    def changed(self, *, urgent_only: bool = False) -> asyncio.Future[None]:
+        """A future resolved by the next change (``urgent_only``: the next change of the pending approvals or
+        the terminal state). Already resolved once the turn is over. Cancelling it is how a waiter gives up."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.terminal:
+            fut.set_result(None)
+            return fut
+        waiters = self._urgent if urgent_only else self._waiters
+        if len(waiters) > 8:  # waiters that gave up (timed out) are dropped here, not on every change
+            waiters[:] = [w for w in waiters if not w.done()]
+        waiters.append(fut)
+        return fut
+
+    def _changed(self, *, urgent: bool = False) -> None:
+        self._version += 1
+        if self._waiters:
+            self._wake(self._waiters)
+        if urgent and self._urgent:
+            self._wake(self._urgent)
+
+    @staticmethod
+    def _wake(waiters: list[asyncio.Future[None]]) -> None:
+        woken = list(waiters)
+        waiters.clear()
+        for w in woken:
             if not w.done():
                 w.set_result(None)
-        return self._snap
 
     # ---- turn events ---------------------------------------------------------------------------
 
     def apply(self, event: TurnEvent) -> None:
         """One turn event, in stream order. Nothing follows an abort event."""
-        if self._aborted or self._snap.terminal:
+        if self._aborted or self.terminal:
             return
         if not event.partial:
             self.trace.append(event)
         self._update(event)
         if isinstance(event, Abort):
             self._aborted = True
-        for listener in list(self._listeners):
-            try:
-                listener(event)
-            except Exception:
-                log.exception("turn event listener failed on %s", event.kind)
+        if self._listeners:
+            for listener in list(self._listeners):
+                try:
+                    listener(event)
+                except Exception:
+                    log.exception("turn event listener failed on %s", event.kind)
 
     def _update(self, event: TurnEvent) -> None:
-        snap = self._snap
-        if isinstance(event, RequestBegin):
-            if event.attempt == 1:
-                self._request_text = snap.text
-                self._separate = bool(snap.text)
-        elif isinstance(event, PartialText):
+        if isinstance(event, PartialText):  # by far the most frequent event: checked first
             if event.phase == "delta" and event.text:
-                sep = "\n\n" if self._separate and snap.text == self._request_text else ""
-                self._publish(text=snap.text + sep + event.text)
+                if self._separate and self._length == self._request_length and self._length:
+                    self._append("\n\n")
+                self._append(event.text)
+                self._changed()
+        elif isinstance(event, RequestBegin):
+            if event.attempt == 1:
+                self._request_length = self._length
+                self._separate = bool(self._length)
         elif isinstance(event, RequestEnd):
-            if event.retry_in is not None:
-                self.reset_text(self._request_text)
+            if event.retry_in is not None and self._length != self._request_length:
+                self._rewind(self._request_length)
         elif isinstance(event, CompleteToolCall):
-            self._publish(tools=(*snap.tools, ToolActivity(event.call_id, event.name, "awaiting_approval",
-                                                           summarize_arguments(event.arguments, 80))))
+            self._tools = (*self._tools, ToolActivity(event.call_id, event.name, "awaiting_approval",
+                                                      summarize_arguments(event.arguments, 80)))
+            self._changed()
         elif isinstance(event, ApprovalRequested):
-            self._publish(approvals=(*snap.approvals, ApprovalRequest(
-                event.call_id, event.tool_name, event.arguments_summary, event.requested_by, event.arguments)))
+            self._approvals = (*self._approvals, ApprovalRequest(
+                event.call_id, event.tool_name, event.arguments_summary, event.requested_by, event.arguments))
+            self._changed(urgent=True)
         elif isinstance(event, ApprovalDecided):
-            self._publish(approvals=tuple(a for a in snap.approvals if a.call_id != event.call_id),
-                          tools=self._tool_status(event.call_id, "running" if event.decision == "allow"
-                                                  else "denied"))
+            self._approvals = tuple(a for a in self._approvals if a.call_id != event.call_id)
+            self._tools = self._tool_status(event.call_id, "running" if event.decision == "allow" else "denied")
+            self._changed(urgent=True)
         elif isinstance(event, ToolOutput):
             status: ToolStatus = ("done" if event.status == "done" else "denied" if event.status == "denied"
                                   else "failed")
-            self._publish(tools=self._tool_status(event.call_id, status, summarize_arguments(event.output, 80)))
+            self._tools = self._tool_status(event.call_id, status, summarize_arguments(event.output, 80))
+            self._changed()
         elif isinstance(event, Notice):
-            self._publish(text=f"{snap.text}\n\n{event.text}" if snap.text else event.text)
+            if self._length:
+                self._append("\n\n")
+            self._append(event.text)
+            self._changed()
         elif isinstance(event, Abort):
-            tools = tuple(dataclasses.replace(t, status="failed", summary="stopped")
-                          if t.status in ("running", "awaiting_approval") else t for t in snap.tools)
-            self._publish(approvals=(), tools=tools)
+            self._tools = tuple(dataclasses.replace(t, status="failed", summary="stopped")
+                                if t.status in ("running", "awaiting_approval") else t for t in self._tools)
+            self._approvals = ()
+            self._changed(urgent=True)
+
+    def _append(self, text: str) -> None:
+        self._pieces.append(text)
+        self._length += len(text)
+
+    def _rewind(self, length: int) -> None:
+        """A retried model request starts over: the visible text goes back to its first ``length`` characters."""
+        text = self.text[:length]
+        self._pieces[:] = [text] if text else []
+        self._length = length
+        self._epoch += 1
+        self._changed()
 
     def _tool_status(self, call_id: str, status: ToolStatus, summary: str | None = None) -> tuple[ToolActivity, ...]:
         return tuple(dataclasses.replace(t, status=status, summary=t.summary if summary is None else summary)
-                     if t.call_id == call_id else t for t in self._snap.tools)
+                     if t.call_id == call_id else t for t in self._tools)
 
-    # ---- text and terminal state ---------------------------------------------------------------
-
-    def append_text(self, delta: str) -> None:
-        if delta:
-            self._publish(text=self._snap.text + delta)
-
-    def reset_text(self, text: str) -> None:
-        """A retried model request starts over: the visible text goes back to ``text``."""
-        if text != self._snap.text:
-            self._publish(text=text)
+    # ---- terminal state ------------------------------------------------------------------------
 
     def finish(self, state: SnapshotState, *, text: str | None = None, error: str | None = None) -> TurnSnapshot:
+        """The terminal snapshot (final: later events are ignored). ``text`` replaces the visible text."""
         if state == "running":
             raise ValueError("finish needs a terminal state")
-        return self._publish(state=state, text=self._snap.text if text is None else text, error=error,
-                             approvals=())
-
-    async def watch(self) -> AsyncGenerator[TurnSnapshot, None]:
-        """Yield the newest snapshot whenever it changed, ending after the terminal one."""
-        seen = 0
-        while True:
-            snap = self._snap
-            if snap.version > seen:
-                seen = snap.version
-                yield snap
-                if snap.terminal:
-                    return
-                continue
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
-            await fut
+        if self.terminal:
+            return self.snapshot
+        if text is not None and text != self.text:
+            if not text.startswith(self.text):
+                self._epoch += 1
+            self._pieces[:] = [text] if text else []
+            self._length = len(text)
+        self._state, self._error, self._approvals = state, error, ()
+        self._changed(urgent=True)
+        self._wake(self._waiters)
+        return self.snapshot

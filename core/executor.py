@@ -1,7 +1,9 @@
 """ConversationExecutor: the flow of one turn, top to bottom.
 
 1. fetch the message's attachments (bounded; ``core.media.intake``), persist the user message (source:
-   channel, sender, received_at, reply_to, attachment references), tell the user about refused attachments
+   channel, sender, received_at, reply_to, attachment references; its inbound record is served), tell the
+   user about refused attachments. The attachments are fetched here, not at admission: a message resumed
+   after a restart carries its envelope's attachments, and they are fetched (or found stored) then.
 2. TurnInputBuilder.prepare (system prompt + context + runtime context, once)
 3. TurnRunner (model ⟂ cancel; at most one overflow recovery)
 4. TurnCommitter (generation/state_version check, atomic persistence — a turn without an answer keeps
@@ -56,16 +58,18 @@ class ConversationExecutor:
         self._settings = settings
         self._intake = intake
 
-    async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache) -> None:
-        """Run one turn. ``context`` is the session worker's cache of its context between turns.
+    async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache, *,
+                      inbound: int | None = None) -> None:
+        """Run one turn. ``context`` is the session worker's cache of its context between turns; ``inbound``
+        is the message's stored inbound record (``Store.admit_inbound``), served by step 1.
 
         Everything logged for the turn (in tasks it spawns too) carries its id; it ends with one INFO line."""
         turn_id = uuid.uuid4().hex
         with turn_scope(turn_id, envelope.key()) as result:
-            result.outcome = await self._execute(envelope, cancel, context, turn_id)
+            result.outcome = await self._execute(envelope, cancel, context, turn_id, inbound)
 
     async def _execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache,
-                       turn_id: str) -> str:
+                       turn_id: str, inbound: int | None) -> str:
         """The six steps; returns how the turn ended (for the turn's log line)."""
         target = envelope.target()
         key = target.session_key
@@ -79,11 +83,13 @@ class ConversationExecutor:
                                      from_user_id=envelope.sender_id, turn_id=turn_id,
                                      reply_to=envelope.reply_to.message_id if envelope.reply_to else None,
                                      attachments=attachments.refs)),
-                begin_turn=(turn_id, target.model_dump_json()))  # the reply target survives a crash
+                begin_turn=(turn_id, target.model_dump_json()),  # the reply target survives a crash
+                serves=inbound)  # from here on the turn record stands for the message
             base_generation, base_state_version = record.generation, record.state_version
         except Exception as exc:
             context.clear()
             log.error("persisting the user message in %s failed: %s", key, exc)
+            await self._forget(inbound)
             await self._plain.send(target, self._presenter.failure(TurnFailure(TurnFailureKind.INPUT_PERSISTENCE)))
             return f"failed ({TurnFailureKind.INPUT_PERSISTENCE.value})"
         context.appended(message, record)
@@ -155,6 +161,16 @@ class ConversationExecutor:
         except Exception:  # a bug or a failing store: the words of the message are still answered
             log.exception("the attachments of a message in %s could not be taken", envelope.key())
             return Intake(tuple(unread(item, "it could not be read") for item in envelope.media))
+
+    async def _forget(self, inbound: int | None) -> None:
+        """The user is told to send the message again: it must not count as seen (its event id stays free),
+        nor be answered after a restart."""
+        if inbound is None:
+            return
+        try:
+            await self._store.forget_inbound(inbound)
+        except Exception as exc:  # the store is failing: the message is answered after a restart instead
+            log.warning("could not release inbound message %s: %s", inbound, exc)
 
     async def _start_delivery(self, target: TurnTarget, controller: TurnController) -> DeliveryHandle | None:
         try:

@@ -75,19 +75,34 @@ class TurnFailurePresenter:
         return (f"⏳ I'm still working on your earlier messages ({capacity} are waiting). This one was not "
                 "queued; please send it again in a moment.")
 
-    def shutting_down(self) -> str:
-        return "⚠️ The bridge is restarting and could not take your message. Please send it again in a minute."
-
     def interrupted_by_restart(self) -> str:
         return "⚠️ The bridge restarted while answering your last message. Please send it again."
 
     def nothing_to_stop(self) -> str:
         return "Nothing is running."
 
-    def new_context(self) -> str:
-        return "🆕 Started a new conversation. Earlier messages stay in the history but are no longer sent to " \
+    def new_context(self, unanswered: int = 0) -> str:
+        text = "🆕 Started a new conversation. Earlier messages stay in the history but are no longer sent to " \
                "the model."
+        if unanswered:
+            text += (" The message you sent before /new was not answered." if unanswered == 1 else
+                     f" The {unanswered} messages you sent before /new were not answered.")
+        return text
+
+    def too_old_after_restart(self, age_seconds: float) -> str:
+        return (f"⚠️ The bridge stopped before it could answer this message, which is now {_age(age_seconds)} "
+                "old: too old to answer. Please send it again if it still matters.")
 
     def help(self, commands: dict[str, str]) -> str:
         lines = ["Commands:"] + [f"/{name} — {text}" for name, text in commands.items()]
         return "\n".join(lines)
+
+
+def _age(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    if minutes < 120:
+        return f"{max(minutes, 1)} minute{'s' if minutes != 1 else ''}"
+    hours = round(seconds / 3600)
+    if hours < 48:
+        return f"{hours} hours"
+    return f"{round(seconds / 86400)} days"

@@ -2,9 +2,10 @@
 
 Every platform channel gets a :class:`ChannelHost`, bound to its name:
 
-- ``submit(envelope)`` hands one normalised inbound message to core; it returns once core has accepted it
-  (or recognised it as a duplicate of an earlier one by the envelope's ``event_id``), so a channel
-  acknowledges the platform (commits an offset, answers a webhook) only after it returns;
+- ``submit(envelope)`` hands one normalised inbound message to core; it returns once core has stored it
+  with its dedupe mark (so it is answered even after a crash), or recognised it as a duplicate of an earlier
+  one by the envelope's ``event_id``, or refused it as busy; a channel acknowledges the platform (commits
+  an offset, answers a webhook) only after it returns;
 - ``decide(...)`` answers a pending tool approval of one of this channel's sessions on behalf of a user;
   core decides whether that user may (``core.agent.deciders``: the sender of the turn's message, or a user
   the allow list given to ``set_deciders`` names) and says so in its answer, which the channel only
@@ -23,10 +24,13 @@ the message that carries it (a ``MediaItem`` with its ``attachment_id``), under 
 a downloaded attachment, and ``attachment`` finds a stored file of one of its sessions (to serve it).
 
 A channel whose messages carry files it must download implements ``core.media.fetch.AttachmentSource``;
-core calls it during the turn, never while the channel is acknowledging the message.
+core calls it during the turn, never while the channel is acknowledging the message (so for a message stored
+before a restart, after the restart, from the stored ``MediaItem`` alone).
 
-``submit`` raises and ``spawn`` raises :class:`ShuttingDownError` once shutdown has begun: the channel
-tells the platform to redeliver (a 503, an offset left alone), never drops the message silently.
+``submit`` raises and ``spawn`` raises :class:`ShuttingDownError` once shutdown has begun, and ``submit``
+raises :class:`AdmissionError` when core could not store the message: the channel tells the platform to
+redeliver (a 503, an offset left alone) or tells the sender, never drops the message silently. Nothing
+marks a refused message as seen, so the redelivery is accepted.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from core.envelope import InboundEnvelope
 from core.events import CoreEvent
 from core.media.library import Refusal as AttachmentRefused
 from core.messages import AttachmentRef, ChatMessage
-from core.router import SubmitResult
+from core.router import AdmissionError, SubmitResult
 from core.store import AttachmentRecord, SessionRecord
 from core.supervisor import ShuttingDownError
 
@@ -50,6 +54,7 @@ if TYPE_CHECKING:
     from core.runtime import ChatCore
 
 __all__ = [
+    "AdmissionError",
     "AttachmentRefused",
     "ChannelHost",
     "CoreHost",
@@ -72,7 +77,8 @@ class ChannelHost(Protocol):
         ...
 
     async def submit(self, envelope: InboundEnvelope) -> SubmitResult:
-        """Hand one inbound message to core; returns after core accepted it (or dropped a duplicate)."""
+        """Hand one inbound message to core; returns after core stored it (or dropped a duplicate, or refused
+        it as busy). ShuttingDownError / AdmissionError: not accepted, do not acknowledge it."""
         ...
 
     def set_deciders(self, allow_from: Iterable[str]) -> None:

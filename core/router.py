@@ -1,21 +1,28 @@
-"""IngressRouter: the front door of core. Acks fast, works after.
+"""IngressRouter: the front door of core. Accepts durably, works after.
 
-Duplicates (by the envelope's event_id, recorded durably) are dropped; commands run as their own
-supervised tasks so a slow one never holds up another session; text goes to its session's queue, and a
-full queue gets an immediate busy notice.
+A text message takes its place in its session's queue, then is stored (``Store.admit_inbound``: the message
+and its dedupe mark in one transaction) before ``submit`` returns, so a channel acknowledges to its platform
+only what a crash cannot lose; the session worker serves it in arrival order, and a restart resumes it.
+Duplicates (by the envelope's event_id) are dropped; a full queue gets an immediate busy notice and marks
+nothing, so the same message may be sent again. Commands run as their own supervised tasks so a slow one
+never holds up another session, except ``/new``, which runs in its session's order and ends the
+conversation for the messages still waiting before it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from enum import Enum
 
 from core.delivery import PlainSender
 from core.envelope import InboundEnvelope
 from core.failures import TurnFailurePresenter
-from core.session import Admission, SessionManager
+from core.session import Admitted, SessionManager
 from core.settings import CoreSettings
 from core.store import Store
 from core.supervisor import ShuttingDownError, SupervisorClosedError, TaskSupervisor
@@ -51,10 +58,16 @@ class RouterClosedError(ShuttingDownError):
     """The router no longer accepts input (shutting down). Channels tell the sender."""
 
 
+class AdmissionError(RuntimeError):
+    """The message could not be stored, so it was not accepted and nothing marks it as seen. A channel
+    must not acknowledge it to its platform (keep the polling offset, answer a webhook with a non-2xx
+    status), so that it is delivered again, or must tell the sender to send it again."""
+
+
 class IngressRouter:
     def __init__(self, *, store: Store, sessions: SessionManager, plain: PlainSender,
                  presenter: TurnFailurePresenter, supervisor: TaskSupervisor, settings: CoreSettings,
-                 new_context: Callable[[str], Awaitable[None]],
+                 new_context: Callable[[str, Sequence[int], float], Awaitable[None]],
                  compact: Callable[[str], Awaitable[str]] | None = None) -> None:
         self._store = store
         self._sessions = sessions
@@ -63,33 +76,96 @@ class IngressRouter:
         self._supervisor = supervisor
         self._settings = settings
         self._new_context = new_context
+        """``/new``: (session key, the waiting inbound messages it ends, when ``/new`` was received)."""
         self._compact = compact
         self._closed = False
+        self._admitting = 0
+        self._admitted = asyncio.Event()
+        self._admitted.set()
 
     def close(self) -> None:
         self._closed = True
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) for messages being stored when input closed: each then ends accepted
+        or refused, never half-way with the store gone."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._admitted.wait()
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     async def submit(self, envelope: InboundEnvelope) -> SubmitResult:
+        """Hand one inbound message to core; returns only once the outcome is final:
+
+        - QUEUED: the message is durably stored with its dedupe mark and will be answered (after a crash
+          too: the next start resumes it);
+        - DUPLICATE: its event_id was seen before; nothing changed;
+        - BUSY: its session's queue is full; the sender is told, and nothing marks the message as seen;
+        - COMMAND: a command was started (commands are not resumed after a crash).
+
+        Raises RouterClosedError while shutting down and AdmissionError when the message could not be
+        stored; in both cases nothing marks it as seen and the channel must not acknowledge it. A caller
+        cancelled while the message is being stored may leave it stored: the next start answers it."""
         if self._closed:
             raise RouterClosedError("chatbridge is shutting down and accepts no new messages")
-        if envelope.event_id is not None and not await self._first_delivery(envelope):
-            return SubmitResult.DUPLICATE
         try:
             command = parse_command(envelope.content)
             if command is not None:
-                self._supervisor.spawn(f"command:{command}:{envelope.key()}", self._command(command, envelope))
-                return SubmitResult.COMMAND
-            if self._sessions.enqueue(envelope) is Admission.BUSY:
-                self._supervisor.spawn(f"busy:{envelope.key()}", self._plain.send(
-                    envelope.target(), self._presenter.busy(self._settings.queue_capacity)))
-                return SubmitResult.BUSY
-            return SubmitResult.QUEUED
+                return await self._submit_command(command, envelope)
+            place = self._sessions.reserve(envelope.key())
+            if place is None:
+                return await self._busy(envelope)
         except SupervisorClosedError as exc:
             raise RouterClosedError("chatbridge is shutting down and accepts no new messages") from exc
+        self._admitting += 1
+        self._admitted.clear()
+        try:
+            inbound = await self._store.admit_inbound(envelope.channel, envelope.event_id, envelope.model_dump_json(),
+                                                      ttl_seconds=self._settings.dedupe_ttl_seconds)
+        except Exception as exc:
+            place.give_back()
+            log.error("storing an inbound message of %s failed: %s", envelope.key(), exc)
+            raise AdmissionError("the message could not be stored") from exc
+        except BaseException:
+            place.give_back()
+            raise
+        finally:
+            self._admitting -= 1
+            if not self._admitting:
+                self._admitted.set()
+        if inbound is None:
+            place.give_back()
+            return SubmitResult.DUPLICATE
+        place.fill(envelope, inbound)
+        return SubmitResult.QUEUED
+
+    async def _busy(self, envelope: InboundEnvelope) -> SubmitResult:
+        if envelope.event_id is not None:
+            try:
+                if await self._store.event_seen(envelope.channel, envelope.event_id):
+                    return SubmitResult.DUPLICATE  # a redelivery of a message that is queued already
+            except Exception as exc:
+                log.warning("dedupe check failed for %s/%s: %s", envelope.channel, envelope.event_id, exc)
+        self._supervisor.spawn(f"busy:{envelope.key()}", self._plain.send(
+            envelope.target(), self._presenter.busy(self._settings.queue_capacity)))
+        return SubmitResult.BUSY
+
+    async def _submit_command(self, command: str, envelope: InboundEnvelope) -> SubmitResult:
+        if envelope.event_id is not None and not await self._first_delivery(envelope):
+            return SubmitResult.DUPLICATE
+        key = envelope.key()
+        if command == "new":
+            # Stop the reply being written; the context starts afresh once that turn has ended, in the
+            # session's order, and the messages still waiting before /new are not answered.
+            self._sessions.cancel_running(key)
+            self._sessions.schedule(key, "new", functools.partial(self._new_conversation, envelope),
+                                    take_waiting=True)
+        else:
+            self._supervisor.spawn(f"command:{command}:{key}", self._command(command, envelope))
+        return SubmitResult.COMMAND
 
     async def _first_delivery(self, envelope: InboundEnvelope) -> bool:
         assert envelope.event_id is not None
@@ -97,22 +173,21 @@ class IngressRouter:
             return await self._store.mark_event_processed(envelope.channel, envelope.event_id,
                                                           ttl_seconds=self._settings.dedupe_ttl_seconds)
         except Exception as exc:
-            # Better a possible duplicate than a lost message.
+            # Better a possible duplicate than a lost command.
             log.error("dedupe check failed for %s/%s: %s", envelope.channel, envelope.event_id, exc)
             return True
 
+    async def _new_conversation(self, envelope: InboundEnvelope, dropped: Sequence[Admitted]) -> None:
+        await self._new_context(envelope.key(), [inbound for _, inbound in dropped], envelope.received_at)
+        await self._plain.send(envelope.target(), self._presenter.new_context(unanswered=len(dropped)))
+
     async def _command(self, command: str, envelope: InboundEnvelope) -> None:
-        key = envelope.key()
         target = envelope.target()
         if command == "stop":
-            if not await self._sessions.stop(key):
+            if not await self._sessions.stop(envelope.key()):
                 await self._plain.send(target, self._presenter.nothing_to_stop())
             # else: the stopped turn's own terminal message says so (never two terminal messages)
-        elif command == "new":
-            await self._sessions.stop(key)
-            await self._new_context(key)
-            await self._plain.send(target, self._presenter.new_context())
         elif command == "compact" and self._compact is not None:
-            await self._plain.send(target, await self._compact(key))
+            await self._plain.send(target, await self._compact(envelope.key()))
         elif command == "help":
             await self._plain.send(target, self._presenter.help(COMMANDS))

@@ -7,8 +7,10 @@ and ``add_channel`` registers it for delivery (``open_sink``, ``send_plain``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import AsyncIterator, Iterable
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -30,9 +32,9 @@ from core.media.library import MediaLibrary, Refusal, display_name
 from core.media.transcribe import Transcriber
 from core.media.vision import VisionPolicy
 from core.messages import AttachmentRef, ChatMessage
-from core.router import IngressRouter, RouterClosedError, SubmitResult
+from core.router import AdmissionError, IngressRouter, RouterClosedError, SubmitResult
 from core.runner import TurnRunner
-from core.session import SessionManager
+from core.session import Admitted, SessionManager
 from core.settings import CoreSettings
 from core.store import AttachmentRecord, SessionRecord, StaleStateError, Store
 from core.supervisor import TaskSupervisor
@@ -42,7 +44,7 @@ from core.tools.base import ToolRegistry
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChatCore", "RouterClosedError", "SubmitResult"]
+__all__ = ["AdmissionError", "ChatCore", "RouterClosedError", "SubmitResult"]
 
 
 class ChatCore:
@@ -59,7 +61,7 @@ class ChatCore:
         self.channels = ChannelRegistry()
         self.events = EventBus()
         s = self.settings
-        self._plain = PlainSender(self.channels, s)
+        self._plain = PlainSender(self.channels)
         self.tools = tools or ToolRegistry()
         self.approvals = ApprovalBroker()
         self._deciders: dict[str, Deciders] = {}
@@ -83,7 +85,7 @@ class ChatCore:
             events=self.events, settings=s,
             intake=AttachmentIntake(self.media, s, sources=self.channels.get, transcriber=transcriber)
             if self.media is not None else None)
-        self.sessions = SessionManager(store, self.executor, self.supervisor, s, on_unserved=self._unserved)
+        self.sessions = SessionManager(store, self.executor, self.supervisor, s)
         self.router = IngressRouter(store=store, sessions=self.sessions, plain=self._plain,
                                     presenter=self.presenter, supervisor=self.supervisor, settings=s,
                                     new_context=self._new_context, compact=self.compact)
@@ -98,9 +100,10 @@ class ChatCore:
         return CoreHost(self, channel)
 
     async def start(self) -> None:
-        """Open the store and close turns a previous process left running: each one's notice goes into its
-        session's history (a page that reconnects after the restart finds it there), then its chat is told
-        once."""
+        """Open the store, close turns a previous process left running (each one's notice goes into its
+        session's history, where a page that reconnects after the restart finds it, then its chat is told
+        once) and queue the messages it had accepted but not begun to answer, in arrival order; one older
+        than ``resume_max_age`` gets a notice instead of an answer."""
         await self.store.open()
         self._started = True
         if self.media is not None:
@@ -115,9 +118,39 @@ class ChatCore:
                 log.warning("interrupted turn %s has an unreadable target", turn.turn_id)
                 continue
             await self._plain.send(target, notice)
+        await self._resume()
+
+    async def _resume(self) -> None:
+        now = time.time()
+        waiting = await self.store.waiting_inbound()
+        if waiting:
+            log.info("resuming %d message(s) accepted before the restart", len(waiting))
+        for record in waiting:
+            try:
+                envelope = InboundEnvelope.model_validate_json(record.payload)
+            except ValueError:
+                log.warning("inbound message %s is unreadable and is dropped", record.seq)
+                await self.store.finish_inbound([record.seq])
+                continue
+            age = now - envelope.received_at
+            if age <= self.settings.resume_max_age:
+                self.sessions.resume(envelope, record.seq)
+            else:  # in the session's order, so it never overtakes an earlier message's answer
+                self.sessions.schedule(envelope.key(), "too-old notice",
+                                       functools.partial(self._too_old, envelope, record.seq, age))
+
+    async def _too_old(self, envelope: InboundEnvelope, seq: int, age: float, _: Sequence[Admitted]) -> None:
+        await self.store.finish_inbound([seq])  # before the notice: never two notices for one message
+        notice = self.presenter.too_old_after_restart(age)
+        await self._committer.commit_notice(envelope.key(), None, notice)  # in history too, as above
+        await self._plain.send(envelope.target(), notice)
 
     async def submit(self, envelope: InboundEnvelope) -> SubmitResult:
-        """Hand one inbound message to core. Raises RouterClosedError while shutting down."""
+        """Hand one inbound message to core; returns only after the message is durably accepted (QUEUED: it
+        will be answered, after a crash too), or found a duplicate, or refused as BUSY, or started as a
+        command. Raises RouterClosedError while shutting down and AdmissionError when the message could not
+        be stored: then nothing marks it as seen, and the channel must not acknowledge it to its platform
+        (see ``IngressRouter.submit``)."""
         return await self.router.submit(envelope)
 
     async def stop(self, key: str) -> bool:
@@ -184,10 +217,10 @@ class ChatCore:
         self.events.publish(SessionTitleChanged(key, title))
         return title
 
-    async def _new_context(self, key: str) -> None:
-        await self.store.new_context(key)
-        if self.media is not None:
-            await self.media.forget_unclaimed(key)  # uploads never sent; attachments of messages stay
+    async def _new_context(self, key: str, drop_inbound: Sequence[int], sent_at: float) -> None:
+        await self.store.new_context(key, drop_inbound=drop_inbound)
+        if self.media is not None:  # uploads never sent before /new; attachments of messages stay
+            await self.media.forget_unclaimed(key, before=sent_at)
 
     async def _expire_media(self, media: MediaLibrary) -> None:
         while True:
@@ -213,15 +246,12 @@ class ChatCore:
             return None
         return await self.media.get(key, attachment_id)
 
-    async def _unserved(self, envelope: InboundEnvelope) -> None:
-        await self._plain.send(envelope.target(), self.presenter.shutting_down())
-
     async def shutdown(self) -> list[str]:
         """Bounded shutdown: no new input, running turns end once, every task is reclaimed.
         Returns the names of tasks that had to be abandoned."""
         total = self.settings.shutdown_timeout
         self.router.close()
-        await self.sessions.shutdown(total / 2)
+        await asyncio.gather(self.router.drain(total / 2), self.sessions.shutdown(total / 2))
         stragglers = await self.supervisor.shutdown(total / 2)
         try:
             await self.provider.aclose()

@@ -23,6 +23,9 @@ class CoreSettings:
     compaction_threshold: float = 0.75
     """Compact the context (an LLM summary) when its estimate passes this share of context_window."""
     queue_capacity: int = 32
+    resume_max_age: float = 900.0
+    """A message accepted but not yet answered when the bridge stopped is answered after the restart if it is
+    at most this many seconds old; an older one gets a notice asking to send it again."""
     session_idle_seconds: float = 300.0
     """A session worker with nothing to do for this long exits; the session then costs only its row."""
     context_window: int = 32_768
@@ -31,11 +34,10 @@ class CoreSettings:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     max_output_tokens: int | None = None
     temperature: float | None = None
-    sink_update_timeout: float = 15.0
-    sink_finish_attempts: int = 3
-    sink_finish_retry_delay: float = 1.0
+    sink_open_timeout: float = 15.0
+    """Bound on opening a turn's sink; also the grace the delivery wait adds after a platform pause."""
     delivery_wait_timeout: float = 120.0
-    plain_send_timeout: float = 30.0
+    """How long a finished turn waits for its sink to show it (stretched by platform pauses)."""
     dedupe_ttl_seconds: float = 48 * 3600.0
     shutdown_timeout: float = 10.0
     titles: bool = True

@@ -1,4 +1,8 @@
-"""TurnSnapshot: the immutable, versioned picture of one turn that sinks render."""
+"""TurnSnapshot: the immutable, versioned picture of one turn that sinks render.
+
+Snapshots are built on demand (when a sink pulls one), never per streamed token; ``text_epoch`` lets a
+sink stream increments: while it is unchanged, each snapshot's text extends the previous one's.
+"""
 
 from __future__ import annotations
 
@@ -52,6 +56,9 @@ class TurnSnapshot:
     approvals: tuple[ApprovalRequest, ...] = ()
     error: str | None = None
     """Presentable failure or cancellation notice; never a raw provider or storage error."""
+    text_epoch: int = 0
+    """Rises whenever the text was replaced rather than extended (a retried model request starts over). Two
+    snapshots of one turn with the same epoch: the newer text starts with the older one."""
 
     @property
     def terminal(self) -> bool:

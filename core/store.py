@@ -62,17 +62,6 @@ class CommitResult(BaseModel):
     """How many of ``messages`` (the last ones) this commit inserted."""
 
 
-class TraceRecord(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    session_key: str
-    turn_id: str
-    seq: int
-    kind: str
-    payload: dict[str, Any]
-    created_at: float
-
-
 class TurnRecord(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -100,6 +89,17 @@ class AttachmentRecord(BaseModel):
     claimed: bool = True
 
 
+class InboundRecord(BaseModel):
+    """An accepted inbound message whose turn has not started yet (see ``Store.admit_inbound``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq: int
+    """Arrival order."""
+    payload: str
+    admitted_at: float
+
+
 class Store(Protocol):
     async def open(self) -> None: ...
 
@@ -114,8 +114,10 @@ class Store(Protocol):
 
     async def bump_generation(self, key: str) -> int: ...
 
-    async def new_context(self, key: str) -> SessionRecord:
-        """Start a fresh model context: older messages stay in history; generation and state_version bump."""
+    async def new_context(self, key: str, *, drop_inbound: Sequence[int] = ()) -> SessionRecord:
+        """Start a fresh model context: older messages stay in history; generation and state_version bump.
+        The inbound messages ``drop_inbound`` (waiting in this session) are marked served in the same
+        transaction: they belong to the conversation that ended and are never answered."""
         ...
 
     async def rename(self, key: str, title: str) -> None:
@@ -125,11 +127,12 @@ class Store(Protocol):
     async def set_title_if_default(self, key: str, title: str, *, expect_generation: int) -> bool: ...
 
     # messages
-    async def append_message(self, key: str, message: NewMessage, *,
-                             begin_turn: tuple[str, str] | None = None) -> tuple[ChatMessage, SessionRecord]:
+    async def append_message(self, key: str, message: NewMessage, *, begin_turn: tuple[str, str] | None = None,
+                             serves: int | None = None) -> tuple[ChatMessage, SessionRecord]:
         """Persist one message (state_version +1, no revision bump); returns it and the session after it.
 
-        ``begin_turn=(turn_id, target_json)`` records a running turn in the same transaction."""
+        In the same transaction, ``begin_turn=(turn_id, target_json)`` records a running turn and
+        ``serves`` marks that inbound message (``admit_inbound``) served."""
         ...
 
     async def commit_turn(
@@ -164,14 +167,39 @@ class Store(Protocol):
         exactly this context (``core.context_cache`` relies on it)."""
         ...
 
-    # inbound dedupe
-    async def mark_event_processed(self, channel: str, event_id: str, *, ttl_seconds: float) -> bool:
-        """True if this event is new (and is now recorded); False if it was seen within its TTL."""
+    # inbound messages and dedupe
+    async def admit_inbound(self, channel: str, event_id: str | None, payload: str, *,
+                            ttl_seconds: float) -> int | None:
+        """Durably keep an accepted inbound message until its turn starts; returns its seq (arrival order).
+
+        With an ``event_id``, the same transaction records the dedupe mark (kept ``ttl_seconds`` past
+        admission, and while the message waits), and None means the event was seen within its TTL: nothing
+        is written. ``payload`` is opaque to the store."""
         ...
 
-    # turns
-    async def begin_turn(self, turn_id: str, key: str, target_json: str) -> None: ...
+    async def mark_event_processed(self, channel: str, event_id: str, *, ttl_seconds: float) -> bool:
+        """Only the dedupe mark: True if this event is new (and is now recorded); False if it was seen
+        within its TTL."""
+        ...
 
+    async def event_seen(self, channel: str, event_id: str) -> bool:
+        """Whether a dedupe mark for this event exists (read only)."""
+        ...
+
+    async def waiting_inbound(self) -> list[InboundRecord]:
+        """Every admitted inbound message not yet served, in arrival order (read at start-up)."""
+        ...
+
+    async def finish_inbound(self, seqs: Sequence[int]) -> None:
+        """Mark inbound messages served without a turn (e.g. answered with a notice); dedupe marks stay."""
+        ...
+
+    async def forget_inbound(self, seq: int) -> None:
+        """Remove an inbound message and its dedupe mark: it was not accepted after all (its turn could not
+        even store it), so the same event may be sent again."""
+        ...
+
+    # turns (opened by append_message, closed by commit_turn or end_turn)
     async def end_turn(self, turn_id: str, state: TurnState) -> None: ...
 
     async def close_interrupted_turns(self) -> list[TurnRecord]:
@@ -187,8 +215,9 @@ class Store(Protocol):
         """Mark attachments as referred to by a message (kept until they expire)."""
         ...
 
-    async def drop_unclaimed_attachments(self, key: str) -> list[str]:
-        """Forget the attachments of ``key`` no message refers to; returns their ids (to delete the files)."""
+    async def drop_unclaimed_attachments(self, key: str, *, before: float) -> list[str]:
+        """Forget the attachments of ``key`` stored before ``before`` that no message refers to; returns their
+        ids (to delete the files)."""
         ...
 
     async def drop_expired_attachments(self, before: float) -> list[str]:
@@ -202,11 +231,7 @@ class Store(Protocol):
 
     async def set_channel_state(self, channel: str, name: str, value: str) -> None: ...
 
-    # traces
-    async def append_trace(self, key: str, turn_id: str, kind: str, payload: dict[str, Any]) -> None: ...
-
+    # traces (written with commit_turn; alone when the commit failed)
     async def append_traces(self, key: str, turn_id: str, records: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Append several (kind, payload) records in one transaction, in order."""
         ...
-
-    async def traces(self, key: str, *, limit: int = 1000) -> list[TraceRecord]: ...

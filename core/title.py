@@ -49,7 +49,8 @@ class TitleService:
         ), max_tokens=32)
         try:
             async with asyncio.timeout(self._settings.title_timeout):
-                raw = await collect_text(self._provider, request, TITLE_RETRY_DELAYS)
+                raw = await collect_text(self._provider, request, TITLE_RETRY_DELAYS,
+                                         timeout=self._settings.request_timeout)
         except Exception as exc:  # a title is a nicety: log and move on
             log.warning("title generation for %s failed: %s", key, exc)
             return

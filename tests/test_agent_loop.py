@@ -14,6 +14,7 @@ from core.events import CoreEvent, TurnCommitted, TurnStarted
 from core.llm.provider import LLMToolSpec
 from core.tools.base import ApprovalPolicy, ToolContext, ToolRegistry
 from tests.fakes.openai_server import Text, ToolCalls
+from tests.support import db
 from tests.support.harness import Harness, make_harness
 
 KEY = "test:c1"
@@ -165,7 +166,8 @@ async def test_the_turn_is_persisted_with_its_tool_round_and_the_next_turn_sees_
     assert [m["role"] for m in third] == ["system", "user", "assistant", "tool", "tool", "assistant", "user"]
     assert [m["tool_call_id"] for m in third[3:5]] == ["call_1_0", "call_1_1"]
     # the trace keeps complete messages in stream order, partials skipped
-    traces = await h.store.traces(KEY)
+    assert h.db_path is not None
+    traces = db.traces(h.db_path, KEY)
     kinds = [t.kind for t in traces]
     assert "partial_text" not in kinds and kinds[0] == "request_begin"
     assert kinds.index("tool_call") < kinds.index("approval_decision") < kinds.index("tool_call_output")

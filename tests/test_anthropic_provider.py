@@ -29,6 +29,7 @@ from core.llm.provider import (
     Usage,
 )
 from core.llm.retry import retry_policy
+from core.llm.silence import bounded
 from core.runtime import ChatCore
 from core.sqlite_store import SqliteStore
 from tests.fakes.anthropic_server import (
@@ -422,13 +423,16 @@ async def test_hang_times_out_within_request_timeout(fake_anthropic: FakeAnthrop
 
 
 async def test_pings_only_time_out(fake_anthropic: FakeAnthropic) -> None:
-    # the socket stays busy with keep-alive pings, so only the per-event bound can end the wait
+    # the socket stays busy with keep-alive pings, so only the per-event bound every model stream goes
+    # through (core.llm.silence.bounded) can end the wait
     fake_anthropic.script(Hang(10, after_text="thinking...", ping_every=0.05))
     provider = AnthropicProvider("m", fake_anthropic.base_url, KEY, request_timeout=0.3)
     try:
         started = time.monotonic()
-        error = await failure(provider)
-        assert error.kind is ProviderErrorKind.TIMEOUT
+        with pytest.raises(ProviderError) as info:
+            async for _event in bounded(provider.stream(REQUEST), 0.3):
+                pass
+        assert info.value.kind is ProviderErrorKind.TIMEOUT
         assert 0.25 <= time.monotonic() - started < 1.0
     finally:
         await provider.aclose()

@@ -14,13 +14,15 @@ class Ops:
         self.shown: dict[str, Part] = {}
         self.calls: list[tuple[str, str]] = []
         self.fail: list[PlatformError] = []
+        self.keys: list[str] = []
         self._ids = 0
 
     def _maybe_fail(self) -> None:
         if self.fail:
             raise self.fail.pop(0)
 
-    async def send(self, part: Part) -> str:
+    async def send(self, part: Part, key: str) -> str:
+        self.keys.append(key)
         self._maybe_fail()
         self._ids += 1
         mid = str(self._ids)
@@ -96,9 +98,22 @@ async def test_not_found_marks_the_entry_gone_and_missing_reports_it():
     assert [p.source for p in r.ledger.missing(final)] == ["first", "second"]
 
 
-def test_missing_accepts_the_plain_source_of_a_frozen_part():
+async def test_a_retried_send_carries_the_same_idempotency_key_until_it_is_accepted():
+    ops = Ops()
+    r = Reconciler(ops)
+    ops.fail = [PlatformError("timed out", kind="transient", outcome_unknown=True)]
+    with pytest.raises(PlatformError):
+        await r.apply(parts("a"), final=True)
+    await r.apply(parts("a"), final=True)
+    await r.apply(parts("a", "b"), final=True)
+    assert ops.keys[0] == ops.keys[1] != ops.keys[2]
+
+
+def test_a_preview_counts_as_shown_only_in_its_final_form_unless_it_could_not_be_removed():
     ledger = Ledger()
     ledger.accepted_send("1", Part.plain("**x** done"))
     ledger.accepted_send("2", Part.plain("partial"))
     final = [Part("x done", "**x** done", ("bold",)), Part("partial and rest", "partial and rest")]
+    assert [p.text for p in ledger.missing(final)] == ["x done", "partial and rest"]
+    ledger.keep(0)  # a stale preview the platform would not let us delete still shows those words
     assert [p.text for p in ledger.missing(final)] == ["partial and rest"]

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
 
-from channels.common.splitter import open_fence, split_text, utf8_len, utf16_len
+from channels.common.splitter import open_fence, split, split_text, utf8_len, utf16_len
 
 
 def _words(text: str) -> str:
@@ -68,3 +69,33 @@ def test_open_fence_tracks_nested_markers():
     assert open_fence("```py\nx\n```") is None
     assert open_fence("text\n```py\nx") == "```py"
     assert open_fence("````\n```\nstill open") == "````"
+
+
+def test_a_code_line_longer_than_the_limit_is_cut_inside_its_block_without_empty_parts():
+    # this used to loop forever: the only line break in reach was right after the fence line
+    text = "Intro\n\n```py\n" + "x" * 200 + "\n```"
+    parts = split_text(text, 64)
+    assert all(utf16_len(p) <= 64 and open_fence(p) is None for p in parts)
+    assert all(p.strip("`py\n") for p in parts)  # no part is an empty code block
+    assert "".join(p.replace("```py", "").replace("```", "").replace("\n", "") for p in parts) == "Intro" + "x" * 200
+
+
+def test_split_can_continue_from_any_part_it_made():
+    blocks = [f"Paragraph {i}: " + "words and more words. " * (i % 5 + 1) for i in range(40)]
+    blocks[7] = "```sh\n" + "\n".join(f"echo {j} 😀" for j in range(60)) + "\n```"
+    text = "\n\n".join(blocks)
+    chunks = split(text, 300)
+    for k, chunk in enumerate(chunks):
+        assert split(text, 300, start=chunk.start, reopen=chunk.reopen) == chunks[k:]
+
+
+def test_random_replies_split_completely_and_within_the_limit():
+    rng = random.Random(7)
+    pieces = ["alpha", "beta.", "gamma!", "😀", "é", "\n", "\n\n", "\n```py\n", "\n```\n", "  ", "x" * 50, "\t"]
+    for _ in range(300):
+        text = "".join(rng.choice(pieces) + rng.choice([" ", "", "\n"]) for _ in range(rng.randint(1, 200)))
+        limit = rng.choice([37, 64, 100])  # (at 16 a fence line itself must be cut)
+        for measure in (utf16_len, utf8_len, len):
+            parts = split_text(text, limit, measure=measure)
+            assert all(measure(p) <= limit for p in parts)
+            assert _words("\n".join(parts)) == _words(text)

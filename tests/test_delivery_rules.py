@@ -11,6 +11,7 @@ import asyncio
 from core.sqlite_store import SqliteStore
 from core.store import StoreError
 from tests.fakes.openai_server import Hang, HttpError, Malformed, Text
+from tests.support import db
 from tests.support.harness import API_KEY, make_harness
 
 ANSWER = "The capital of France is Paris."
@@ -37,27 +38,15 @@ async def test_open_failure_sends_exactly_one_plain_reply(tmp_path, fake_openai)
     await h.core.shutdown()
 
 
-async def test_permanent_final_failure_sends_exactly_one_fallback(tmp_path, fake_openai):
+async def test_a_failed_final_update_sends_exactly_one_fallback(tmp_path, fake_openai):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
     h = await make_harness(tmp_path, fake_openai)
-    h.channel.finish_fail_permanent = True
+    h.channel.finish_fail = True
     await h.say("capital of France?")
     await h.settle()
     plain = h.platform.plain("c1")
     assert plain == [ANSWER]
-    assert h.channel.sinks[0].finish_calls == 1  # permanent: not retried
-    await h.core.shutdown()
-
-
-async def test_transient_final_failure_then_success_sends_no_fallback(tmp_path, fake_openai):
-    fake_openai.script(Text(ANSWER))
-    h = await make_harness(tmp_path, fake_openai)
-    h.channel.finish_fail_transient = 2
-    await h.say("capital of France?")
-    await h.settle()
-    assert h.platform.visible("c1") == [ANSWER]
-    assert h.platform.plain("c1") == []
-    assert h.channel.sinks[0].finish_calls == 3
+    assert h.channel.sinks[0].finish_calls == 1  # retrying platform calls is the channel's business, not core's
     await h.core.shutdown()
 
 
@@ -101,7 +90,7 @@ async def test_persistence_failure_with_live_sink_ends_in_a_failure_state(tmp_pa
     assert h.platform.plain("c1") == []
     assert not any(type(e).__name__ == "TurnCommitted" for e in seen)
     # the trace normally rides on the commit; without one it is still written on its own
-    kinds = [t.kind for t in await h.store.traces("test:c1")]
+    kinds = [t.kind for t in db.traces(tmp_path / "db.sqlite", "test:c1")]
     assert kinds[0] == "request_begin" and "request_end" in kinds
     await h.core.shutdown()
 
@@ -129,7 +118,7 @@ async def test_stop_with_failing_sink_sends_one_plain_notice(tmp_path, fake_open
     hold = asyncio.Event()
     fake_openai.script(Text("Partial answer that goes on", hold=hold, hold_after=14))
     h = await make_harness(tmp_path, fake_openai)
-    h.channel.finish_fail_permanent = True
+    h.channel.finish_fail = True
     await h.say("tell me a story")
     await h.wait_for(lambda: any("Partial" in t for t in h.platform.visible("c1")))
     await h.say("/stop")
@@ -159,8 +148,14 @@ async def test_shutdown_mid_reply_produces_one_terminal_message_and_reclaims_eve
     assert len(h.core.supervisor) == 0
     live = [m for m in h.platform.messages.values() if m.kind == "live"]
     assert [m.text for m in live] == ["Streaming\n\n⏹ Stopped."]
-    # the queued message is answered with a restart notice, never dropped silently
-    assert len(h.platform.plain("c1")) == 1 and "restarting" in h.platform.plain("c1")[0]
+    # the queued message stays stored, unanswered: the next start answers it, once
+    assert h.platform.plain("c1") == []
+    fake_openai.script(Text("Answered after the restart"))
+    h2 = await make_harness(tmp_path, fake_openai, platform=h.platform)
+    await h2.settle()
+    assert h.platform.visible("c1") == ["Streaming\n\n⏹ Stopped.", "Answered after the restart"]
+    assert fake_openai.requests[-1]["messages"][-1]["content"].startswith("queued behind")
+    await h2.core.shutdown()
 
 
 async def test_auth_failure_is_one_presentable_reply_without_retries_or_secrets(tmp_path, fake_openai):
@@ -193,7 +188,8 @@ async def test_malformed_chunk_is_retried_and_the_answer_shown_once(tmp_path, fa
     await h.settle()
     assert len(fake_openai.requests) == 2
     assert h.platform.visible("c1") == [ANSWER]
-    traces = await h.store.traces("test:c1")
+    assert h.db_path is not None
+    traces = db.traces(h.db_path, "test:c1")
     assert [t.payload["status"] for t in traces if t.kind == "request_end"] == ["malformed", "completed"]
     await h.core.shutdown()
 
@@ -240,24 +236,13 @@ async def test_an_unexpected_provider_error_still_ends_the_turn_with_one_notice(
 
 async def test_platform_pauses_on_the_final_update_are_waited_out_beyond_the_delivery_wait(tmp_path, fake_openai):
     fake_openai.script(Text(ANSWER))
-    h = await make_harness(tmp_path, fake_openai, delivery_wait_timeout=0.2, sink_finish_attempts=2)
+    h = await make_harness(tmp_path, fake_openai, delivery_wait_timeout=0.2)
     h.channel.finish_pauses, h.channel.pause_seconds = 3, 0.15  # 0.45 s of pauses, more than the wait
     await h.say("hi")
     await h.settle()
     assert h.platform.visible("c1") == [ANSWER]
     assert h.platform.plain("c1") == []
-    assert h.channel.sinks[0].finish_calls == 4  # pauses do not use up the two attempts
-    await h.core.shutdown()
-
-
-async def test_a_plain_fallback_waits_out_platform_pauses(tmp_path, fake_openai):
-    fake_openai.script(Text(ANSWER))
-    h = await make_harness(tmp_path, fake_openai)
-    h.channel.fail_open = True
-    h.channel.plain_pauses, h.channel.pause_seconds = 4, 0.05
-    await h.say("hi")
-    await h.settle()
-    assert h.platform.plain("c1") == [ANSWER]
+    assert h.channel.sinks[0].finish_calls == 1
     await h.core.shutdown()
 
 

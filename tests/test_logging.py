@@ -18,11 +18,11 @@ async def test_each_turn_logs_one_line_and_its_id_is_on_every_record_logged_for_
     configure_logging("info", [API_KEY], stream=out)
     fake_openai.script(Text("first answer"), Text("second answer"))
     h = await make_harness(tmp_path, fake_openai)
-    h.channel.finish_fail_permanent = True  # turn 1: the sink's final update fails, one plain fallback
+    h.channel.finish_fail = True  # turn 1: the sink's final update fails, one plain fallback
     logging.getLogger("tests").warning("before any turn")
     await h.say("hi")
     await h.settle()
-    h.channel.finish_fail_permanent = False
+    h.channel.finish_fail = False
     await h.say("again")
     await h.settle()
     await h.core.shutdown()

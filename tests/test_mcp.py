@@ -368,6 +368,7 @@ async def test_mcp_tool_from_config_is_approved_through_the_core_and_its_output_
         tmp_path: Path) -> None:
     from bridge.config import load_config
     from bridge.mcp import start_mcp_servers
+    from core.channel import TurnFeed
     from core.llm.openai_provider import OpenAIProvider
     from core.runtime import ChatCore
     from core.snapshot import TurnSnapshot
@@ -389,9 +390,17 @@ args = [{_toml_str(str(ECHO_SERVER))}]
     snapshots: list[TurnSnapshot] = []
 
     class RecordingSink(TestSink):
-        async def update(self, snapshot: TurnSnapshot) -> None:
-            snapshots.append(snapshot)
-            await super().update(snapshot)
+        async def follow(self, turn: TurnFeed) -> None:
+            class Recorded:  # every snapshot the sink pulls is recorded
+                @property
+                def snapshot(self) -> TurnSnapshot:
+                    snapshots.append(turn.snapshot)
+                    return snapshots[-1]
+
+                def changed(self, *, urgent_only: bool = False) -> asyncio.Future[None]:
+                    return turn.changed(urgent_only=urgent_only)
+
+            await super().follow(Recorded())
 
     class RecordingChannel(TestChannel):
         async def open_sink(self, target):  # type: ignore[no-untyped-def]

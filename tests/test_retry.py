@@ -211,7 +211,7 @@ async def test_collect_text_through_the_ladder(fake_openai: FakeOpenAI, provider
     fake_openai.script(
         HttpError.server(503), Malformed(after_text="Broken ti"), Text("A fine title", chunk_size=3)
     )
-    assert await collect_text(provider, REQUEST, LADDER) == "A fine title"
+    assert await collect_text(provider, REQUEST, LADDER, timeout=2.0) == "A fine title"
     assert len(fake_openai.requests) == 3
 
 
@@ -220,6 +220,6 @@ async def test_collect_text_reraises_permanent_errors(
 ) -> None:
     fake_openai.script(HttpError.auth())
     with pytest.raises(ProviderError) as info:
-        await collect_text(provider, REQUEST, LADDER)
+        await collect_text(provider, REQUEST, LADDER, timeout=2.0)
     assert info.value.kind is ProviderErrorKind.AUTH
     assert len(fake_openai.requests) == 1

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from core.messages import MessageSource, NewMessage
 from core.router import RouterClosedError, SubmitResult
 from core.sqlite_store import SqliteStore
 from tests.fakes.openai_server import Function, Text
@@ -24,10 +25,10 @@ class SlowForA(SqliteStore):
         super().__init__(path)
         self.gate = gate
 
-    async def new_context(self, key):  # type: ignore[override]
+    async def new_context(self, key, **kw):  # type: ignore[override]
         if key == "test:A":
             await self.gate.wait()
-        return await super().new_context(key)
+        return await super().new_context(key, **kw)
 
     async def history(self, key, *, limit=1000, before=None):  # type: ignore[override]
         if key == "test:A":
@@ -125,7 +126,8 @@ async def test_turn_interrupted_by_a_crash_is_reported_once_on_restart(tmp_path,
     store = SqliteStore(tmp_path / "chat.db")
     await store.open()
     target = '{"channel":"test","chat_id":"c9","session_key":"test:c9"}'
-    await store.begin_turn("t-crashed", "test:c9", target)
+    message = NewMessage(role="user", content="hi", source=MessageSource(kind="user_input"))
+    await store.append_message("test:c9", message, begin_turn=("t-crashed", target))
     await store.close()
     h = await make_harness(tmp_path, fake_openai)
     assert len(h.platform.plain("c9")) == 1 and "restarted" in h.platform.plain("c9")[0]

@@ -11,8 +11,10 @@ import aiosqlite
 import pytest
 
 from core.messages import MessageSource, NewMessage, ToolCall
-from core.sqlite_store import MIGRATIONS, SqliteStore, migrate, schema_version
+from core.sqlite.schema import MIGRATIONS, migrate, schema_version
+from core.sqlite_store import SqliteStore
 from core.store import StaleStateError, StoreError, UnknownMessageError
+from tests.support import db
 
 KEY = "telegram:chat:1"
 
@@ -282,8 +284,7 @@ async def test_expired_dedupe_rows_are_purged(db_path: pathlib.Path) -> None:
         await store.mark_event_processed("web", "new", ttl_seconds=10)
     finally:
         await store.close()
-    with sqlite3.connect(db_path) as raw:
-        assert raw.execute("SELECT event_id FROM processed_events").fetchall() == [("new",)]
+    assert db.rows(db_path, "SELECT event_id FROM inbound") == [("new",)]
 
 
 # --------------------------------------------------------------------------------------------- migrations
@@ -325,13 +326,30 @@ async def test_older_schema_is_upgraded(db_path: pathlib.Path) -> None:
     try:
         session = await store.get_session(KEY)
         assert session is not None and session.title == "From v1"
-        await store.begin_turn("t1", KEY, "{}")
-        await store.append_trace(KEY, "t1", "start", {})
-        assert len(await store.traces(KEY)) == 1
+        await store.append_message(KEY, user("hi"), begin_turn=("t1", "{}"))
+        await store.append_traces(KEY, "t1", [("start", {})])
     finally:
         await store.close()
+    assert [t.kind for t in db.traces(db_path, KEY)] == ["start"]
     async with aiosqlite.connect(db_path) as conn:
         assert await schema_version(conn) == len(MIGRATIONS)
+
+
+async def test_dedupe_marks_of_schema_3_carry_over(db_path: pathlib.Path) -> None:
+    db_path.parent.mkdir(parents=True)
+    clock = FakeClock()
+    async with aiosqlite.connect(db_path, isolation_level=None) as conn:
+        assert await migrate(conn, target=3) == 3
+        await conn.execute("INSERT INTO processed_events VALUES ('telegram', 'e1', ?)", (clock.now + 100,))
+    store = SqliteStore(db_path, clock=clock)
+    await store.open()
+    try:
+        assert await store.event_seen("telegram", "e1")
+        assert not await store.mark_event_processed("telegram", "e1", ttl_seconds=100)
+        clock.now += 101
+        assert await store.mark_event_processed("telegram", "e1", ttl_seconds=100)
+    finally:
+        await store.close()
 
 
 async def test_newer_schema_is_refused(db_path: pathlib.Path) -> None:
@@ -348,9 +366,9 @@ async def test_newer_schema_is_refused(db_path: pathlib.Path) -> None:
 
 
 async def test_close_interrupted_turns_returns_running_turns_once(store: SqliteStore) -> None:
-    await store.begin_turn("t1", KEY, '{"chat": 1}')
-    await store.begin_turn("t2", KEY, '{"chat": 2}')
-    await store.begin_turn("t3", "other", "{}")
+    await store.append_message(KEY, user("1"), begin_turn=("t1", '{"chat": 1}'))
+    await store.append_message(KEY, user("2"), begin_turn=("t2", '{"chat": 2}'))
+    await store.append_message("other", user("3"), begin_turn=("t3", "{}"))
     await store.end_turn("t2", "completed")
 
     interrupted = await store.close_interrupted_turns()
@@ -362,22 +380,24 @@ async def test_close_interrupted_turns_returns_running_turns_once(store: SqliteS
     assert await store.close_interrupted_turns() == []
 
 
-async def test_traces_are_per_session_and_newest_limit_oldest_first(store: SqliteStore) -> None:
-    for i in range(5):
-        await store.append_trace(KEY, "t1", "step", {"i": i})
-    await store.append_trace("other", "t9", "step", {"i": 99})
-    traces = await store.traces(KEY, limit=3)
-    assert [(t.seq, t.payload["i"]) for t in traces] == [(3, 2), (4, 3), (5, 4)]
-    other = await store.traces("other")
-    assert [(t.seq, t.turn_id) for t in other] == [(1, "t9")]
+async def test_traces_are_numbered_per_session_in_order(db_path: pathlib.Path, store: SqliteStore) -> None:
+    for i in range(3):
+        await store.append_traces(KEY, "t1", [("step", {"i": i})])
+    await store.append_traces("other", "t9", [("step", {"i": 99})])
+    await store.append_traces(KEY, "t2", [("step", {"i": 3}), ("step", {"i": 4})])
+    assert [(t.seq, t.turn_id, t.payload["i"]) for t in db.traces(db_path, KEY)] == [
+        (1, "t1", 0), (2, "t1", 1), (3, "t1", 2), (4, "t2", 3), (5, "t2", 4)]
+    assert [(t.seq, t.turn_id) for t in db.traces(db_path, "other")] == [(1, "t9")]
 
 
 # --------------------------------------------------------------------------------------------- concurrency
 
 
-async def test_long_read_does_not_block_a_write(store: SqliteStore) -> None:
+async def test_a_long_read_elsewhere_neither_blocks_a_write_nor_sees_it(db_path: pathlib.Path,
+                                                                         store: SqliteStore) -> None:
     await store.append_message(KEY, user("before"))
-    async with store._read("test") as reader:
+    async with aiosqlite.connect(db_path, isolation_level=None) as reader:
+        await reader.execute("BEGIN")
         rows = list(await reader.execute_fetchall("SELECT count(*) FROM messages"))
         assert rows[0][0] == 1
         result = await asyncio.wait_for(
@@ -385,10 +405,11 @@ async def test_long_read_does_not_block_a_write(store: SqliteStore) -> None:
             timeout=2.0,
         )
         assert result.history_revision == 1
+        _, history = await store.history(KEY)  # the store's own reads see it at once
+        assert [m.content for m in history] == ["before", "during"]
         rows = list(await reader.execute_fetchall("SELECT count(*) FROM messages"))
         assert rows[0][0] == 1  # the held read transaction still sees its snapshot
-    _, history = await store.history(KEY)
-    assert [m.content for m in history] == ["before", "during"]
+        await reader.execute("ROLLBACK")
 
 
 async def test_concurrent_appends_get_distinct_seqs(store: SqliteStore) -> None:
@@ -397,47 +418,87 @@ async def test_concurrent_appends_get_distinct_seqs(store: SqliteStore) -> None:
     assert sorted(r.state_version for _, r in results) == list(range(1, 21))
 
 
-async def test_writes_committed_together_fail_alone(store: SqliteStore) -> None:
-    """Writes queued behind a busy writer are committed as one batch; one that fails (a stale commit, a
-    duplicate turn id) is rolled back alone and the others land."""
+async def test_concurrent_writes_fail_alone_and_whole(store: SqliteStore) -> None:
+    """Writes made at once run one after the other; one that fails (a stale commit, a duplicate turn id)
+    leaves nothing behind, and the others land."""
     await store.append_message(KEY, user("q"))  # state_version 1
-    async with store._write_lock:  # the writer is busy: everything below queues up behind it
-        good = asyncio.create_task(
-            store.commit_turn(KEY, [assistant("kept")], expect_generation=0, expect_state_version=1))
-        stale = asyncio.create_task(
-            store.commit_turn(KEY, [assistant("dropped")], expect_generation=0, expect_state_version=1))
-        dup_a = asyncio.create_task(store.begin_turn("t1", KEY, "{}"))
-        # fails at its last statement, after its message row was written: that row must go too
-        dup_b = asyncio.create_task(store.append_message(KEY, user("half-written"), begin_turn=("t1", "{}")))
-        other = asyncio.create_task(store.append_message("other:chat", user("elsewhere")))
-        await asyncio.sleep(0.05)
-        assert not any(t.done() for t in (good, stale, dup_a, dup_b, other))
-    assert (await good).history_revision == 1
-    with pytest.raises(StaleStateError):
-        await stale  # the first commit moved state_version on, inside the same batch
-    await dup_a
-    with pytest.raises(StoreError):
-        await dup_b
-    await other
+    writes = [
+        store.commit_turn(KEY, [assistant("kept")], expect_generation=0, expect_state_version=1),
+        store.commit_turn(KEY, [assistant("dropped")], expect_generation=0, expect_state_version=1),
+        store.append_message(KEY, user("second"), begin_turn=("t1", "{}")),
+        # fails at its turn record, after its message row was written: that row must go too
+        store.append_message(KEY, user("half-written"), begin_turn=("t1", "{}")),
+        store.append_message("other:chat", user("elsewhere")),
+    ]
+    good, stale, first_t1, dup_t1, other = await asyncio.gather(*writes, return_exceptions=True)
+    assert not isinstance(good, BaseException) and good.history_revision == 1
+    assert isinstance(stale, StaleStateError)  # the first commit moved state_version on
+    assert not isinstance(first_t1, BaseException)
+    assert isinstance(dup_t1, StoreError) and not isinstance(dup_t1, StaleStateError)
+    assert not isinstance(other, BaseException)
     _, history = await store.history(KEY)
-    assert [m.content for m in history] == ["q", "kept"]
+    assert [m.content for m in history] == ["q", "kept", "second"]
+    session = await store.get_session(KEY)
+    assert session is not None and (session.state_version, session.history_revision) == (3, 1)
     _, elsewhere = await store.history("other:chat")
     assert [m.content for m in elsewhere] == ["elsewhere"]
     [running] = await store.close_interrupted_turns()
     assert running.turn_id == "t1"
 
 
-async def test_a_write_cancelled_before_its_batch_never_happens(store: SqliteStore) -> None:
-    async with store._write_lock:
-        cancelled = asyncio.create_task(store.append_message(KEY, user("never")))
-        kept = asyncio.create_task(store.append_message(KEY, user("kept")))
-        await asyncio.sleep(0.02)
+async def test_a_write_cancelled_before_it_started_never_happens(db_path: pathlib.Path, store: SqliteStore) -> None:
+    async with aiosqlite.connect(db_path, isolation_level=None) as other:
+        await other.execute("BEGIN IMMEDIATE")  # the store's first write waits for this lock
+        first = asyncio.create_task(store.append_message(KEY, user("first")))
+        await asyncio.sleep(0.05)
+        cancelled = asyncio.create_task(store.append_message(KEY, user("never"), begin_turn=("t1", "{}")))
+        await asyncio.sleep(0.05)  # queued behind the first
         cancelled.cancel()
-        await asyncio.sleep(0)
-    await kept
+        await other.execute("COMMIT")
+    await first
+    await store.append_message(KEY, user("next"))
     assert cancelled.cancelled()
     _, history = await store.history(KEY)
-    assert [m.content for m in history] == ["kept"]
+    assert [m.content for m in history] == ["first", "next"]
+    assert await store.close_interrupted_turns() == []
+
+
+async def test_a_write_whose_caller_is_cancelled_once_it_runs_lands_whole(db_path: pathlib.Path,
+                                                                         store: SqliteStore) -> None:
+    async with aiosqlite.connect(db_path, isolation_level=None) as other:
+        await other.execute("BEGIN IMMEDIATE")  # the store's next write waits for this lock
+        running = asyncio.create_task(store.append_message(KEY, user("sent"), begin_turn=("t1", "{}")))
+        await asyncio.sleep(0.2)
+        running.cancel()
+        await other.execute("COMMIT")
+    await store.append_message(KEY, user("next"))
+    assert running.cancelled()
+    _, history = await store.history(KEY)
+    assert [m.content for m in history] == ["sent", "next"]
+    [turn] = await store.close_interrupted_turns()
+    assert turn.turn_id == "t1"
+
+
+async def test_concurrent_writes_share_statements_and_still_fail_alone(db_path: pathlib.Path,
+                                                                       store: SqliteStore) -> None:
+    """Writes queued while the writer is busy are merged; one that fails is retried alone and fails alone."""
+    async with aiosqlite.connect(db_path, isolation_level=None) as other:
+        await other.execute("BEGIN IMMEDIATE")
+        first = asyncio.create_task(store.append_message("s0", user("first")))
+        await asyncio.sleep(0.05)  # the first write waits for the lock; the next ones queue behind it
+        rest = [asyncio.create_task(store.append_message(f"s{i}", user(f"m{i}"), begin_turn=(f"t{i}", "{}")))
+                for i in range(1, 6)]
+        dup = asyncio.create_task(store.append_message("s9", user("dup"), begin_turn=("t3", "{}")))
+        seen = [asyncio.create_task(store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)) for _ in range(2)]
+        await other.execute("COMMIT")
+    await first
+    for task in rest:
+        await task
+    with pytest.raises(StoreError):
+        await dup
+    assert [await t for t in seen][1] is None
+    assert db.rows(db_path, "SELECT count(*) FROM messages") == [(6,)]
+    assert {t.turn_id for t in await store.close_interrupted_turns()} == {f"t{i}" for i in range(1, 6)}
 
 
 async def test_writes_queued_when_the_store_closes_get_a_store_error(db_path: pathlib.Path) -> None:
@@ -489,14 +550,13 @@ async def test_source_and_received_at_round_trip_exactly(db_path: pathlib.Path) 
 async def test_sqlite_errors_become_store_errors_without_content(
     db_path: pathlib.Path, store: SqliteStore
 ) -> None:
-    await store.begin_turn("t1", KEY, '{"secret": "TARGET-SECRET"}')
+    await store.append_message(KEY, user("MSG-SECRET"), begin_turn=("t1", '{"secret": "TARGET-SECRET"}'))
     with pytest.raises(StoreError) as duplicate:
-        await store.begin_turn("t1", KEY, '{"secret": "TARGET-SECRET"}')
+        await store.append_message(KEY, user("MSG-SECRET"), begin_turn=("t1", '{"secret": "TARGET-SECRET"}'))
     assert not isinstance(duplicate.value, StaleStateError)
-    assert "TARGET-SECRET" not in str(duplicate.value)
-    await store.begin_turn("t2", KEY, "{}")  # the failed transaction was rolled back; the writer is usable
+    assert "TARGET-SECRET" not in str(duplicate.value) and "MSG-SECRET" not in str(duplicate.value)
+    await store.append_message(KEY, user("fine"), begin_turn=("t2", "{}"))  # the writer is usable
 
-    await store.append_message(KEY, user("fine"))
     with sqlite3.connect(db_path) as raw:
         raw.execute("UPDATE messages SET content = 'ROW-SECRET', source = '{\"kind\": \"ROW-SECRET\"}'")
     with pytest.raises(StoreError) as malformed:
@@ -538,24 +598,26 @@ async def test_channel_state_is_durable_and_overwritable(tmp_path) -> None:
     await reopened.close()
 
 
-async def test_a_batch_of_traces_lands_in_order_after_earlier_ones(store: SqliteStore) -> None:
-    await store.append_trace(KEY, "t1", "request_begin", {})
+async def test_a_batch_of_traces_lands_in_order_after_earlier_ones(db_path: pathlib.Path,
+                                                                    store: SqliteStore) -> None:
+    await store.append_traces(KEY, "t1", [("request_begin", {})])
     await store.append_traces(KEY, "t2", [("text", {"n": 1}), ("request_end", {"status": "completed"})])
-    records = await store.traces(KEY)
+    records = db.traces(db_path, KEY)
     assert [(r.seq, r.turn_id, r.kind) for r in records] == [
         (1, "t1", "request_begin"), (2, "t2", "text"), (3, "t2", "request_end")]
     assert records[2].payload == {"status": "completed"}
 
 
-async def test_a_commit_carries_its_turn_trace_and_a_stale_one_writes_none(store: SqliteStore) -> None:
+async def test_a_commit_carries_its_turn_trace_and_a_stale_one_writes_none(db_path: pathlib.Path,
+                                                                             store: SqliteStore) -> None:
     await store.append_message(KEY, user("q"))
     with pytest.raises(StaleStateError):
         await store.commit_turn(KEY, [assistant("a")], expect_generation=0, expect_state_version=99,
                                 trace=("t1", [("request_begin", {})]))
-    assert await store.traces(KEY) == []
+    assert db.traces(db_path, KEY) == []
     await store.commit_turn(KEY, [assistant("a")], expect_generation=0, expect_state_version=1,
                             trace=("t1", [("request_begin", {"n": 1}), ("request_end", {"status": "completed"})]))
-    assert [(t.turn_id, t.kind, t.payload) for t in await store.traces(KEY)] == [
+    assert [(t.turn_id, t.kind, t.payload) for t in db.traces(db_path, KEY)] == [
         ("t1", "request_begin", {"n": 1}), ("t1", "request_end", {"status": "completed"})]
 
 
@@ -571,13 +633,118 @@ async def test_an_idle_store_keeps_nothing_of_its_last_write(store: SqliteStore)
     assert gone() is None
 
 
-async def test_a_trace_payload_json_cannot_hold_never_fails_the_commit(store: SqliteStore) -> None:
+async def test_a_trace_payload_json_cannot_hold_never_fails_the_commit(db_path: pathlib.Path,
+                                                                        store: SqliteStore) -> None:
     circular: dict[str, object] = {}
     circular["self"] = circular
     await store.append_message(KEY, user("q"))
     result = await store.commit_turn(KEY, [assistant("a")], expect_generation=0, expect_state_version=1,
                                      trace=("t1", [("odd", circular), ("fine", {"when": object})]))
     assert [m.content for m in result.messages] == ["q", "a"]
-    records = await store.traces(KEY)
+    records = db.traces(db_path, KEY)
     assert records[0].payload == {"unencodable_payload": True}
     assert records[1].payload["when"].startswith("<class")  # stored as its str()
+
+
+# --------------------------------------------------------------------------------------------- inbound
+
+
+async def test_an_admitted_message_waits_until_served_and_keeps_its_mark(db_path: pathlib.Path) -> None:
+    clock = FakeClock()
+    store = SqliteStore(db_path, clock=clock)
+    await store.open()
+    try:
+        first = await store.admit_inbound("telegram", "555:1", '{"n": 1}', ttl_seconds=100)
+        second = await store.admit_inbound("web", None, '{"n": 2}', ttl_seconds=100)
+        assert first is not None and second is not None and first < second
+        assert await store.admit_inbound("telegram", "555:1", '{"n": 1}', ttl_seconds=100) is None
+        assert await store.event_seen("telegram", "555:1") and not await store.event_seen("telegram", "555:2")
+        assert [(r.seq, r.payload) for r in await store.waiting_inbound()] == [(first, '{"n": 1}'),
+                                                                               (second, '{"n": 2}')]
+        await store.append_message(KEY, user("one"), begin_turn=("t1", "{}"), serves=first)
+    finally:
+        await store.close()
+    reopened = SqliteStore(db_path, clock=clock)
+    await reopened.open()
+    try:
+        assert [r.seq for r in await reopened.waiting_inbound()] == [second]
+        clock.now += 99
+        assert await reopened.event_seen("telegram", "555:1")  # served, the mark stays for its TTL
+        assert await reopened.admit_inbound("telegram", "555:1", "{}", ttl_seconds=100) is None
+        clock.now += 2
+        assert not await reopened.event_seen("telegram", "555:1")
+        assert await reopened.admit_inbound("telegram", "555:1", "{}", ttl_seconds=100) is not None
+    finally:
+        await reopened.close()
+
+
+async def test_a_waiting_message_keeps_its_mark_past_its_ttl(db_path: pathlib.Path) -> None:
+    clock = FakeClock()
+    store = SqliteStore(db_path, clock=clock)
+    await store.open()
+    try:
+        seq = await store.admit_inbound("telegram", "e1", "{}", ttl_seconds=10)
+        clock.now += 60
+        assert await store.admit_inbound("telegram", "e2", "{}", ttl_seconds=10) is not None  # purges
+        assert await store.admit_inbound("telegram", "e1", "{}", ttl_seconds=10) is None
+        assert seq in [r.seq for r in await store.waiting_inbound()]
+    finally:
+        await store.close()
+
+
+async def test_finished_inbound_keeps_its_mark_and_forgotten_inbound_frees_its_event(store: SqliteStore) -> None:
+    done = await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)
+    gone = await store.admit_inbound("web", "c-2", "{}", ttl_seconds=100)
+    assert done is not None and gone is not None
+    await store.finish_inbound([done])
+    await store.forget_inbound(gone)
+    assert await store.waiting_inbound() == []
+    assert await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100) is None
+    assert await store.admit_inbound("web", "c-2", "{}", ttl_seconds=100) is not None
+
+
+async def test_rows_without_an_event_id_go_once_served(db_path: pathlib.Path, store: SqliteStore) -> None:
+    for i in range(3):
+        seq = await store.admit_inbound("web", None, "{}", ttl_seconds=100)
+        assert seq is not None
+        await store.append_message(KEY, user(f"m{i}"), serves=seq)
+    assert db.rows(db_path, "SELECT count(*) FROM inbound") == [(1,)]  # the last one, until the next admission
+
+
+async def test_new_context_drops_the_waiting_messages_it_is_given(store: SqliteStore) -> None:
+    dropped = await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)
+    kept = await store.admit_inbound("web", "c-2", "{}", ttl_seconds=100)
+    assert dropped is not None and kept is not None
+    await store.new_context(KEY, drop_inbound=[dropped])
+    assert [r.seq for r in await store.waiting_inbound()] == [kept]
+    assert await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100) is None
+
+
+async def test_a_failed_write_serves_nothing(store: SqliteStore) -> None:
+    seq = await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)
+    await store.append_message(KEY, user("first"), begin_turn=("t1", "{}"))
+    with pytest.raises(StoreError):
+        await store.append_message(KEY, user("second"), begin_turn=("t1", "{}"), serves=seq)
+    assert [r.seq for r in await store.waiting_inbound()] == [seq]
+
+
+async def test_every_character_and_timestamp_of_a_commit_round_trips(store: SqliteStore) -> None:
+    await store.append_message(KEY, NewMessage(role="user", content="nul \x00 inside", received_at=1 / 3,
+                                               source=MessageSource(kind="user_input")))
+    odd = NewMessage(role="tool", content="a\x00b 👋 \u2028 \"q\" \\", tool_call_id="call\x00x",
+                     received_at=1_712_345_678.123_456_7, source=MessageSource(kind="tool", extra={"z": "\x00"}))
+    result = await store.commit_turn(KEY, [odd, assistant("end")], expect_generation=0, expect_state_version=1)
+    _, history = await store.history(KEY)
+    assert list(result.messages) == history
+    assert history[0].content == "nul \x00 inside" and history[0].received_at == 1 / 3
+    assert (history[1].content, history[1].tool_call_id) == (odd.content, odd.tool_call_id)
+    assert history[1].received_at == odd.received_at and history[1].source == odd.source
+
+
+async def test_a_commit_of_many_messages_lands_whole(store: SqliteStore) -> None:
+    await store.append_message(KEY, user("q"))
+    many = [assistant(f"part {i}") for i in range(500)]
+    result = await store.commit_turn(KEY, many, expect_generation=0, expect_state_version=1)
+    assert [m.seq for m in result.messages] == list(range(1, 502))
+    _, history = await store.history(KEY)
+    assert [m.content for m in history] == ["q", *(f"part {i}" for i in range(500))]

@@ -95,27 +95,67 @@ async def test_transient_final_failures_then_success_send_no_fallback(tmp_path, 
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
     t = await telegram_harness(tmp_path, fake_openai, tg)
     try:
-        # more 502s than the client's own retries: the core's finish retry takes over
-        tg.fail("editMessageText", status=502, description="Bad Gateway", times=4,
+        tg.fail("editMessageText", status=502, description="Bad Gateway", times=2,
                 when=lambda p: bool(p.get("entities")))
         tg.user_message("capital of France?")
         await t.settle()
         assert tg.visible(CHAT) == [SHOWN]
         assert tg.count("sendMessage") == 1
-        assert len(final_edits(tg)) == 5
+        assert [c.status for c in final_edits(tg)] == [502, 502, 200]
+    finally:
+        await t.close()
+
+
+async def test_a_final_edit_that_keeps_failing_is_tried_three_times_then_replaced_by_one_fallback(
+        tmp_path, fake_openai, tg):
+    # one retry policy owns the final edit: three tries in all (not three per layer), then the stale
+    # preview goes and the single fallback shows the formatted answer
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.fail("editMessageText", status=502, description="Bad Gateway", times=100,
+                when=lambda p: bool(p.get("entities")))
+        tg.user_message("capital of France?")
+        await t.settle()
+        assert len(final_edits(tg)) == 3
+        [msg] = tg.messages(CHAT)
+        assert (msg.text, msg.entities) == (SHOWN, [{"type": "bold", "offset": 25, "length": 5}])
+        assert tg.count("deleteMessage") == 1 and tg.count("sendMessage") == 2
+    finally:
+        await t.close()
+
+
+async def test_a_retried_final_edit_waits_for_the_chats_next_slot(tmp_path, fake_openai, tg):
+    # a retry is a call like any other: it reaches the chat no sooner than edit_interval after the last one
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg, edit_interval=0.5)
+    try:
+        tg.fail("editMessageText", status=502, description="Bad Gateway", when=lambda p: bool(p.get("entities")))
+        tg.user_message("capital of France?")
+        await t.settle()
+        assert tg.visible(CHAT) == [SHOWN]
+        failed, retried = final_edits(tg)
+        assert failed.status == 502 and retried.status == 200
+        assert retried.at - failed.at >= 0.45
     finally:
         await t.close()
 
 
 async def test_message_is_not_modified_counts_as_success(tmp_path, fake_openai, tg):
-    fake_openai.script(Text("plain answer without any markup at all"))
-    t = await telegram_harness(tmp_path, fake_openai, tg, first_chars=1, first_delay=0.0)
+    # The final edit lands but its answer is lost (a 502 after Telegram did the work): the repeated edit gets
+    # Telegram's own "message is not modified", which means the chat already shows the target state.
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
     try:
-        tg.fail("editMessageText", description="Bad Request: message is not modified: specified new message "
-                "content and reply markup are exactly the same", times=5)
-        tg.user_message("hi")
+        tg.fail("editMessageText", status=502, description="Bad Gateway", apply_first=True,
+                when=lambda p: bool(p.get("entities")))
+        tg.user_message("capital of France?")
         await t.settle()
-        assert tg.count("sendMessage") == 1  # no fallback
+        [msg] = tg.messages(CHAT)
+        assert msg.text == SHOWN
+        assert msg.entities == [{"type": "bold", "offset": 25, "length": 5}]
+        assert [c.status for c in final_edits(tg)] == [502, 400]  # the repeat: "message is not modified"
+        assert tg.count("sendMessage") == 1  # success: no fallback
     finally:
         await t.close()
 
@@ -156,9 +196,9 @@ async def test_a_failed_turn_shows_its_notice_once_although_history_keeps_it(tmp
 async def test_rate_limit_on_the_final_edit_pauses_the_chat_then_shows_the_answer_once(
         tmp_path, fake_openai, tg):
     # retry_after is scaled down from 30 s to 1 s (Telegram's unit is whole seconds); the code path is the
-    # same: the sink reports the remaining pause to core, which waits it out before finishing again.
+    # same: the call policy pauses the chat and repeats the edit once the pause is over.
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-    t = await telegram_harness(tmp_path, fake_openai, tg, core={"sink_finish_retry_delay": 0.01})
+    t = await telegram_harness(tmp_path, fake_openai, tg)
     try:
         tg.fail("editMessageText", status=429, description="Too Many Requests: retry after 1", retry_after=1,
                 when=lambda p: bool(p.get("entities")))
@@ -247,8 +287,7 @@ async def test_a_429_pause_longer_than_the_delivery_wait_is_waited_out_not_given
     # The pause (1 s) outlasts the core's delivery wait (0.3 s): the wait stretches with the pause, so the
     # final edit lands and no plain fallback is sent.
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-    t = await telegram_harness(tmp_path, fake_openai, tg,
-                               core={"sink_finish_retry_delay": 0.01, "delivery_wait_timeout": 0.3})
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"delivery_wait_timeout": 0.3})
     try:
         tg.fail("editMessageText", status=429, description="Too Many Requests: retry after 1", retry_after=1,
                 when=lambda p: bool(p.get("entities")))
@@ -262,7 +301,7 @@ async def test_a_429_pause_longer_than_the_delivery_wait_is_waited_out_not_given
 
 async def test_the_plain_fallback_waits_out_a_429_pause_longer_than_one_send_may_take(tmp_path, fake_openai, tg):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-    t = await telegram_harness(tmp_path, fake_openai, tg, core={"plain_send_timeout": 0.3})
+    t = await telegram_harness(tmp_path, fake_openai, tg, call_timeout=0.3)  # one try may take 0.3 s
     try:
         tg.fail("editMessageText", status=400, description="Bad Request: message to edit not found",
                 when=lambda p: bool(p.get("entities")), times=10)
@@ -280,14 +319,22 @@ async def test_the_plain_fallback_waits_out_a_429_pause_longer_than_one_send_may
 
 async def test_a_preview_that_can_no_longer_be_edited_is_replaced_not_left_beside_the_fallback(
         tmp_path, fake_openai, tg):
-    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    # The model is held after its last character until the preview shows the whole answer as raw Markdown:
+    # a preview is "shown" only in its final, formatted form, so it is deleted and the fallback shows the
+    # formatted answer once.
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01, hold=hold, hold_after=len(ANSWER)))
     t = await telegram_harness(tmp_path, fake_openai, tg)
     try:
         tg.fail("editMessageText", status=400, description="Bad Request: message can't be edited",
                 when=lambda p: bool(p.get("entities")), times=10)
         tg.user_message("capital of France?")
+        await t.wait_for(lambda: tg.visible(CHAT) == [ANSWER])
+        hold.set()
         await t.settle()
         assert tg.count("deleteMessage") == 1
-        assert tg.visible(CHAT) == [SHOWN]  # the fallback alone: no stale preview above it
+        [msg] = tg.messages(CHAT)  # the fallback alone: no stale preview above it
+        assert msg.text == SHOWN
+        assert msg.entities == [{"type": "bold", "offset": 25, "length": 5}]
     finally:
         await t.close()

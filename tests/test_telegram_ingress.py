@@ -3,6 +3,7 @@ across restarts, webhook mode, drafts, and keeping the bot token out of logs and
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import aiohttp
@@ -13,7 +14,9 @@ from aiohttp import web
 from channels.telegram.adapter import AllowList, BotIdentity, normalize
 from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
 from core.envelope import TurnTarget
+from core.messages import MessageSource, NewMessage
 from core.sqlite_store import SqliteStore
+from core.store import StoreError
 from tests.fakes.openai_server import Text, image_parts, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
@@ -182,8 +185,9 @@ async def test_reply_targets_survive_a_restart_also_those_written_before_the_con
                          allow=AllowList(["*"]), group_policy="mention")
     assert envelope is not None
     new_row = envelope.target()  # as this build persists it
-    await store.begin_turn("t-old", old_row.session_key, old_row.model_dump_json())
-    await store.begin_turn("t-new", new_row.session_key, new_row.model_dump_json())
+    asked = NewMessage(role="user", content=text, source=MessageSource(kind="user_input"))
+    await store.append_message(old_row.session_key, asked, begin_turn=("t-old", old_row.model_dump_json()))
+    await store.append_message(new_row.session_key, asked, begin_turn=("t-new", new_row.model_dump_json()))
     await store.close()
     t = await telegram_harness(tmp_path, fake_openai, tg)
     try:
@@ -220,6 +224,73 @@ async def test_webhook_mode_checks_the_secret_and_answers(tmp_path, fake_openai,
         assert tg.count("getUpdates") == 0
         await t.channel.stop()
         assert tg.webhook is None  # deleted at stop
+    finally:
+        await t.close()
+        await runner.cleanup()
+
+
+class GatedAdmissions(SqliteStore):
+    """Storing an inbound message waits for ``gate`` and fails while ``failures`` is above zero."""
+
+    def __init__(self, path) -> None:
+        super().__init__(path)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.failures = 0
+
+    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds):  # type: ignore[override]
+        await self.gate.wait()
+        if self.failures:
+            self.failures -= 1
+            raise StoreError("sqlite store: admit_inbound failed (OperationalError: database is locked)")
+        return await super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds)
+
+
+async def test_an_update_core_could_not_store_is_fetched_again_and_answered_once(tmp_path, fake_openai, tg):
+    fake_openai.script(Text("answered"))
+    store = GatedAdmissions(tmp_path / "chat.db")
+    store.failures = 1
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"store": store})
+    try:
+        update = tg.user_message("please keep me")
+        await t.settle()
+        offsets = [int(c.params.get("offset") or 0) for c in tg.calls if c.method == "getUpdates"]
+        # the failed update was not confirmed: the next poll asked for it again
+        assert offsets[:3] == [0, 0, update["update_id"] + 1]
+        assert tg.visible(555) == ["answered"] and len(fake_openai.requests) == 1
+    finally:
+        await t.close()
+
+
+async def test_webhook_answers_only_after_the_message_is_stored(tmp_path, fake_openai, tg):
+    fake_openai.script(Text("via webhook"))
+    store = GatedAdmissions(tmp_path / "chat.db")
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"store": store}, mode="webhook",
+                               webhook_url="https://bot.example.com/telegram/webhook", webhook_secret="s3cret")
+    app = web.Application()
+    t.channel.routes(app)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}{WEBHOOK_PATH}"
+    headers = {SECRET_HEADER: "s3cret"}
+    try:
+        update = tg.user_message("hi by webhook", enqueue=False)
+        async with aiohttp.ClientSession() as http:
+            store.failures = 1
+            async with http.post(url, json=update, headers=headers) as resp:
+                assert resp.status == 503  # not stored: Telegram delivers it again
+            store.gate.clear()
+            delivery = asyncio.create_task(http.post(url, json=update, headers=headers))
+            await asyncio.sleep(0.2)
+            assert not delivery.done()  # no 200 while the message is not stored yet
+            store.gate.set()
+            async with await delivery as resp:
+                assert resp.status == 200
+        await t.wait_for(lambda: tg.visible(555))
+        await t.h.settle()
+        assert tg.visible(555) == ["via webhook"] and len(fake_openai.requests) == 1
     finally:
         await t.close()
         await runner.cleanup()

@@ -10,8 +10,10 @@ import aiohttp
 import pytest
 
 from channels.web.sse import StreamHub
+from core.sqlite_store import SqliteStore
+from core.store import StoreError
 from tests.browser.server import open_stream, seq_of, start_web_chat
-from tests.fakes.openai_server import HttpError, Text
+from tests.fakes.openai_server import Function, HttpError, Text, last_user_text
 
 
 @pytest.fixture
@@ -336,6 +338,70 @@ async def test_busy_is_202_with_a_notice_and_duplicates_are_not_run_twice(tmp_pa
             hist = await resp.json()
         assert [m["content"] for m in hist["messages"]] == ["one", "slow", "two", "second"]
         sse.resp.close()
+    finally:
+        await chat.close()
+
+
+class FailingAppendStore(SqliteStore):
+    """Storing the user's message at the start of a turn fails while ``fail_appends`` is above zero."""
+
+    fail_appends = 0
+
+    async def append_message(self, key, message, **kw):  # type: ignore[override]
+        if self.fail_appends:
+            self.fail_appends -= 1
+            raise StoreError("sqlite store: append_message failed (OperationalError: disk I/O error)")
+        return await super().append_message(key, message, **kw)
+
+
+async def test_a_client_id_counts_as_seen_only_once_its_message_was_accepted(tmp_path, fake_openai, http):
+    """Resending a message answered busy, "could not be saved" or refused at shutdown, with the same
+    client_id, gets it answered; only an accepted message makes its client_id a duplicate."""
+    hold = asyncio.Event()
+    fake_openai.script(Text("slow", hold=hold))
+    fake_openai.default = Function(lambda body: Text("echo: " + last_user_text(body).split("\n\n")[0]))
+    store = FailingAppendStore(tmp_path / "chat.db")
+    chat = await start_web_chat(tmp_path, fake_openai, queue_capacity=1, store=store)
+    try:
+        sid = await new_session(http, chat.base_url)
+        sse = await open_stream(http, chat.base_url, sid)
+        await sse.next()
+        assert await say(http, chat.base_url, sid, "one", "m1") == (202, {"status": "queued"})
+        await sse.until(lambda e: e.name == "turn")
+        assert await say(http, chat.base_url, sid, "two", "m2") == (202, {"status": "queued"})
+        assert await say(http, chat.base_url, sid, "busy one", "m3") == (202, {"status": "busy"})
+        hold.set()
+        await sse.until(lambda e: e.name == "turn_committed" and e.data["history_revision"] == 2)
+        assert await say(http, chat.base_url, sid, "busy one", "m3") == (202, {"status": "queued"})
+        await sse.until(lambda e: e.name == "turn_committed" and e.data["history_revision"] == 3)
+        store.fail_appends = 1
+        assert await say(http, chat.base_url, sid, "unsaved", "m4") == (202, {"status": "queued"})
+        await sse.until(lambda e: e.name == "notice" and "could not be saved" in e.data["text"])
+        assert await say(http, chat.base_url, sid, "unsaved", "m4") == (202, {"status": "queued"})
+        await sse.until(lambda e: e.name == "turn_committed" and e.data["history_revision"] == 4)
+        sse.resp.close()
+    finally:
+        await chat.close()
+    chat = await start_web_chat(tmp_path, fake_openai, queue_capacity=1)
+    try:
+        chat.core.router.close()  # shutting down: refused
+        status, body = await say(http, chat.base_url, sid, "at shutdown", "m5")
+        assert status == 503 and "shutting down" in body["error"]
+    finally:
+        await chat.close()
+    chat = await start_web_chat(tmp_path, fake_openai, queue_capacity=1)
+    try:
+        sse = await open_stream(http, chat.base_url, sid)
+        await sse.next()
+        assert await say(http, chat.base_url, sid, "at shutdown", "m5") == (202, {"status": "queued"})
+        assert await say(http, chat.base_url, sid, "at shutdown", "m5") == (202, {"status": "duplicate"})
+        await sse.until(lambda e: e.name == "turn_committed" and e.data["history_revision"] == 5)
+        sse.resp.close()
+        async with http.get(f"{chat.base_url}/api/sessions/{sid}/history") as resp:
+            hist = await resp.json()
+        assert [m["content"] for m in hist["messages"]] == [
+            "one", "slow", "two", "echo: two", "busy one", "echo: busy one", "unsaved", "echo: unsaved",
+            "at shutdown", "echo: at shutdown"]
     finally:
         await chat.close()
 

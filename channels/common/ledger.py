@@ -2,6 +2,11 @@
 
 It changes only when the platform accepted a call, so it is always a true picture of the chat, and the
 fallback can tell exactly which parts the chat does not show yet.
+
+What counts as shown: a message shows a part when it shows the part's final rendering. A streaming
+preview (the plain Markdown source) is stale once the final failed: the sink removes it before the
+fallback, so the chat ends showing the formatted answer once. Only a preview the platform would not let
+us remove (``kept``) still counts for its words: sending them again would show them twice.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class Entry:
     part: Part
     frozen: bool = False
     gone: bool = False
+    kept: bool = False
+    """A stale preview that could not be removed: it still shows the words of its part's source."""
 
 
 class Ledger:
@@ -47,8 +54,8 @@ class Ledger:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def accepted_send(self, message_id: str, part: Part) -> None:
-        self.entries.append(Entry(message_id, part))
+    def accepted_send(self, message_id: str, part: Part, *, frozen: bool = False) -> None:
+        self.entries.append(Entry(message_id, part, frozen))
 
     def accepted_edit(self, index: int, part: Part) -> None:
         self.entries[index].part = part
@@ -57,23 +64,29 @@ class Ledger:
         del self.entries[index]
 
     def gone(self, index: int) -> None:
-        """The platform reported message ``index`` as deleted: it shows nothing any more."""
+        """Message ``index`` shows nothing any more (deleted by us, or the platform says it is gone)."""
         self.entries[index].part = Part(text="")
         self.entries[index].gone = True
 
-    def freeze_all_but_last(self) -> None:
-        for entry in self.entries[:-1]:
+    def keep(self, index: int) -> None:
+        """Message ``index`` is stale but could not be removed."""
+        self.entries[index].kept = True
+
+    def freeze(self, upto: int) -> None:
+        """Messages before ``upto`` are finished: streaming never touches them again."""
+        for entry in self.entries[:upto]:
             entry.frozen = True
 
     def shows(self, index: int, part: Part) -> bool:
-        """Whether message ``index`` shows all of ``part``'s words: its rendered form, or its plain source
-        (a part frozen during streaming holds the finished plain text)."""
+        """Whether message ``index`` shows ``part`` in its final form (or, when it is a stale preview that
+        could not be removed, at least its words)."""
         if index >= len(self.entries):
             return False
-        if self.entries[index].gone:
+        entry = self.entries[index]
+        if entry.gone:
             return False
-        shown = self.entries[index].part
-        return shown.content == part.content or (shown.formatting == () and shown.text == part.source)
+        shown = entry.part
+        return shown.content == part.content or (entry.kept and shown.text == part.source)
 
     def missing(self, desired: list[Part]) -> list[Part]:
         """The desired parts the chat does not show (what a fallback must still send)."""

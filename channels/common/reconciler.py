@@ -4,20 +4,23 @@ Edit a part whose content changed, send a part that is missing, delete a surplus
 frozen parts (every message but the last, once the reply outgrew it) are left alone; the final reconcile
 makes every message equal its final rendering. Each call repeats a target state ("message 2 shows X"),
 never "append Y", so a retried reconcile cannot duplicate text; the ledger records only accepted calls.
+A send carries an idempotency key that stays the same until that send is accepted, so a platform that
+honours one (Feishu's ``uuid``) never posts a retried send twice.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Protocol
 
 from channels.common.errors import PlatformError
 from channels.common.ledger import Ledger, Part
 
 
-class MessageOps(Protocol):
-    """The three platform calls a reconcile needs. Raise ``PlatformError`` on failure."""
+class ReconcileOps(Protocol):
+    """The three calls a reconcile makes (already paced and retried). Raise ``PlatformError`` on failure."""
 
-    async def send(self, part: Part) -> str:
+    async def send(self, part: Part, key: str) -> str:
         """Post a new message; returns its id."""
         ...
 
@@ -27,10 +30,10 @@ class MessageOps(Protocol):
 
 
 class Reconciler:
-    def __init__(self, ops: MessageOps, ledger: Ledger | None = None) -> None:
+    def __init__(self, ops: ReconcileOps, ledger: Ledger | None = None) -> None:
         self.ops = ops
         self.ledger = ledger or Ledger()
-        self.calls = 0
+        self._keys: dict[int, str] = {}
 
     def pending(self, desired: list[Part], *, final: bool) -> bool:
         """Whether ``apply`` would make any call."""
@@ -45,14 +48,16 @@ class Reconciler:
                 return True
         return False
 
-    async def apply(self, desired: list[Part], *, final: bool) -> None:
+    async def apply(self, desired: list[Part], *, final: bool, open_last: bool = True) -> None:
+        """Make the chat show ``desired``. While streaming (not ``final``), frozen messages are left alone
+        and, once every call succeeded, every message but the last (all of them: ``open_last=False``) is
+        frozen."""
         ledger = self.ledger
         for i, part in enumerate(desired):
             if i < len(ledger):
                 entry = ledger.entries[i]
                 if entry.part.content == part.content or (entry.frozen and not final):
                     continue
-                self.calls += 1
                 try:
                     await self.ops.edit(entry.message_id, part)
                 except PlatformError as exc:
@@ -61,15 +66,15 @@ class Reconciler:
                     raise
                 ledger.accepted_edit(i, part)
             else:
-                self.calls += 1
-                message_id = await self.ops.send(part)
+                key = self._keys.setdefault(i, uuid.uuid4().hex)
+                message_id = await self.ops.send(part, key)
+                del self._keys[i]
                 ledger.accepted_send(message_id, part)
         # surplus messages (the reply got shorter, e.g. a retried model answer): newest first
         for i in range(len(ledger) - 1, len(desired) - 1, -1):
             if ledger.entries[i].frozen and not final:
                 continue
-            self.calls += 1
             await self.ops.delete(ledger.entries[i].message_id)
             ledger.accepted_delete(i)
         if not final:
-            ledger.freeze_all_but_last()
+            ledger.freeze(len(ledger) - 1 if open_last else len(ledger))

@@ -1,17 +1,22 @@
-"""Per-chat pacing of platform calls: a minimum interval between live edits, and 429 pauses.
+"""Pacing of platform calls in scopes, and 429 pauses: the one pause mechanism of a channel.
 
-One ``ChatThrottle`` per channel instance is shared by every sink of that channel, so two turns in the
-same chat (two forum topics of one group) share that chat's budget. ``reserve`` hands out successive
-time slots, so concurrent callers never exceed one call per interval; ``pause`` (a 429's retry_after)
-blocks every slot of the chat until it has passed, however long.
+A scope is a budget a platform enforces: one chat (Telegram: about one message per second per chat),
+one workspace or app, or one method tier of a workspace (Slack). A call names every scope it counts
+against and waits until each of them has a free slot; ``reserve`` then takes a slot in all of them at
+once, so concurrent callers never exceed any scope's pace. ``pause`` (a 429's retry_after) blocks every
+slot of a scope until it has passed, however long.
 
-The clock is injectable so tests and benchmarks can run long pauses on a fast clock through the same code.
+One ``Throttle`` per channel instance is shared by every sink and send of that channel, so two turns in
+the same chat (two forum topics of one group) share that chat's budget. ``paused_total`` is the pause a
+scope has been under since the throttle first saw it, which lets a waiting caller stretch its own bound.
+The clock is injectable so tests can run long pauses on a virtual clock through the same code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -25,83 +30,84 @@ class Clock:
         await asyncio.sleep(max(0.0, seconds))
 
 
-class ScaledClock(Clock):
-    """A clock running ``scale`` times faster than real time (for tests and time-scaled benchmarks)."""
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """One budget of a platform: ``key`` names it ("chat:555", "app", "tier3:T0123"), ``interval`` is the
+    least time between two calls in it (0: only its 429 pauses count)."""
 
-    def __init__(self, scale: float) -> None:
-        self.scale = scale
-        self._origin = time.monotonic()
-
-    def now(self) -> float:
-        return (time.monotonic() - self._origin) * self.scale
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(max(0.0, seconds) / self.scale)
+    key: str
+    interval: float = 0.0
 
 
-@dataclass
-class _ChatPace:
+@dataclass(slots=True)
+class _Pace:
     next_slot: float = 0.0
     paused_until: float = 0.0
-    last_used: float = 0.0
+    paused_total: float = 0.0
 
 
-class ChatThrottle:
-    def __init__(self, interval: float, *, clock: Clock | None = None, max_chats: int = 10_000) -> None:
-        self.interval = interval
+class Throttle:
+    def __init__(self, *, clock: Clock | None = None, max_scopes: int = 10_000) -> None:
         self.clock = clock or Clock()
-        self._chats: dict[str, _ChatPace] = {}
-        self._max_chats = max_chats
+        self._paces: dict[str, _Pace] = {}
+        self._max_scopes = max_scopes
 
-    def _pace(self, chat: str) -> _ChatPace:
-        pace = self._chats.get(chat)
+    def _pace(self, key: str) -> _Pace:
+        pace = self._paces.get(key)
         if pace is None:
-            if len(self._chats) >= self._max_chats:
+            if len(self._paces) >= self._max_scopes:
                 self._forget_idle()
-            pace = self._chats[chat] = _ChatPace()
+            pace = self._paces[key] = _Pace()
         return pace
 
     def _forget_idle(self) -> None:
         now = self.clock.now()
-        for chat in [c for c, p in self._chats.items() if p.next_slot < now and p.paused_until < now]:
-            del self._chats[chat]
+        for key in [k for k, p in self._paces.items() if p.next_slot < now and p.paused_until < now]:
+            del self._paces[key]
 
-    def pause(self, chat: str, seconds: float) -> None:
-        """A 429: no call may reach ``chat`` for ``seconds`` from now."""
-        pace = self._pace(chat)
-        pace.paused_until = max(pace.paused_until, self.clock.now() + max(0.0, seconds))
+    def pause(self, key: str, seconds: float) -> None:
+        """A 429: no call may reach scope ``key`` for ``seconds`` from now."""
+        pace = self._pace(key)
+        now = self.clock.now()
+        until = now + max(0.0, seconds)
+        if until > pace.paused_until:
+            pace.paused_total += until - max(now, pace.paused_until)
+            pace.paused_until = until
 
-    def paused_for(self, chat: str) -> float:
-        """Seconds left of the chat's 429 pause (0 when not paused)."""
-        pace = self._chats.get(chat)
-        return max(0.0, pace.paused_until - self.clock.now()) if pace else 0.0
+    def paused_for(self, scopes: Sequence[Scope]) -> float:
+        """Seconds left of the longest 429 pause among ``scopes`` (0 when none is paused)."""
+        now = self.clock.now()
+        left = 0.0
+        for scope in scopes:
+            pace = self._paces.get(scope.key)
+            if pace is not None:
+                left = max(left, pace.paused_until - now)
+        return left
 
-    def delay(self, chat: str) -> float:
-        """Seconds until the chat's next free slot (pause included)."""
-        pace = self._chats.get(chat)
-        if pace is None:
-            return 0.0
-        return max(0.0, max(pace.next_slot, pace.paused_until) - self.clock.now())
+    def paused_total(self, scopes: Sequence[Scope]) -> float:
+        """Seconds of 429 pause imposed on ``scopes`` so far (rises with every new pause)."""
+        return sum(p.paused_total for s in scopes if (p := self._paces.get(s.key)) is not None)
 
-    async def reserve(self, chat: str) -> None:
-        """Wait for the chat's next slot and take it (the next caller waits one interval more)."""
-        pace = self._pace(chat)
-        while True:
-            now = self.clock.now()
-            slot = max(now, pace.next_slot, pace.paused_until)
-            if slot <= now:
-                pace.next_slot = now + self.interval
-                pace.last_used = now
-                return
-            # re-check after sleeping: another caller may have taken the slot, or a 429 extended the pause
-            await self.clock.sleep(slot - now)
+    def ready_in(self, scopes: Sequence[Scope]) -> float:
+        """Seconds until every scope has a free slot (pauses included); 0 when a call could go now."""
+        now = self.clock.now()
+        ready = now
+        for scope in scopes:
+            pace = self._paces.get(scope.key)
+            if pace is not None:
+                ready = max(ready, pace.next_slot, pace.paused_until)
+        return ready - now
 
-    async def wait_for_slot(self, chat: str) -> None:
-        """Wait until the chat's next slot is free, without taking it."""
-        while (left := self.delay(chat)) > 0:
+    async def reserve(self, scopes: Sequence[Scope]) -> None:
+        """Wait for a free slot in every scope and take them (the next caller waits one interval more)."""
+        while (left := self.ready_in(scopes)) > 0:
+            # re-check after sleeping: another caller may have taken the slot, or a 429 extended a pause
             await self.clock.sleep(left)
+        now = self.clock.now()
+        for scope in scopes:
+            self._pace(scope.key).next_slot = now + scope.interval
 
-    async def wait_unpaused(self, chat: str) -> None:
-        """Wait out a 429 pause only (plain sends are not paced by the edit interval)."""
-        while (left := self.paused_for(chat)) > 0:
+    async def wait_unpaused(self, scopes: Sequence[Scope]) -> None:
+        """Wait out 429 pauses only (for calls that are not paced, such as a typing indicator)."""
+        while (left := self.paused_for(scopes)) > 0:
             await self.clock.sleep(left)

@@ -196,14 +196,15 @@ class ApprovalButtons:
         await self.show_outcome(entry, f"{mark} by {who}")
 
     async def show_outcome(self, entry: PendingApproval, line: str) -> None:
-        """Edit the approval message to show how it ended; the edit has no keyboard, so the buttons go."""
+        """Edit the approval message to show how it ended; the edit has no keyboard, so the buttons go.
+        It answers a press, so it goes at once (honouring a 429 pause, without waiting for a pace slot)."""
         if entry.message_id is None:
             return
         text = outcome_text(entry, line)
         try:
             await self._channel.client.call(EditMessageText(
                 chat_id=entry.chat_id, message_id=entry.message_id, text=text, parse_mode=None),
-                chat=str(entry.chat_id))
+                chat=str(entry.chat_id), paced=False)
         except PlatformError as exc:
             log.info("could not show the approval outcome in chat %s: %s", entry.chat_id, exc)
             await self._drop_keyboard(entry.chat_id, entry.message_id)
@@ -211,7 +212,7 @@ class ApprovalButtons:
     async def _drop_keyboard(self, chat_id: int, message_id: int) -> None:
         try:
             await self._channel.client.call(EditMessageReplyMarkup(chat_id=chat_id, message_id=message_id),
-                                            chat=str(chat_id))
+                                            chat=str(chat_id), paced=False)
         except PlatformError as exc:
             log.debug("could not remove an approval keyboard in chat %s: %s", chat_id, exc)
 

@@ -2,9 +2,11 @@
 
 Receiving: long polling with the update offset kept as the channel's durable state (``offset``), so a
 restart neither replays nor loses updates; or a webhook on the web server's ``/telegram/webhook`` with the
-secret-token header checked in constant time, answered 200 at once and processed in a supervised task.
-Either way each update goes through the adapter (authorize, normalise) and ``host.submit``; core's
-durable dedupe on "<chat_id>:<message_id>" makes a re-delivered update harmless. A callback query (a press
+secret-token header checked in constant time. Either way each update goes through the adapter (authorize,
+normalise) and ``host.submit``, which returns once core has stored the message; only then is the update
+acknowledged (the offset saved, the webhook answered 200). A message core could not store is not
+acknowledged, so Telegram delivers it again; core's durable dedupe on "<chat_id>:<message_id>" makes a
+re-delivered update harmless. A callback query (a press
 on an approval button) goes to ``ApprovalButtons`` instead (see ``channels.telegram.approvals``).
 
 The polling loop is ours rather than aiogram's Dispatcher because the offset must be persisted only after
@@ -23,7 +25,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -40,22 +41,24 @@ from aiogram.methods import (
     SetMyCommands,
     SetWebhook,
 )
-from aiogram.types import BotCommand, ReplyParameters, Update
+from aiogram.types import BotCommand, Update
 from aiohttp import web
 
+from channels.common.calls import Calls
 from channels.common.download import stream_url
 from channels.common.errors import PlatformError
+from channels.common.live_sink import LiveSettings, LiveSink
 from channels.common.splitter import split_text
-from channels.common.throttle import ChatThrottle
+from channels.common.throttle import Throttle
 from channels.telegram import render
 from channels.telegram.adapter import CHANNEL, AllowList, BotIdentity, normalize
 from channels.telegram.approvals import ApprovalButtons
 from channels.telegram.client import TelegramClient
 from channels.telegram.settings import WEBHOOK_PATH, TelegramConfig
-from channels.telegram.sink import Destination, TelegramSink, entities
+from channels.telegram.sink import Destination, TelegramOps, TelegramPrompts, entities
 from core.channel import ERROR, SinkError
 from core.envelope import MediaItem, TurnTarget
-from core.host import ChannelHost, ShuttingDownError
+from core.host import AdmissionError, ChannelHost, ShuttingDownError
 from core.media.fetch import FetchError
 from core.router import COMMANDS
 
@@ -96,15 +99,16 @@ class TelegramSettings:
 class TelegramChannel:
     name = CHANNEL
 
-    def __init__(self, host: ChannelHost, bot: Bot, settings: TelegramSettings, *,
-                 throttle: ChatThrottle | None = None, client: TelegramClient | None = None,
+    def __init__(self, host: ChannelHost, bot: Bot, settings: TelegramSettings, *, calls: Calls | None = None,
                  limit: int = render.MESSAGE_LIMIT) -> None:
         self.host = host
         self.bot = bot
         self.settings = settings
-        self.throttle = throttle or ChatThrottle(settings.edit_interval)
-        self.client = client or TelegramClient(bot, self.throttle)
+        self.calls = calls or Calls(Throttle())
+        self.client = TelegramClient(bot, self.calls, chat_interval=settings.edit_interval)
         self.limit = limit
+        self.renderer = render.TelegramRenderer(limit)
+        self.live = LiveSettings(first_chars=settings.first_chars, first_delay=settings.first_delay)
         self.allow = AllowList(settings.allow_from)
         self.approval_buttons = ApprovalButtons(self)
         self.me: BotIdentity | None = None
@@ -113,16 +117,17 @@ class TelegramChannel:
         self._poller: asyncio.Task[None] | None = None
         self._receiving = False
         self.ready = asyncio.Event()
-        self._plain_progress: OrderedDict[tuple[str, int | None, str], int] = OrderedDict()
         self._downloads: aiohttp.ClientSession | None = None
 
     # ---- delivery ------------------------------------------------------------------------------
 
-    async def open_sink(self, target: TurnTarget) -> TelegramSink:
+    async def open_sink(self, target: TurnTarget) -> LiveSink:
         dest = Destination.of(target)
         transport = self.settings.stream_transport
         draft = dest.chat_type == "private" and transport != "edit" and not self.drafts_rejected
-        sink = TelegramSink(self, target, dest, draft=draft)
+        sink = LiveSink(TelegramOps(self, dest, draft=draft), self.renderer, self.calls,
+                        settings=self.live, prompts=TelegramPrompts(self, target, dest),
+                        spawn=self.host.spawn)
         try:
             await sink.typing()
         except PlatformError as exc:
@@ -131,23 +136,13 @@ class TelegramChannel:
         return sink
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
-        """One ordinary message (split if long, Markdown rendered as entities, plain if rejected).
-
-        A chat under a 429 pause raises SinkError with the pause left (core waits it out and retries, however
-        long). When the caller retries after a failure part-way through a split message, the parts that
-        were already sent are not sent again."""
+        """One ordinary message (split if long, Markdown rendered as entities, plain if rejected). Each part
+        is one paced call under the call policy, which waits out a 429 pause however long."""
         dest = Destination.of(target)
-        key = (dest.key, dest.thread_id, text)
-        done = self._plain_progress.get(key, 0)
         chunks = split_text(text, self.limit) if text.strip() else []
-        for i, chunk in enumerate(chunks[done:], start=done):
-            left = self.throttle.paused_for(dest.key)
-            if left > 0:
-                self._remember(key, i)
-                raise SinkError(f"chat paused by a 429 for {left:.1f}s more", transient=True, retry_after=left)
+        for i, chunk in enumerate(chunks):
             part = render.format_markdown(chunk, self.limit)
-            reply = ReplyParameters(message_id=dest.reply_to_message_id, allow_sending_without_reply=True) \
-                if dest.reply_to_message_id and i == 0 else None
+            reply = dest.reply() if i == 0 else None
             try:
                 try:
                     await self.client.call(SendMessage(
@@ -160,16 +155,7 @@ class TelegramChannel:
                         chat_id=dest.chat_id, text=chunk, parse_mode=None, message_thread_id=dest.thread_id,
                         reply_parameters=reply), chat=dest.key)
             except PlatformError as exc:
-                self._remember(key, i)
-                # core's PlainSender decides about retries: transient ones, and 429 pauses however long
-                raise SinkError(str(exc), transient=exc.transient, retry_after=exc.retry_after) from None
-        self._plain_progress.pop(key, None)
-
-    def _remember(self, key: tuple[str, int | None, str], sent: int) -> None:
-        if sent:
-            self._plain_progress[key] = sent
-            while len(self._plain_progress) > 256:
-                self._plain_progress.popitem(last=False)
+                raise SinkError(str(exc)) from None
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -280,15 +266,23 @@ class TelegramChannel:
             if not updates:
                 continue
             for update in updates:
-                if not await self.handle_update(update):
-                    return  # shutting down: leave the offset so the update is fetched again
+                try:
+                    if not await self.handle_update(update):
+                        return  # shutting down: leave the offset so the update is fetched again
+                except AdmissionError:
+                    # not stored: leave the offset, so this update (and those after it) come again
+                    delay = self.settings.poll_backoff[0]
+                    log.warning("a Telegram update could not be stored; fetching it again in %.0fs", delay)
+                    await asyncio.sleep(delay)
+                    break
                 offset = update.update_id + 1
                 # persisted per update: a crash re-fetches at most the one update being handled, and
                 # core's dedupe drops it
                 await self.host.set_state(OFFSET_KEY, str(offset))
 
     async def handle_update(self, update: Update) -> bool:
-        """Hand one update to core. False when core no longer accepts input (shutting down)."""
+        """Hand one update to core. False when core no longer accepts input (shutting down); AdmissionError
+        when core could not store the message. Either way the update must not be acknowledged."""
         if update.callback_query is not None:
             await self.approval_buttons.on_press(update.callback_query)  # always answers the query
             return True
@@ -316,11 +310,18 @@ class TelegramChannel:
             update = Update.model_validate(data, context={"bot": self.bot})
         except Exception:
             return web.Response(status=400)
+        if update.callback_query is not None:  # a button press: answered in its own task
+            try:
+                self.host.spawn(f"telegram:update:{update.update_id}", self.handle_update(update))
+            except ShuttingDownError:
+                return web.Response(status=503)
+            return web.Response(status=200)
         try:
-            self.host.spawn(f"telegram:update:{update.update_id}", self.handle_update(update))
-        except ShuttingDownError:
-            return web.Response(status=503)
-        return web.Response(status=200)  # fast: the work happens in the task
+            accepted = await self.handle_update(update)  # returns once core has stored the message
+        except AdmissionError:
+            accepted = False
+        # 200 only for what core keeps: anything else Telegram delivers again later
+        return web.Response(status=200 if accepted else 503)
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post(WEBHOOK_PATH, self.webhook)

@@ -1,8 +1,10 @@
 """Telegram Bot API calls through aiogram, with Telegram's error semantics mapped to ``PlatformError``.
 
-Every call that targets a chat honours that chat's 429 pause and records new ones; transient failures
-(5xx, timeouts, network) are retried by the shared ``RetryPolicy``; the bot token, which is part of
-every Bot API URL, is scrubbed from every error text before it can reach a log or an exception.
+``once`` is one attempt of one Bot API method; ``call`` runs it under the channel's one call policy
+(``channels.common.calls``): paced in the chat's scope (``edit_interval`` between two calls to a chat, a
+429's retry_after pausing the chat), transient failures retried within the policy's bound, a send whose
+outcome is unknown repeated at most once (the Bot API has no idempotency key). The bot token, which is
+part of every Bot API URL, is scrubbed from every error text before it can reach a log or an exception.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from aiogram.exceptions import (
     TelegramServerError,
     TelegramUnauthorizedError,
 )
-from aiogram.methods import TelegramMethod
+from aiogram.methods import SendMessage, TelegramMethod
 
+from channels.common.calls import Calls
 from channels.common.errors import PlatformError
-from channels.common.retry import RetryPolicy
-from channels.common.throttle import ChatThrottle
+from channels.common.throttle import Scope
 
 log = logging.getLogger(__name__)
 
@@ -38,30 +40,34 @@ _FORMAT = ("can't parse entities", "entity", "entities")
 
 
 class TelegramClient:
-    def __init__(self, bot: Bot, throttle: ChatThrottle, retry: RetryPolicy | None = None) -> None:
+    def __init__(self, bot: Bot, calls: Calls, *, chat_interval: float) -> None:
         self.bot = bot
-        self.throttle = throttle
-        self.retry = retry or RetryPolicy()
+        self.calls = calls
+        self.chat_interval = chat_interval
+
+    def scope(self, chat: str) -> Scope:
+        """A chat's budget: one call per ``chat_interval``."""
+        return Scope(f"chat:{chat}", self.chat_interval)
 
     def scrub(self, text: str) -> str:
         token = self.bot.token
         return text.replace(token, "***") if token else text
 
-    async def call(self, method: TelegramMethod[T], *, chat: str | None = None,
-                   request_timeout: int | None = None) -> T | None:
-        """Run one Bot API method (retrying transient failures). Returns None for "message is not
-        modified", which is success: the message already shows the target state."""
-        async def once() -> T | None:
-            return await self._once(method, chat, request_timeout)
-        return await self.retry.call(once)
+    async def call(self, method: TelegramMethod[T], *, chat: str | None = None, paced: bool = True,
+                   retry: bool = True, request_timeout: int | None = None) -> T | None:
+        """Run one Bot API method under the call policy (paced in ``chat``'s scope when given). Returns None
+        for "message is not modified", which is success: the message already shows the target state."""
+        return await self.calls.call(
+            lambda: self.once(method, request_timeout), scopes=(self.scope(chat),) if chat is not None else (),
+            paced=paced, retry=retry, idempotent=not isinstance(method, SendMessage),
+            timeout=request_timeout + 10 if request_timeout is not None else None)
 
-    async def _once(self, method: TelegramMethod[T], chat: str | None, request_timeout: int | None) -> T | None:
+    async def once(self, method: TelegramMethod[T], request_timeout: int | None = None) -> T | None:
+        """One attempt of one Bot API method."""
         name = method.__api_method__
         try:
             return await self.bot(method, request_timeout=request_timeout)
         except TelegramRetryAfter as exc:
-            if chat is not None:
-                self.throttle.pause(chat, float(exc.retry_after))
             raise PlatformError(f"{name}: 429 retry after {exc.retry_after}s", kind="rate_limited",
                                 retry_after=float(exc.retry_after)) from None
         except TelegramBadRequest as exc:

@@ -1,6 +1,9 @@
 """The web chat as a ``Channel`` (core.channel): the session's SSE stream is the platform.
 
-A sink appends ``turn`` events to its session's stream; ``finish`` succeeds once the terminal event is in
+A turn is shown by the shared live sink (``channels.common.live_sink``) through the session's stream,
+which is a native stream: each ``turn`` event appends what the text gained, or replaces it when a retried
+model request rewound it, and carries the tools, approvals and state when they change; at most one event
+per ``update_interval`` (latest wins), approvals at once. ``finish`` succeeds once the terminal event is in
 the stream (from there every connected client gets it, and a reconnecting one replays it or resyncs).
 ``send_plain`` (busy notices, command replies, fallbacks) appends a ``notice`` event. History deltas and
 titles come from core events, through the channel's ``SessionHost``; the HTTP API is ``WebServer``.
@@ -22,10 +25,15 @@ from typing import Any
 
 from aiohttp import web
 
+from channels.common.calls import CallPolicy, Calls
+from channels.common.errors import PlatformError
+from channels.common.ledger import Part
+from channels.common.live_sink import LiveSettings, LiveSink
+from channels.common.ops import Capabilities, NativeStream, PlainRenderer, TextChange
+from channels.common.throttle import Scope, Throttle
 from channels.web.context import CHANNEL, WebContext, session_id_of
 from channels.web.server import HEARTBEAT_SECONDS, WebAccess, WebServer
 from channels.web.sse import StreamHub, Subscriber, encode_event
-from core.channel import SinkError
 from core.envelope import TurnTarget
 from core.events import CoreEvent, SessionTitleChanged, TurnCommitted
 from core.host import SessionHost
@@ -40,36 +48,55 @@ SWEEP_INTERVAL = 60.0
 REAP_INTERVAL = 1.0
 """Seconds between two passes that end streams whose client went away."""
 COOKIE_KEY_STATE = "login_cookie_key"
+# the page shows a turn as soon as it starts (its "thinking" state): no first-message gate
+NO_GATE = LiveSettings(first_chars=0, first_delay=0.0)
 
 
-class WebSink:
-    """Live rendering of one turn into its session's SSE stream, at most one event per ``interval``."""
+class WebOps:
+    """``MessageOps`` of one session: a turn is one live entry of its SSE stream, never separate messages."""
+
+    capabilities = Capabilities(limit=None, unit="chars", can_delete=False, native_stream=True)
 
     def __init__(self, channel: WebChannel, target: TurnTarget) -> None:
-        self._channel = channel
-        self._session_id = target.chat_id
-        self._client_id = WebContext.of(target).client_id
-        self._last_emit = 0.0
+        self._stream = WebStream(channel.hub, target.chat_id, WebContext.of(target).client_id)
+        self.scopes: tuple[Scope, ...] = (Scope(f"session:{target.chat_id}", channel.update_interval),)
 
-    async def update(self, snapshot: TurnSnapshot) -> None:
-        # Latest wins: while this waits, newer snapshots replace each other in the controller.
-        wait = self._last_emit + self._channel.update_interval - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        self._channel.hub.stream(self._session_id).turn_update(snapshot, self._client_id)
-        self._last_emit = time.monotonic()
+    async def send(self, part: Part, key: str) -> str:
+        raise PlatformError("the web chat shows a turn only through its stream", kind="permanent")
 
-    async def finish(self, snapshot: TurnSnapshot) -> None:
-        stream = self._channel.hub.stream(self._session_id)
+    async def edit(self, message_id: str, part: Part) -> None:
+        raise PlatformError("the web chat shows a turn only through its stream", kind="permanent")
+
+    async def delete(self, message_id: str) -> None:
+        raise PlatformError("the web chat shows a turn only through its stream", kind="permanent")
+
+    async def typing(self) -> None:
+        return None  # the page shows the running turn itself
+
+    def stream(self) -> NativeStream | None:
+        return self._stream
+
+
+class WebStream:
+    """The session's SSE stream as a native stream: ``turn`` events with ``append`` or ``replace``."""
+
+    shows_activity = True
+
+    def __init__(self, hub: StreamHub, session_id: str, client_id: str | None) -> None:
+        self._hub = hub
+        self._session_id = session_id
+        self._client_id = client_id
+
+    async def push(self, snapshot: TurnSnapshot, text: str, change: TextChange | None) -> None:
+        appended = "" if change is None else None if change.replace else change.text
+        self._hub.stream(self._session_id).turn_update(snapshot, self._client_id, appended=appended)
+
+    async def close(self, snapshot: TurnSnapshot, part: Part | None) -> str | None:
+        stream = self._hub.stream(self._session_id)
         stream.turn_update(snapshot, self._client_id)  # idempotent: a repeat finds the terminal already sent
         if not stream.has_terminal(snapshot.turn_id):
-            raise SinkError("terminal event not recorded", transient=True)
-
-    async def abort(self) -> None:
-        return None
-
-    def undelivered(self, snapshot: TurnSnapshot) -> str | None:
-        return None
+            raise PlatformError("terminal event not recorded", kind="permanent")
+        return snapshot.turn_id
 
 
 class WebChannel:
@@ -143,9 +170,11 @@ class WebChannel:
 
     # ---- delivery -------------------------------------------------------------------------------
 
-    async def open_sink(self, target: TurnTarget) -> WebSink:
+    async def open_sink(self, target: TurnTarget) -> LiveSink:
         self.hub.stream(target.chat_id)
-        return WebSink(self, target)
+        # each turn has its own pace (a new turn's first event goes out at once); in-process: no timeouts
+        calls = Calls(Throttle(), CallPolicy(timeout=None))
+        return LiveSink(WebOps(self, target), PlainRenderer(), calls, settings=NO_GATE)
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
         data: dict[str, Any] = {"text": text, "client_id": WebContext.of(target).client_id, "at": time.time()}

@@ -45,7 +45,7 @@ from channels.web.context import CHANNEL, WebContext, session_id_of, session_key
 from channels.web.guard import RequestGuard, add_security_headers, is_chat_path
 from channels.web.sse import HEARTBEAT, Subscriber, encode_event
 from core.envelope import InboundEnvelope, MediaItem
-from core.host import AttachmentRefused, DecideResult, SessionHost, ShuttingDownError
+from core.host import AdmissionError, AttachmentRefused, DecideResult, SessionHost, ShuttingDownError
 from core.media.sniff import IMAGE_TYPES
 from core.store import UnknownMessageError
 
@@ -350,6 +350,8 @@ class WebServer:
             result = await self.host.submit(envelope)
         except ShuttingDownError:
             return _error(503, "the bridge is shutting down; send the message again in a minute")
+        except AdmissionError:  # not stored, so its client_id is still free for the resend
+            return _error(503, "the message could not be saved; send it again")
         return web.json_response({"status": result.value}, status=202)
 
     async def _attachments(self, sid: str, ids: Any) -> tuple[MediaItem, ...] | web.Response:

@@ -130,8 +130,9 @@ class SessionStream:
         self.last_activity = self._clock()
         return event_id
 
-    def turn_update(self, snapshot: TurnSnapshot, client_id: str | None) -> bool:
-        """Append the increment from what clients were last told to ``snapshot``; False if nothing changed."""
+    def turn_update(self, snapshot: TurnSnapshot, client_id: str | None, *, appended: str | None = None) -> bool:
+        """Append the increment from what clients were last told to ``snapshot``; False if nothing changed.
+        ``appended``: what the text gained since then, when the caller knows (saves comparing the texts)."""
         live = self.live
         tools, approvals = tool_view(snapshot), approvals_view(snapshot)
         data: dict[str, Any] = {"turn_id": snapshot.turn_id, "version": snapshot.version, "state": snapshot.state}
@@ -149,7 +150,10 @@ class SessionStream:
             return True
         if snapshot.version <= live.version or live.state != "running":
             return False  # an older (or repeated) snapshot: clients already have newer
-        if snapshot.text.startswith(live.text):
+        if appended is not None:
+            if appended:
+                data["append"] = appended
+        elif snapshot.text.startswith(live.text):
             if len(snapshot.text) > len(live.text):
                 data["append"] = snapshot.text[len(live.text):]
         else:

@@ -14,6 +14,7 @@ from core.agent.events import CompactionBegin, CompactionEnd, TokenUsage, TurnEv
 from core.input_builder import PreparedTurnInput, Summary, TurnInputBuilder, estimate_tokens, summary_of
 from core.llm.provider import LLMMessage, LLMProvider, LLMRequest, ProviderError, TextDelta, Usage
 from core.llm.retry import retry_policy
+from core.llm.silence import bounded
 from core.media.describe import mention
 from core.messages import ChatMessage, MessageSource, NewMessage
 from core.settings import CoreSettings
@@ -74,17 +75,11 @@ class Compactor:
         async for attempt in retry_policy(self._settings.retry_delays):
             with attempt:
                 parts: list[str] = []
-                stream = self._provider.stream(request)
-                try:
-                    async for event in stream:
-                        if isinstance(event, TextDelta):
-                            parts.append(event.text)
-                        elif isinstance(event, Usage):
-                            usage = event
-                finally:
-                    close = getattr(stream, "aclose", None)
-                    if close is not None:
-                        await close()
+                async for event in bounded(self._provider.stream(request), self._settings.request_timeout):
+                    if isinstance(event, TextDelta):
+                        parts.append(event.text)
+                    elif isinstance(event, Usage):
+                        usage = event
                 text = "".join(parts).strip()
         return text, usage
 

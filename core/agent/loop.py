@@ -3,7 +3,8 @@
 Each model request is one round with its own MergeQueue. Producers: the stream driver (one request
 through the retry ladder, assembling provider deltas into partial/complete messages), the approval
 worker, and every allowed tool. The loop is the single consumer: it hands each event, in the queue's
-total order, to ``emit`` (the TurnController and the trace) and records tool outputs as they arrive.
+total order, to ``emit`` (the TurnController and the trace) and records tool outputs as they arrive;
+the queue calls it from the producer's task, so a streamed token costs no extra task switch.
 A round with tool calls ends when its stream, its approvals and its tools are all done; the next
 request then carries the outputs in call order. ``max_turns`` bounds the requests of one user message.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from core.agent.approvals import ApprovalBroker, ApprovalGate
@@ -49,7 +50,7 @@ from core.llm.provider import (
     without_images,
 )
 from core.llm.retry import retry_policy
-from core.llm.silence import SilenceWatch
+from core.llm.silence import bounded
 from core.retrying import run_with_retries
 from core.settings import CoreSettings
 from core.text import sound_text
@@ -78,9 +79,16 @@ class Round:
     """What one model request produced: its text, its committed tool calls and their outputs."""
 
     request_no: int
-    text: str = ""
     calls: list[CompleteToolCall] = field(default_factory=list)
     outputs: dict[str, ToolOutput] = field(default_factory=dict)
+    pieces: list[str] = field(default_factory=list)
+    """The answer text of the current attempt, as streamed (joined on demand: linear in its length)."""
+
+    @property
+    def text(self) -> str:
+        if len(self.pieces) > 1:
+            self.pieces[:] = ["".join(self.pieces)]
+        return self.pieces[0] if self.pieces else ""
 
     def output_for(self, call_id: str) -> str:
         out = self.outputs.get(call_id)
@@ -177,7 +185,14 @@ class AgentLoop:
     # ---- one request ---------------------------------------------------------------------------
 
     async def _request(self, rnd: Round, messages: tuple[LLMMessage, ...]) -> None:
-        queue: MergeQueue[TurnEvent] = MergeQueue(self._spawn)
+        emit = self._emit
+
+        def consume(event: TurnEvent) -> None:
+            if isinstance(event, ToolOutput):
+                rnd.outputs[event.call_id] = event
+            emit(event)
+
+        queue: MergeQueue[TurnEvent] = MergeQueue(consume, self._spawn)
 
         def start_tool(call: CompleteToolCall) -> None:
             queue.add_producer(f"turn:{self._turn_id}:tool:{call.call_id}", self._execute(call, queue))
@@ -189,10 +204,7 @@ class AgentLoop:
                              max_tokens=self._settings.max_output_tokens, temperature=self._settings.temperature)
         queue.add_producer(f"turn:{self._turn_id}:model", self._drive(rnd, request, queue, gate))
         try:
-            async for event in queue:
-                if isinstance(event, ToolOutput):
-                    rnd.outputs[event.call_id] = event
-                self._emit(event)
+            await queue.join()
         finally:
             await queue.cancel()  # abort or failure: stop the stream, the approvals and running tools
 
@@ -209,11 +221,11 @@ class AgentLoop:
             """One try of the request; True when it ended early keeping calls that already ran."""
             nonlocal attempt_no, usage
             attempt_no += 1
-            rnd.text = ""
+            rnd.pieces.clear()
             queue.push(RequestBegin(rnd.request_no, attempt_no))
             asm = _Assembler(queue.push, rnd, gate, f"call_{self._turn_id[:8]}_{rnd.request_no}")
             try:
-                async for event in _bounded(self._provider.stream(request), self._settings.request_timeout):
+                async for event in bounded(self._provider.stream(request), self._settings.request_timeout):
                     asm.feed(event)
             except ProviderError as err:
                 asm.abandon()
@@ -291,7 +303,7 @@ class _Assembler:
             if event.text:
                 self._open("text")
                 self._parts.append(event.text)
-                self._rnd.text += event.text
+                self._rnd.pieces.append(event.text)
                 self._push(PartialText("delta", event.text))
         elif isinstance(event, ReasoningDelta):
             if event.text:
@@ -378,22 +390,3 @@ def _is_json_object(text: str) -> bool:
         return isinstance(json.loads(text), dict)
     except ValueError:
         return False
-
-
-async def _bounded(stream: AsyncIterator[ProviderEvent], timeout: float) -> AsyncIterator[ProviderEvent]:
-    """Every provider gets the same bound: no event within ``timeout`` is a TIMEOUT (then the ladder)."""
-    watch = SilenceWatch(timeout)
-    try:
-        while True:
-            try:
-                event = await watch.wait(anext(stream))
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                raise ProviderError(ProviderErrorKind.TIMEOUT, f"no model output within {timeout:g}s") from None
-            yield event
-    finally:
-        watch.close()
-        close = getattr(stream, "aclose", None)
-        if close is not None:
-            await close()

@@ -1,17 +1,23 @@
 """MergeQueue: the single point where a turn's concurrent producers meet.
 
 The LLM-stream driver, the approval worker and every running tool are producers; each pushes items as
-they happen. One consumer iterates the queue and sees a total order: items of one producer keep their
-order, items of different producers interleave by arrival. Iteration ends when every producer has
-finished and the queue is drained. A producer that raises ends the iteration with its exception (after
-the items it pushed before failing).
+they happen. One consumer sees a total order: items of one producer keep their order, items of different
+producers interleave by arrival. ``join`` returns when every producer has finished; a producer that raises
+ends the round with its exception (after the items it pushed before failing; later pushes are dropped).
+
+The consumer is a plain function (``handle``), called in arrival order from inside ``push``: a streamed
+token reaches the turn in the task that received it, instead of waking a consumer task per item (one task
+switch per token less). The order is the same as a queue's: every push is handled before the next one
+starts (a push made while an item is being handled waits behind it), and nothing awaits in between. The
+handler must not block.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections import deque
+from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -19,32 +25,37 @@ T = TypeVar("T")
 Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 
-class _Done:
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException | None) -> None:
-        self.error = error
-
-
 class MergeQueue(Generic[T]):
-    def __init__(self, spawn: Spawn) -> None:
-        """``spawn`` starts each producer (the turn's supervisor: every task has a bounded shutdown)."""
-        self._queue: asyncio.Queue[T | _Done] = asyncio.Queue()
+    def __init__(self, handle: Callable[[T], None], spawn: Spawn) -> None:
+        """``handle`` consumes each item; ``spawn`` starts each producer (the turn's supervisor: every task
+        has a bounded shutdown)."""
+        self._handle = handle
         self._spawn = spawn
+        self._backlog: deque[T] = deque()
+        self._handling = False
+        self._closed = False
         self._live = 0
         self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def producers(self) -> int:
-        """Producers started and not finished yet (as seen by the consumer)."""
-        return self._live
+        self._error: BaseException | None = None
+        self._finished: asyncio.Future[None] | None = None
 
     def push(self, item: T) -> None:
-        """Put one item on the queue (from a producer, or from the consumer's own task)."""
-        self._queue.put_nowait(item)
+        """Hand one item to the consumer, after every item pushed before it."""
+        if self._closed:
+            return
+        if self._handling:
+            self._backlog.append(item)
+            return
+        self._handling = True
+        try:
+            self._handle(item)
+            while self._backlog and not self._closed:
+                self._handle(self._backlog.popleft())
+        finally:
+            self._handling = False
 
     def add_producer(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Run ``coro`` as a producer; the queue stays open until it returns (or raises, or is cancelled)."""
+        """Run ``coro`` as a producer; the round stays open until it returns (or raises, or is cancelled)."""
         self._live += 1
 
         async def run() -> None:
@@ -56,31 +67,37 @@ class MergeQueue(Generic[T]):
             except Exception as exc:
                 error = exc
             finally:
-                self._queue.put_nowait(_Done(error))
+                self._producer_done(error)
 
         task = self._spawn(name, run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def __aiter__(self) -> AsyncIterator[T]:
-        while self._live > 0 or not self._queue.empty():
-            item = await self._queue.get()
-            if isinstance(item, _Done):
-                self._live -= 1
-                if item.error is not None:
-                    raise item.error
-                continue
-            yield item
+    def _producer_done(self, error: BaseException | None) -> None:
+        self._live -= 1
+        if error is not None and self._error is None:
+            self._error = error
+            self._closed = True  # the round ends with this error: what others push later is not part of it
+        if (self._live == 0 or self._error is not None) and self._finished is not None \
+                and not self._finished.done():
+            self._finished.set_result(None)
+
+    async def join(self) -> None:
+        """Wait until every producer has finished; raise the first producer's error, if any."""
+        if self._live > 0 and self._error is None:
+            self._finished = asyncio.get_running_loop().create_future()
+            await self._finished
+        if self._error is not None:
+            raise self._error
 
     async def cancel(self) -> None:
-        """Cancel every producer still running and wait until they are gone; queued items are dropped."""
+        """Drop further pushes, cancel every producer still running and wait until they are gone."""
+        self._closed = True
+        self._backlog.clear()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
-        while not self._queue.empty():
-            self._queue.get_nowait()
-        self._live = 0

@@ -1,10 +1,10 @@
 """Anthropic Messages API provider, through the official ``anthropic`` SDK.
 
 One ``stream`` call is one HTTP request (the SDK's own retries are disabled: retries are
-``core.llm.retry``'s business). The request maps chatbridge's OpenAI-shaped conversation onto the Messages
-API (system prompt top-level, tool calls as ``tool_use`` blocks, tool results as ``tool_result`` blocks in a
-user turn); the SSE events become ``ProviderEvent``s; every failure becomes a ``ProviderError`` whose
-``detail`` has the API key removed.
+``core.llm.retry``'s business; the stream's silence is bounded once, by ``core.llm.silence``). The request
+maps chatbridge's OpenAI-shaped conversation onto the Messages API (system prompt top-level, tool calls as
+``tool_use`` blocks, tool results as ``tool_result`` blocks in a user turn); the SSE events become
+``ProviderEvent``s; every failure becomes a ``ProviderError`` whose ``detail`` has the API key removed.
 
 Two things about the SDK (2.x) shape the client set-up:
 
@@ -17,7 +17,6 @@ Two things about the SDK (2.x) shape the client set-up:
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -48,7 +47,6 @@ from core.llm.provider import (
     ToolCallDelta,
     Usage,
 )
-from core.llm.silence import SilenceWatch
 
 log = logging.getLogger(__name__)
 
@@ -138,21 +136,14 @@ class AnthropicProvider:
         return params
 
     async def stream(self, request: LLMRequest) -> AsyncIterator[ProviderEvent]:
-        """One model request. The request timeout bounds the wait for the response and for every event."""
+        """One model request. ``request_timeout`` is the transport's connect/read timeout; the silence of the
+        whole stream (pings included) is bounded by the caller (``core.llm.silence.bounded``)."""
         params = self._params(request)
         state = _StreamState()
         events: anthropic.AsyncStream[RawMessageStreamEvent] | None = None
-        watch = SilenceWatch(self.request_timeout)
         try:
-            async with asyncio.timeout(self.request_timeout):
-                events = await self._client.messages.create(**params)
-            while True:
-                try:
-                    # the transport's read timeout bounds a silent socket; this also bounds a server that
-                    # only sends pings or otherwise stops producing events
-                    event = await watch.wait(events.__anext__())
-                except StopAsyncIteration:
-                    break
+            events = await self._client.messages.create(**params)
+            async for event in events:
                 try:
                     mapped = list(state.feed(event))
                 except (AttributeError, TypeError, ValueError, KeyError) as exc:
@@ -177,7 +168,6 @@ class AnthropicProvider:
                 raise
             raise error from None
         finally:
-            watch.close()
             if events is not None:
                 await events.close()
 

@@ -1,13 +1,13 @@
 """OpenAI-compatible Chat Completions provider, through the official ``openai`` SDK.
 
 One ``stream`` call is one HTTP request (the SDK's own retries are disabled: retries are
-``core.llm.retry``'s business). Wire chunks become ``ProviderEvent``s; every failure becomes a
-``ProviderError`` whose ``detail`` has the API key removed.
+``core.llm.retry``'s business; the stream's silence is bounded once, by ``core.llm.silence``, for every
+caller). Wire chunks become ``ProviderEvent``s; every failure becomes a ``ProviderError`` whose ``detail``
+has the API key removed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -37,7 +37,6 @@ from core.llm.provider import (
     ToolCallDelta,
     Usage,
 )
-from core.llm.silence import SilenceWatch
 
 _CONTEXT_OVERFLOW_MARKERS = (
     "context_length_exceeded",
@@ -78,7 +77,8 @@ class OpenAIProvider:
     # ---- request ---------------------------------------------------------------------------------
 
     async def stream(self, request: LLMRequest) -> AsyncIterator[ProviderEvent]:
-        """One model request. The request timeout bounds the wait for the response and for every chunk."""
+        """One model request. ``request_timeout`` is the transport's connect/read timeout; the silence of the
+        whole stream (keep-alives included) is bounded by the caller (``core.llm.silence.bounded``)."""
         messages = cast("list[ChatCompletionMessageParam]", [_message_param(m) for m in request.messages])
         tools = cast(
             "list[ChatCompletionToolUnionParam]",
@@ -104,29 +104,21 @@ class OpenAIProvider:
             body["temperature"] = request.temperature
         state = _StreamState()
         chunks: openai.AsyncStream[Any] | None = None
-        watch = SilenceWatch(self.request_timeout)
         try:
-            async with asyncio.timeout(self.request_timeout):
-                # The wire-shaped body goes through the SDK's generic ``post`` rather than
-                # ``chat.completions.create``: ``create`` re-walks every message against its TypedDicts on
-                # each call, which costs tens of milliseconds once a conversation is long (measured by
-                # tests/bench/core_overhead.py). Transport, errors and SSE parsing are still the SDK's.
-                # Chunks stay plain JSON (cast_to=object): building the SDK's pydantic chunk models was
-                # the largest CPU cost per turn, and we map the wire fields directly.
-                chunks = await self._client.post(
-                    "/chat/completions",
-                    body=body,
-                    cast_to=object,
-                    stream=True,
-                    stream_cls=openai.AsyncStream[object],
-                )
-            while True:
-                try:
-                    # httpx's read timeout already bounds a silent socket; this also bounds a server that
-                    # only sends keep-alive comments or otherwise stops producing chunks.
-                    chunk = await watch.wait(chunks.__anext__())
-                except StopAsyncIteration:
-                    break
+            # The wire-shaped body goes through the SDK's generic ``post`` rather than
+            # ``chat.completions.create``: ``create`` re-walks every message against its TypedDicts on
+            # each call, which costs tens of milliseconds once a conversation is long (measured by
+            # tests/bench/core_overhead.py). Transport, errors and SSE parsing are still the SDK's.
+            # Chunks stay plain JSON (cast_to=object): building the SDK's pydantic chunk models was
+            # the largest CPU cost per turn, and we map the wire fields directly.
+            chunks = await self._client.post(
+                "/chat/completions",
+                body=body,
+                cast_to=object,
+                stream=True,
+                stream_cls=openai.AsyncStream[object],
+            )
+            async for chunk in chunks:
                 try:
                     events = list(state.feed(chunk))
                 except (AttributeError, TypeError, ValueError) as exc:
@@ -150,7 +142,6 @@ class OpenAIProvider:
                 raise
             raise error from None
         finally:
-            watch.close()
             if chunks is not None:
                 await chunks.close()
 

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import tenacity
 
 from core.llm.provider import LLMProvider, LLMRequest, ProviderError, ProviderErrorKind, TextDelta
+from core.llm.silence import bounded
 from core.settings import DEFAULT_RETRY_DELAYS
 
 OnRetry = Callable[[ProviderError, int, float], Awaitable[None] | None]
@@ -79,23 +80,19 @@ async def collect_text(
     request: LLMRequest,
     delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
     *,
+    timeout: float,
     on_retry: OnRetry | None = None,
 ) -> str:
     """Run one request through the ladder and return its concatenated answer text (e.g. for titles).
 
-    Each attempt starts from scratch, so a reply cut short mid-way never leaks into the result.
+    ``timeout`` bounds the stream's silence (``core.llm.silence``). Each attempt starts from scratch, so a
+    reply cut short mid-way never leaks into the result.
     """
     async for attempt in retry_policy(delays, on_retry=on_retry):
         with attempt:
             parts: list[str] = []
-            events = provider.stream(request)
-            try:
-                async for event in events:
-                    if isinstance(event, TextDelta):
-                        parts.append(event.text)
-            finally:
-                aclose = getattr(events, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+            async for event in bounded(provider.stream(request), timeout):
+                if isinstance(event, TextDelta):
+                    parts.append(event.text)
             return "".join(parts)
     raise AssertionError("unreachable: the retry policy either returns or re-raises")  # pragma: no cover

@@ -1,11 +1,15 @@
-"""SilenceWatch: bounds every wait for a stream's next item, with one timer per stream.
+"""The silence bound of a model stream: no event within ``request_timeout`` is a TIMEOUT.
 
-``asyncio.timeout`` around each ``anext`` creates, schedules and cancels a timer per item; a turn streams
-dozens of items through two such bounds (the provider's and the agent loop's), which showed up in the
-per-turn CPU cost (tests/bench/core_overhead.py). Here a wait only records when it began; one timer per
-stream wakes up at the earliest possible deadline and either re-arms or cancels the waiting task, and the
-wait turns that cancellation into ``TimeoutError`` with the same cancel/uncancel accounting as
-``asyncio.timeout`` (a cancellation from anyone else stays a cancellation). No library offers this.
+Every model stream is bounded here, once, whoever asks (the agent loop, titles, compaction), so every
+provider gets the same bound, including one that stops producing without closing its socket (a wedged
+local model, a server sending only keep-alives). Providers keep only their transport's own timeouts.
+
+``SilenceWatch`` bounds every wait for a stream's next item with one timer per stream: ``asyncio.timeout``
+around each ``anext`` would create, schedule and cancel a timer per item, which showed up in the per-turn
+CPU cost (tests/bench/core_overhead.py). A wait only records when it began; the one timer wakes up at the
+earliest possible deadline and either re-arms or cancels the waiting task, and the wait turns that
+cancellation into ``TimeoutError`` with the same cancel/uncancel accounting as ``asyncio.timeout`` (a
+cancellation from anyone else stays a cancellation). No library offers this.
 
 Time spent between waits (the consumer handling an item) is never counted.
 """
@@ -13,10 +17,32 @@ Time spent between waits (the consumer handling an item) is never counted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
+from core.llm.provider import ProviderError, ProviderErrorKind, ProviderEvent
+
 T = TypeVar("T")
+
+
+async def bounded(stream: AsyncIterator[ProviderEvent], timeout: float) -> AsyncIterator[ProviderEvent]:
+    """``stream``'s events; no event within ``timeout`` seconds raises ProviderError(TIMEOUT) (then the ladder
+    decides). The stream is closed however this ends."""
+    watch = SilenceWatch(timeout)
+    try:
+        while True:
+            try:
+                event = await watch.wait(anext(stream))
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise ProviderError(ProviderErrorKind.TIMEOUT, f"no model output within {timeout:g}s") from None
+            yield event
+    finally:
+        watch.close()
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
 
 
 class SilenceWatch:

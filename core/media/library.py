@@ -6,9 +6,9 @@ refused is deleted again, so what is stored is always whole and safe to open. An
 session it was sent in: ``get`` answers only for that session.
 
 Files expire ``keep_seconds`` after they were stored (``sweep``, run by core every so often); ``/new``
-drops a session's uploads that no message refers to (``forget_unclaimed``). Messages keep their references
-(and any text read from the file) after the file is gone; the model is then told the file is no longer
-available.
+drops a session's uploads stored before it that no message refers to (``forget_unclaimed``). Messages keep
+their references (and any text read from the file) after the file is gone; the model is then told the file
+is no longer available.
 """
 
 from __future__ import annotations
@@ -102,9 +102,11 @@ class MediaLibrary:
     async def claim(self, ids: Sequence[str]) -> None:
         await self._store.claim_attachments(ids)
 
-    async def forget_unclaimed(self, key: str) -> int:
-        """``/new``: drop the uploads of ``key`` that no message refers to."""
-        ids = await self._store.drop_unclaimed_attachments(key)
+    async def forget_unclaimed(self, key: str, *, before: float) -> int:
+        """``/new``, sent at ``before``: drop the uploads of ``key`` stored before it that no message refers
+        to. An upload stored after it belongs to a message of the new conversation (which may be waiting
+        behind ``/new`` in its session's queue), so it stays."""
+        ids = await self._store.drop_unclaimed_attachments(key, before=before)
         for attachment_id in ids:
             await asyncio.to_thread(self.files.remove, attachment_id)
         return len(ids)

@@ -30,7 +30,13 @@ class Echo:
 
 
 async def per_event() -> float:
-    queue: MergeQueue[TurnEvent] = MergeQueue(TaskSupervisor("bench").spawn)
+    count = 0
+
+    def consume(event: TurnEvent) -> None:
+        nonlocal count
+        count += 1
+
+    queue: MergeQueue[TurnEvent] = MergeQueue(consume, TaskSupervisor("bench").spawn)
     delta = PartialText("delta", "x")
 
     async def produce(n: int) -> None:
@@ -42,15 +48,19 @@ async def per_event() -> float:
     start = time.perf_counter()
     for _ in range(4):
         queue.add_producer("p", produce(EVENTS // 4))
-    count = 0
-    async for _ in queue:
-        count += 1
+    await queue.join()
     assert count == EVENTS
     return (time.perf_counter() - start) / EVENTS * 1e6
 
 
 async def per_tool_call() -> float:
-    queue: MergeQueue[TurnEvent] = MergeQueue(TaskSupervisor("bench").spawn)
+    outputs = 0
+
+    def consume(event: TurnEvent) -> None:
+        nonlocal outputs
+        outputs += isinstance(event, ToolOutput)
+
+    queue: MergeQueue[TurnEvent] = MergeQueue(consume, TaskSupervisor("bench").spawn)
     tools = ToolRegistry()
     tools.add(Echo())  # type: ignore[arg-type]
 
@@ -71,9 +81,7 @@ async def per_tool_call() -> float:
 
     start = time.perf_counter()
     queue.add_producer("driver", driver())
-    outputs = 0
-    async for event in queue:
-        outputs += isinstance(event, ToolOutput)
+    await queue.join()
     assert outputs == CALLS
     return (time.perf_counter() - start) / CALLS * 1e6
 

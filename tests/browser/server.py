@@ -21,6 +21,7 @@ from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import LLMToolSpec
 from core.runtime import ChatCore
 from core.sqlite_store import SqliteStore
+from core.store import Store
 from core.tools.base import ApprovalPolicy, ToolContext, ToolRegistry
 from tests.fakes.openai_server import FakeOpenAI
 from tests.support.harness import FAST
@@ -77,11 +78,11 @@ class WebChat:
 async def start_web_chat(tmp_path: Path, fake: FakeOpenAI, *, auth_token: str = "", hub: StreamHub | None = None,
                          update_interval: float = 0.05, tools: ToolRegistry | None = None,
                          access: WebAccess | None = None, reap_interval: float = 1.0,
-                         **settings: Any) -> WebChat:
+                         store: Store | None = None, **settings: Any) -> WebChat:
     s = dataclasses.replace(FAST, **settings)
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key="sk-test",
                               request_timeout=s.request_timeout)
-    core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools,
+    core = ChatCore(store=store or SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools,
                     media_dir=tmp_path / "media")
     app = web.Application()
     if access is None:

@@ -1,8 +1,9 @@
 """A test channel: a fake chat platform that records what a user would see, with injectable faults.
 
 ``FakePlatform`` keeps the messages visible in each chat (sent, edited, deleted). ``TestChannel`` is a
-real Channel whose sink edits one message in place, and which can be told to fail at open, fail
-the final update permanently or transiently, or hang.
+real Channel whose sink follows a turn by editing one message in place, and which can be told to fail at
+open, fail the final update, hang, or hold the final update for platform pauses (which it reports, as a
+channel does, so that core's wait stretches with them).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import itertools
 from dataclasses import dataclass, field
 
-from core.channel import SinkError
+from core.channel import SinkError, TurnFeed
 from core.envelope import InboundEnvelope, TurnTarget
 from core.snapshot import TurnSnapshot
 
@@ -66,6 +67,7 @@ class TestSink:
         self.updates: list[int] = []
         self.finish_calls = 0
         self.aborted = False
+        self.paused = 0.0
 
     async def _show(self, text: str) -> None:
         if self.message_id is None:
@@ -73,26 +75,40 @@ class TestSink:
         else:
             self.channel.platform.edit(self.message_id, text)
 
-    async def update(self, snapshot: TurnSnapshot) -> None:
-        self.updates.append(snapshot.version)
-        if self.channel.update_delay:
-            await asyncio.sleep(self.channel.update_delay)
-        await self._show(render(snapshot))
+    async def follow(self, turn: TurnFeed) -> None:
+        """Show the newest snapshot after each change (at most one per ``update_delay``: latest wins)."""
+        shown = 0
+        while not self.aborted:
+            snapshot = turn.snapshot
+            if snapshot.terminal:
+                return
+            if snapshot.version == shown:
+                await turn.changed()
+                continue
+            if self.channel.update_delay:
+                await asyncio.sleep(self.channel.update_delay)
+                snapshot = turn.snapshot
+                if snapshot.terminal:
+                    return
+            shown = snapshot.version
+            self.updates.append(shown)
+            await self._show(render(snapshot))
 
     async def finish(self, snapshot: TurnSnapshot) -> None:
         self.finish_calls += 1
         ch = self.channel
         if ch.hang_finish:
             await asyncio.sleep(3600)
-        if ch.finish_fail_permanent:
-            raise SinkError("message to edit not found", transient=False)
-        if ch.finish_pauses > 0:
+        if ch.finish_fail:
+            raise SinkError("message to edit not found")
+        while ch.finish_pauses > 0:  # the platform says "429: retry later": the channel waits it out
             ch.finish_pauses -= 1
-            raise SinkError("429: retry later", transient=True, retry_after=ch.pause_seconds)
-        if ch.finish_fail_transient > 0:
-            ch.finish_fail_transient -= 1
-            raise SinkError("503 from platform", transient=True)
+            self.paused += ch.pause_seconds
+            await asyncio.sleep(ch.pause_seconds)
         await self._show(render(snapshot))
+
+    def paused_seconds(self) -> float:
+        return self.paused
 
     async def abort(self) -> None:
         self.aborted = True
@@ -110,13 +126,11 @@ class TestChannel:
         self.sinks: list[TestSink] = []
         self.fail_open = False
         self.hang_open = False
-        self.finish_fail_permanent = False
-        self.finish_fail_transient = 0
+        self.finish_fail = False
         self.hang_finish = False
         self.update_delay = 0.0
         self.plain_fail = False
         self.finish_pauses = 0
-        self.plain_pauses = 0
         self.pause_seconds = 0.0
         self._state = "ready"
 
@@ -137,17 +151,14 @@ class TestChannel:
         if self.hang_open:
             await asyncio.sleep(3600)
         if self.fail_open:
-            raise SinkError("cannot open", transient=False)
+            raise SinkError("cannot open")
         sink = TestSink(self, target)
         self.sinks.append(sink)
         return sink
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
-        if self.plain_pauses > 0:
-            self.plain_pauses -= 1
-            raise SinkError("429: retry later", transient=True, retry_after=self.pause_seconds)
         if self.plain_fail:
-            raise SinkError("plain send failed", transient=False)
+            raise SinkError("plain send failed")
         self.platform.send(target.chat_id, text, "plain")
 
     def envelope(self, text: str, *, chat_id: str = "c1", sender_id: str = "u1", **kw: object) -> InboundEnvelope:

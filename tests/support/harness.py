@@ -17,18 +17,15 @@ from core.sqlite_store import SqliteStore
 from core.store import Store
 from core.tools.base import ToolRegistry
 from tests.fakes.openai_server import FakeOpenAI
-from tests.support.channel import TestChannel
+from tests.support.channel import FakePlatform, TestChannel
 
 API_KEY = "sk-test-SECRET-0123456789"
 
 FAST = CoreSettings(
     retry_delays=(0.01, 0.02),
     request_timeout=1.0,
-    sink_update_timeout=0.3,
-    sink_finish_attempts=3,
-    sink_finish_retry_delay=0.01,
+    sink_open_timeout=0.3,
     delivery_wait_timeout=3.0,
-    plain_send_timeout=1.0,
     shutdown_timeout=4.0,
     titles=False,
     session_idle_seconds=30.0,
@@ -36,11 +33,14 @@ FAST = CoreSettings(
 
 
 class Harness:
-    def __init__(self, core: ChatCore, channel: TestChannel, fake: FakeOpenAI, store: Store) -> None:
+    def __init__(self, core: ChatCore, channel: TestChannel, fake: FakeOpenAI, store: Store,
+                 db_path: Path | None = None) -> None:
         self.core = core
         self.channel = channel
         self.fake = fake
         self.store = store
+        self.db_path = db_path
+        """The database file, when the harness made the store."""
         self.events: list[CoreEvent] = []
         core.events.subscribe(self.events.append)
 
@@ -75,20 +75,23 @@ class Harness:
 
 async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None = None,
                        tools: ToolRegistry | None = None, start: bool = True,
-                       transcriber: Transcriber | None = None, **settings: Any) -> Harness:
+                       platform: FakePlatform | None = None, transcriber: Transcriber | None = None,
+                       **settings: Any) -> Harness:
     """``start=False``: the caller registers more channels, then starts the core (which reports turns a
-    previous process left running through them). Attachments are stored in ``tmp_path / "media"``."""
+    previous process left running through them). ``platform``: the chats of an earlier harness, for a
+    restart on the same database. Attachments are stored in ``tmp_path / "media"``."""
     s = dataclasses.replace(FAST, **settings)
+    db_path = None if store is not None else tmp_path / "chat.db"
     store = store or SqliteStore(tmp_path / "chat.db")
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key=API_KEY,
                               request_timeout=s.request_timeout)
     core = ChatCore(store=store, provider=provider, settings=s, tools=tools, media_dir=tmp_path / "media",
                     transcriber=transcriber)
-    channel = TestChannel()
+    channel = TestChannel(platform=platform)
     core.add_channel(channel)
     if start:
         await core.start()
-    harness = Harness(core, channel, fake, store)
+    harness = Harness(core, channel, fake, store, db_path)
     LIVE.append(harness)
     return harness
 

@@ -90,7 +90,11 @@
     const env = {};
     const tokens = md.parse(text, env);
     const lines = text.split("\n");
-    const refs = env.references ? Object.keys(env.references).join("\u0001") : "";
+    // a block's rendering depends on every definition's target, not only its label: a definition still
+    // streaming in ("https://example.org/" before "ref") must not leave the links above it stale
+    const refs = env.references
+      ? Object.entries(env.references).map(([label, ref]) => [label, ref.href, ref.title || ""].join("\u0002")).join("\u0001")
+      : "";
     const blocks = [];
     for (let i = 0; i < tokens.length;) {
       const start = i;

@@ -10,10 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from channels.common.retry import RetryPolicy
-from channels.common.throttle import ChatThrottle, Clock
+from channels.common.calls import CallPolicy, Calls
+from channels.common.throttle import Clock, Throttle
 from channels.telegram.channel import TelegramChannel, TelegramSettings
-from channels.telegram.client import TelegramClient
 from channels.telegram.factory import make_bot
 from core.media.transcribe import Transcriber
 from tests.fakes.openai_server import FakeOpenAI
@@ -64,14 +63,13 @@ class TelegramHarness:
 
 async def telegram_harness(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, *,
                            clock: Clock | None = None, core: dict[str, Any] | None = None,
-                           start: bool = True, limit: int = 4096, transcriber: Transcriber | None = None,
-                           **settings: Any) -> TelegramHarness:
+                           start: bool = True, limit: int = 4096, call_timeout: float | None = 5.0,
+                           transcriber: Transcriber | None = None, **settings: Any) -> TelegramHarness:
     h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber, **(core or {}))
     s = dataclasses.replace(TEST_SETTINGS, **settings)
     bot = make_bot(tg.token, tg.base_url)
-    throttle = ChatThrottle(s.edit_interval, clock=clock)
-    client = TelegramClient(bot, throttle, RetryPolicy(initial_wait=0.01, max_wait=0.05))
-    channel = TelegramChannel(h.core.host_for("telegram"), bot, s, throttle=throttle, client=client, limit=limit)
+    calls = Calls(Throttle(clock=clock), CallPolicy(initial_wait=0.01, max_wait=0.05, timeout=call_timeout))
+    channel = TelegramChannel(h.core.host_for("telegram"), bot, s, calls=calls, limit=limit)
     h.core.add_channel(channel)
     await h.core.start()  # after the channel is registered: it tells chats about turns a crash interrupted
     th = TelegramHarness(h, channel, tg)

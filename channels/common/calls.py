@@ -1,0 +1,134 @@
+"""The one policy every platform call of a channel goes through: pacing, 429 pauses and retries.
+
+Each attempt of a call, the first and every retry, waits for a free slot in the call's throttle scopes and
+takes it: a retry is a call like any other and never reaches a chat sooner than the chat's pace allows.
+Each attempt is bounded by the policy's ``timeout``. Then:
+
+- transient (5xx, network, timeout): tried again, up to ``attempts`` tries in all, after a backoff. A call
+  whose outcome is unknown (a send that timed out may have been carried out) is tried at most
+  ``unknown_outcome_attempts`` times unless it is idempotent (an edit or a delete repeats a target state;
+  a send carrying an idempotency key the platform honours), so a message appears twice at worst once;
+- rate_limited (429): the limited scope is paused for retry_after (``Throttle.pause``, the one pause
+  mechanism) and the call is made again once the pause is over, however long; a pause does not use up an
+  attempt (at most ``max_pauses`` of them per call, so a call stays bounded);
+- anything else is raised at once, as is the last failure.
+
+``retry=False`` tries once: a live update is superseded by the next one, which repeats the whole target
+state with newer content, so retrying it would only show something stale later. Its 429 still pauses the
+scope. Retrying is tenacity's business; the first try runs bare (``core.retrying``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base
+
+from channels.common.errors import PlatformError
+from channels.common.throttle import Scope, Throttle
+from core.retrying import run_with_retries
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class CallPolicy:
+    attempts: int = 3
+    """Tries of a call that keeps failing transiently, the first included (the final update's bound)."""
+    unknown_outcome_attempts: int = 2
+    """Tries of a non-idempotent call whose outcome was unknown (so it is repeated at most once)."""
+    initial_wait: float = 0.5
+    max_wait: float = 4.0
+    max_pauses: int = 20
+    """429 pauses one call waits out before it gives up."""
+    timeout: float | None = 30.0
+    """Bound on one attempt (the pace and pause waits before it are not counted)."""
+
+
+def _error(state: RetryCallState) -> PlatformError | None:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    return exc if isinstance(exc, PlatformError) else None
+
+
+class _Stop(stop_base):
+    def __init__(self, policy: CallPolicy, idempotent: bool) -> None:
+        self.policy = policy
+        self.idempotent = idempotent
+        self.failures = 0
+        self.pauses = 0
+
+    def __call__(self, state: RetryCallState) -> bool:
+        exc = _error(state)
+        if exc is not None and exc.kind == "rate_limited":
+            self.pauses += 1
+            return self.pauses > self.policy.max_pauses
+        self.failures += 1
+        if exc is not None and exc.outcome_unknown and not self.idempotent:
+            return self.failures >= self.policy.unknown_outcome_attempts
+        return self.failures >= self.policy.attempts
+
+
+class _Wait(wait_base):
+    """Backoff after a transient failure; after a 429 the throttle's pause is the wait (or, for a call
+    outside every scope, the retry_after itself)."""
+
+    def __init__(self, policy: CallPolicy, scoped: bool) -> None:
+        self.policy = policy
+        self.scoped = scoped
+        self.failures = 0
+
+    def __call__(self, state: RetryCallState) -> float:
+        exc = _error(state)
+        if exc is not None and exc.kind == "rate_limited":
+            return 0.0 if self.scoped else max(0.0, float(exc.retry_after or 0.0))
+        self.failures += 1
+        return float(min(self.policy.max_wait, self.policy.initial_wait * 2.0 ** (self.failures - 1)))
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, PlatformError) and exc.kind in ("transient", "rate_limited")
+
+
+class Calls:
+    def __init__(self, throttle: Throttle, policy: CallPolicy | None = None) -> None:
+        self.throttle = throttle
+        self.policy = policy or CallPolicy()
+
+    async def call(self, fn: Callable[[], Awaitable[T]], *, scopes: Sequence[Scope] = (), paced: bool = True,
+                   retry: bool = True, idempotent: bool = True, timeout: float | None = None) -> T:
+        """Run one platform call (``fn`` makes one attempt and raises PlatformError) under the policy.
+        ``paced=False`` honours the scopes' pauses without taking a slot; ``timeout`` overrides the
+        policy's bound on one attempt (a long poll)."""
+        bound = timeout if timeout is not None else self.policy.timeout
+
+        async def attempt() -> T:
+            if scopes:
+                if paced:
+                    await self.throttle.reserve(scopes)
+                else:
+                    await self.throttle.wait_unpaused(scopes)
+            try:
+                if bound is None:
+                    return await fn()
+                async with asyncio.timeout(bound):
+                    return await fn()
+            except TimeoutError:
+                raise PlatformError(f"no answer within {bound:g}s", kind="transient", outcome_unknown=True) from None
+            except PlatformError as exc:
+                if exc.kind == "rate_limited" and scopes:
+                    self.throttle.pause(exc.scope or scopes[0].key, exc.retry_after or 1.0)
+                raise
+
+        if not retry:
+            return await attempt()
+
+        def policy() -> AsyncRetrying:
+            return AsyncRetrying(stop=_Stop(self.policy, idempotent), wait=_Wait(self.policy, bool(scopes)),
+                                 retry=retry_if_exception(_retryable), reraise=True)
+
+        return await run_with_retries(policy, attempt)

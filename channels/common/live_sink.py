@@ -1,0 +1,415 @@
+"""LiveSink: one turn's live reply on one platform, written once for every channel.
+
+A platform supplies its message operations, rendering and approval prompts (``channels.common.ops``);
+this is the rest of the ``TurnSink`` contract:
+
+- First-message gate: nothing is posted until the answer has ``first_chars`` characters or ``first_delay``
+  seconds have passed; a typing indicator shows meanwhile (repeated every ``typing_every`` seconds).
+- Latest wins by pulling: ``follow`` runs in the turn's delivery task and takes the newest snapshot when
+  the chat's next slot comes (``Throttle.ready_in``), never a backlog. It sleeps until that slot and is
+  woken early only by what must be shown at once (new or ended approvals, the end of the turn). A
+  streamed token therefore costs the sink nothing: rendering and splitting happen per platform call.
+- Rendering at flush, in time linear in the reply: finished parts (every message but the last, once the
+  reply outgrew one) are frozen, and only the unfinished tail is split and rendered again
+  (``splitter.split`` from where the tail starts). A native stream gets only what was appended, or the
+  whole text when the snapshot's ``text_epoch`` says it was replaced.
+- The finish handshake is sequential by construction: ``follow`` returns once the turn is over (a call in
+  flight lands first, so the ledger stays true), then core calls ``finish``, which closes a native stream
+  and reconciles the formatted final rendering (plain text if the platform rejects the formatting).
+- Every call goes through ``Calls``: live updates are tried once (the next one repeats the whole state);
+  the final's calls are retried within the policy, each retry in its own pace slot; 429 pauses are the
+  throttle's. If the final still fails, previews that do not show their final form are deleted where the
+  platform allows, so the core's single fallback (exactly the parts the ledger says are missing) leaves
+  the chat showing the formatted answer once (``channels.common.ledger``).
+- Approvals: a new pending approval is posted at once by the platform's prompts; one that ended without
+  a press is marked with how it ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from channels.common.calls import Calls
+from channels.common.errors import PlatformError
+from channels.common.ledger import Ledger, Part
+from channels.common.ops import MEASURES, ApprovalPrompts, MessageOps, NativeStream, Renderer, TextChange
+from channels.common.reconciler import Reconciler
+from channels.common.splitter import Chunk, split
+from core.agent.approvals import DENIED_BY_TIMEOUT
+from core.channel import SinkError, TurnFeed
+from core.snapshot import ApprovalRequest, TurnSnapshot
+
+log = logging.getLogger(__name__)
+
+Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSettings:
+    first_chars: int = 24
+    """Nothing is posted before the answer has this many characters..."""
+    first_delay: float = 1.0
+    """...or this many seconds have passed since the turn began."""
+    typing_every: float = 4.0
+    """How often the typing indicator is repeated while nothing is shown (Telegram's lasts about 5 s)."""
+
+
+def body(snapshot: TurnSnapshot) -> str:
+    """The text a terminal snapshot stands for: the answer, then any notice after a blank line."""
+    text = snapshot.text
+    if snapshot.error:
+        return f"{text}\n\n{snapshot.error}" if text.strip() else snapshot.error
+    return text
+
+
+def ended_line(snapshot: TurnSnapshot, call_id: str) -> str:
+    """How an approval ended without a press on its prompt, from the tool's status in ``snapshot``."""
+    tool = next((t for t in snapshot.tools if t.call_id == call_id), None)
+    if tool is not None and tool.status == "denied" and tool.summary == DENIED_BY_TIMEOUT:
+        return "⌛ Denied: nobody decided in time."
+    if tool is not None and tool.status in ("running", "done"):
+        return "✅ Allowed."
+    return "⏹ The reply was stopped before a decision."  # /stop denies what is pending
+
+
+@dataclass(slots=True)
+class _Asked:
+    posting: asyncio.Task[None] | None
+    handle: Any = None
+    ended: bool = False
+
+
+class _Paced:
+    """The reconciler's calls, through the channel's policy: one try while streaming, retried at the end."""
+
+    def __init__(self, sink: LiveSink) -> None:
+        self._sink = sink
+
+    async def send(self, part: Part, key: str) -> str:
+        s = self._sink
+        return await s.calls.call(lambda: s.ops.send(part, key), scopes=s.ops.scopes, retry=s.final,
+                                  idempotent=s.ops.capabilities.idempotent_sends)
+
+    async def edit(self, message_id: str, part: Part) -> None:
+        s = self._sink
+        await s.calls.call(lambda: s.ops.edit(message_id, part), scopes=s.ops.scopes, retry=s.final)
+
+    async def delete(self, message_id: str) -> None:
+        s = self._sink
+        await s.calls.call(lambda: s.ops.delete(message_id), scopes=s.ops.scopes, retry=s.final)
+
+
+class LiveSink:
+    """A ``core.channel.TurnSink`` over a platform's ``MessageOps``."""
+
+    def __init__(self, ops: MessageOps, render: Renderer, calls: Calls, *, settings: LiveSettings | None = None,
+                 prompts: ApprovalPrompts | None = None, spawn: Spawn | None = None) -> None:
+        """``spawn`` runs the approval prompts' calls as supervised tasks (needed with ``prompts``)."""
+        if prompts is not None and spawn is None:
+            raise ValueError("approval prompts need a spawn function")
+        self.ops = ops
+        self.render = render
+        self.calls = calls
+        self.settings = settings or LiveSettings()
+        self.prompts = prompts
+        self._spawn_task = spawn
+        caps = ops.capabilities
+        self._limit = caps.limit
+        self._measure = MEASURES[caps.unit]
+        self.stream: NativeStream | None = ops.stream() if caps.native_stream else None
+        self.reconciler = Reconciler(_Paced(self))
+        self.final = False
+        """Set once the turn is over: calls are then retried within the policy."""
+        self._loop = asyncio.get_running_loop()
+        self._opened = self._loop.time()
+        self._typing_at = -1e9
+        self._aborted = False
+        self._finishing = False
+        self._plain_final = False
+        self._shown = False
+        self._live_broken = False
+        # the unfinished tail of the reply starts at ``_base`` in the text (with the fence ``_reopen``); the
+        # ``_frozen`` messages before it are finished. ``_base_text`` is the text it was found in.
+        self._incremental = True
+        self._base, self._reopen, self._frozen, self._base_text = 0, "", 0, ""
+        self._epoch = 0
+        self._flushed: tuple[int, int] | None = None  # (text_epoch, length) last shown
+        self._flushed_version = 0
+        self._streamed: tuple[int, int, int] | None = None  # (text_epoch, base, length) the stream shows
+        self._approvals: tuple[ApprovalRequest, ...] = ()
+        self._pushed_approvals: tuple[ApprovalRequest, ...] = ()
+        self._asked: dict[str, _Asked] = {}
+        self._paused_at_open = calls.throttle.paused_total(ops.scopes)
+        self._final_cache: tuple[int, bool, list[Part]] | None = None
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.reconciler.ledger
+
+    # ---- TurnSink ------------------------------------------------------------------------------
+
+    async def typing(self) -> None:
+        """Show the typing indicator now (raises PlatformError: a channel may refuse to open on it)."""
+        self._typing_at = self._loop.time()
+        await self.calls.call(self.ops.typing, scopes=self.ops.scopes, paced=False, retry=False)
+
+    async def follow(self, turn: TurnFeed) -> None:
+        while not self._aborted and not self._finishing:
+            snap = turn.snapshot
+            if snap.terminal:
+                return
+            self._sync_approvals(snap)
+            if self._live_broken:
+                await turn.changed(urgent_only=True)
+                continue
+            if not self._news(snap):
+                await turn.changed()
+                continue
+            now = self._loop.time()
+            if not self._shown and not self._ready_to_show(snap, now):
+                if now - self._typing_at >= self.settings.typing_every:
+                    await self._quiet_typing()
+                gate = self._opened + self.settings.first_delay - now
+                await self._doze(turn, gate if gate > 0 else self.settings.typing_every, any_change=True)
+                continue
+            urgent = self._shows_approvals and snap.approvals is not self._pushed_approvals
+            wait = 0.0 if urgent else self.calls.throttle.ready_in(self.ops.scopes)
+            if wait > 0:
+                await self._doze(turn, wait, any_change=False)
+                continue
+            await self._flush(snap, urgent=urgent)
+
+    async def finish(self, snapshot: TurnSnapshot) -> None:
+        self._finishing = True
+        self.final = True
+        self._sync_approvals(snapshot)  # a terminal snapshot has none pending: the prompts are marked
+        parts = self._final_parts(snapshot)
+        try:
+            if self.stream is not None:
+                await self._close_stream(snapshot, parts)
+            if not self.reconciler.pending(parts, final=True):
+                return  # already showing it: finish is idempotent
+            try:
+                await self.reconciler.apply(parts, final=True)
+            except PlatformError as exc:
+                if exc.kind != "format":
+                    raise
+                log.warning("the platform rejected the formatted reply (%s); sending it as plain text", exc)
+                self._plain_final = True
+                parts = self._final_parts(snapshot)
+                await self.reconciler.apply(parts, final=True)
+        except PlatformError as exc:
+            await self._remove_stale(parts)
+            raise SinkError(str(exc)) from None
+
+    async def abort(self) -> None:
+        self._aborted = True
+
+    def undelivered(self, snapshot: TurnSnapshot) -> str | None:
+        return "\n\n".join(p.source for p in self.ledger.missing(self._final_parts(snapshot)))
+
+    def paused_seconds(self) -> float:
+        return max(0.0, self.calls.throttle.paused_total(self.ops.scopes) - self._paused_at_open)
+
+    # ---- streaming -----------------------------------------------------------------------------
+
+    def _news(self, snap: TurnSnapshot) -> bool:
+        if self.stream is not None and self.stream.shows_activity:
+            return snap.version != self._flushed_version
+        return self._flushed != (snap.text_epoch, len(snap.text))
+
+    def _ready_to_show(self, snap: TurnSnapshot, now: float) -> bool:
+        """The first-message gate."""
+        s = self.settings
+        if now - self._opened < s.first_delay and len(snap.text) < s.first_chars:
+            return False
+        return bool(snap.text.strip()) or (self.stream is not None and self.stream.shows_activity)
+
+    async def _doze(self, turn: TurnFeed, seconds: float, *, any_change: bool) -> None:
+        """Sleep ``seconds``, or less if the turn changes urgently (or at all, with ``any_change``)."""
+        change = turn.changed(urgent_only=not any_change)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await change
+
+    @property
+    def _shows_approvals(self) -> bool:
+        return self.stream is not None and self.stream.shows_activity
+
+    async def _flush(self, snap: TurnSnapshot, *, urgent: bool = False) -> None:
+        """Show ``snap`` with one step of platform calls (each taking its own slot; a stream that shows
+        approvals shows a change of them at once)."""
+        self._flushed = (snap.text_epoch, len(snap.text))
+        self._flushed_version = snap.version
+        try:
+            if self.stream is not None:
+                try:
+                    await self._flush_stream(snap, self.stream, urgent=urgent)
+                    return
+                except PlatformError as exc:
+                    if exc.kind != "unsupported":
+                        raise
+                    log.info("native streaming refused here (%s); streaming by edits instead", exc)
+                    self.stream = None
+            await self._flush_messages(snap)
+        except PlatformError as exc:
+            if exc.transient:
+                self._flushed = None  # shown again at the next slot
+            elif exc.kind != "unsupported":
+                self._live_broken = True  # e.g. the preview was deleted: only the final can repair it
+            log.info("live update failed (the final repeats it): %s", exc)
+
+    def _tail(self, snap: TurnSnapshot) -> list[Chunk]:
+        """The unfinished tail of the text, split under the limit (only it: finished parts stay frozen)."""
+        text = snap.text
+        if self._limit is None:
+            return [Chunk(text, 0)]
+        if snap.text_epoch != self._epoch:
+            self._epoch = snap.text_epoch
+            if self._base and text[:self._base] != self._base_text[:self._base]:
+                # rewound into finished parts: from now on every flush splits the whole text, and the
+                # frozen messages wait for the final (rare: a retry after a whole message was written)
+                self._incremental = False
+                self._base, self._reopen, self._frozen = 0, "", 0
+        return split(text, self._limit, self._measure, start=self._base, reopen=self._reopen)
+
+    def _advance(self, snap: TurnSnapshot, chunks: list[Chunk], finished: int) -> None:
+        """``finished`` more chunks are now frozen messages: the tail starts after them."""
+        if finished and self._incremental:
+            self._frozen += finished
+            self._base, self._reopen, self._base_text = chunks[finished].start, chunks[finished].reopen, snap.text
+
+    async def _flush_messages(self, snap: TurnSnapshot) -> None:
+        chunks = self._tail(snap)
+        desired = [e.part for e in self.ledger.entries[:self._frozen]]
+        desired += [self.render.stream_part(c.text) for c in chunks if c.text.strip()]
+        await self.reconciler.apply(desired, final=False)
+        self._shown = self._shown or bool(self.ledger)
+        self._advance(snap, chunks, len(chunks) - 1)
+
+    async def _flush_stream(self, snap: TurnSnapshot, stream: NativeStream, *, urgent: bool = False) -> None:
+        chunks = self._tail(snap)
+        if len(chunks) > 1:  # finished parts become messages; the stream shows only the last one
+            desired = [e.part for e in self.ledger.entries[:self._frozen]]
+            desired += [self.render.stream_part(c.text) for c in chunks[:-1]]
+            await self.reconciler.apply(desired, final=False, open_last=False)
+            self._advance(snap, chunks, len(chunks) - 1)
+        text = chunks[-1].text
+        shown = self._streamed
+        state = (snap.text_epoch, self._base, len(text))
+        change: TextChange | None
+        if shown is None or shown[:2] != state[:2] or len(text) < shown[2]:
+            change = TextChange(text, replace=True)
+        elif len(text) > shown[2]:
+            change = TextChange(text[shown[2]:])
+        else:
+            change = None
+        if change is None and not stream.shows_activity:
+            return
+        await self.calls.call(lambda: stream.push(snap, text, change), scopes=self.ops.scopes, retry=False,
+                              paced=not urgent)
+        self._streamed = state
+        self._pushed_approvals = snap.approvals
+        self._shown = True
+
+    async def _quiet_typing(self) -> None:
+        if self.calls.throttle.paused_for(self.ops.scopes) > 0:
+            return
+        try:
+            await self.typing()
+        except PlatformError as exc:
+            log.debug("typing indicator failed: %s", exc)
+
+    # ---- the end -------------------------------------------------------------------------------
+
+    def _final_parts(self, snapshot: TurnSnapshot) -> list[Part]:
+        cached = self._final_cache
+        if cached is not None and cached[0] == snapshot.version and cached[1] == self._plain_final:
+            return cached[2]
+        text = body(snapshot)
+        render = self.render.plain_part if self._plain_final else self.render.final_part
+        if not text.strip():
+            parts: list[Part] = []
+        elif self._limit is None:
+            parts = [render(text)]
+        else:
+            parts = [render(c.text) for c in split(text, self._limit, self._measure)]
+        self._final_cache = (snapshot.version, self._plain_final, parts)
+        return parts
+
+    async def _close_stream(self, snapshot: TurnSnapshot, parts: list[Part]) -> None:
+        stream, self.stream = self.stream, None
+        assert stream is not None
+        index = len(self.ledger)
+        part = parts[index] if index < len(parts) else None
+        message_id = await self.calls.call(lambda: stream.close(snapshot, part), scopes=self.ops.scopes)
+        if message_id is not None and part is not None:
+            self.ledger.accepted_send(message_id, part)
+
+    async def _remove_stale(self, parts: list[Part]) -> None:
+        """The final could not be shown: delete every message that does not show its final part, so the
+        fallback (which sends exactly the parts the ledger says are missing) does not leave the answer
+        next to a stale preview. A message that cannot be deleted stays and counts for its words."""
+        ledger = self.ledger
+        for index in range(len(ledger) - 1, -1, -1):
+            entry = ledger.entries[index]
+            if entry.gone or (index < len(parts) and entry.part.content == parts[index].content):
+                continue
+            if not self.ops.capabilities.can_delete:
+                ledger.keep(index)
+                continue
+            try:
+                await self.reconciler.ops.delete(entry.message_id)
+            except PlatformError as exc:
+                log.warning("could not delete a stale preview: %s", exc)
+                ledger.keep(index)
+                continue
+            ledger.gone(index)
+
+    # ---- approvals -----------------------------------------------------------------------------
+
+    def _sync_approvals(self, snapshot: TurnSnapshot) -> None:
+        """Post new pending approvals; mark those that ended without a press. Never waits."""
+        if self.prompts is None or snapshot.approvals is self._approvals:
+            return
+        self._approvals = snapshot.approvals
+        prompts = self.prompts
+        pending = {a.call_id for a in snapshot.approvals}
+        for request in snapshot.approvals:
+            if request.call_id not in self._asked:
+                asked = _Asked(None)
+                asked.posting = self._spawn(f"approval:{request.call_id}",
+                                            self._post(prompts, asked, snapshot.session_key, request))
+                self._asked[request.call_id] = asked
+        for call_id, asked in self._asked.items():
+            if call_id not in pending and not asked.ended:
+                asked.ended = True
+                self._spawn(f"approval-ended:{call_id}", self._end(prompts, asked, ended_line(snapshot, call_id)))
+
+    @staticmethod
+    async def _post(prompts: ApprovalPrompts, asked: _Asked, session_key: str, request: ApprovalRequest) -> None:
+        try:
+            asked.handle = await prompts.post(session_key, request)
+        except PlatformError as exc:
+            log.warning("could not post the approval request for %s: %s", request.tool_name, exc)
+
+    @staticmethod
+    async def _end(prompts: ApprovalPrompts, asked: _Asked, line: str) -> None:
+        if asked.posting is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(asked.posting)
+        if asked.handle is not None:
+            await prompts.ended(asked.handle, line)
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+        assert self._spawn_task is not None
+        try:
+            return self._spawn_task(name, coro)
+        except Exception:  # shutting down
+            coro.close()
+            return None

@@ -1,0 +1,50 @@
+"""A real ``chatbridge run`` in its own process, for tests that kill it and start it again."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class BridgeProcess:
+    """``python -m bridge.cli run -c CONFIG``; its stderr (the log) goes to ``log_path``."""
+
+    def __init__(self, config: Path, log_path: Path) -> None:
+        self.config = config
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> BridgeProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CHATBRIDGE_")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        with self.log_path.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bridge.cli", "run", "-c", str(self.config), cwd=self.config.parent,
+                env=env, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, exactly like a crash or an OOM kill."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+
+    async def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, then wait for the orderly shutdown; returns the exit code."""
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        return self.proc.returncode if self.proc.returncode is not None else -1

@@ -1,0 +1,88 @@
+"""The one call policy of a channel: every try takes a pace slot, 429s pause the scope and do not use up
+a try, a send with an unknown outcome is repeated at most once, a live update is tried once."""
+
+from __future__ import annotations
+
+import pytest
+
+from channels.common.calls import CallPolicy, Calls
+from channels.common.errors import PlatformError
+from channels.common.throttle import Scope, Throttle
+from tests.support.clock import ManualClock
+
+A = Scope("chat:a", 1.0)
+POLICY = CallPolicy(initial_wait=0.0, max_wait=0.0, timeout=None)
+
+
+def failing(*errors: PlatformError):
+    """A platform call that fails with ``errors`` in turn, then succeeds; records when each try was made."""
+    tries: list[float] = []
+    pending = list(errors)
+
+    def make(clock: ManualClock):
+        async def call() -> str:
+            tries.append(clock.t)
+            if pending:
+                raise pending.pop(0)
+            return "ok"
+        return call
+
+    return tries, make
+
+
+def transient(**kw: object) -> PlatformError:
+    return PlatformError("502", kind="transient", **kw)  # type: ignore[arg-type]
+
+
+async def test_transient_failures_are_tried_three_times_in_all_each_in_its_own_slot():
+    clock = ManualClock()
+    calls = Calls(Throttle(clock=clock), POLICY)
+    tries, make = failing(transient(), transient())
+    assert await calls.call(make(clock), scopes=[A]) == "ok"
+    assert tries == [0.0, 1.0, 2.0]  # a retry waits for the chat's next slot like any call
+    tries, make = failing(transient(), transient(), transient())
+    with pytest.raises(PlatformError):
+        await calls.call(make(clock), scopes=[A])
+    assert len(tries) == 3
+
+
+async def test_a_429_pauses_the_scope_and_is_waited_out_without_using_up_a_try():
+    clock = ManualClock()
+    throttle = Throttle(clock=clock)
+    calls = Calls(throttle, POLICY)
+    limited = [PlatformError("429", kind="rate_limited", retry_after=30.0) for _ in range(4)]
+    tries, make = failing(*limited, transient())
+    assert await calls.call(make(clock), scopes=[A]) == "ok"
+    assert len(tries) == 6 and tries[-1] >= 120.0
+    assert throttle.paused_total([A]) >= 120.0
+
+
+async def test_a_send_whose_outcome_is_unknown_is_repeated_at_most_once():
+    clock = ManualClock()
+    calls = Calls(Throttle(clock=clock), POLICY)
+    tries, make = failing(transient(outcome_unknown=True), transient(outcome_unknown=True))
+    with pytest.raises(PlatformError):
+        await calls.call(make(clock), scopes=[A], idempotent=False)
+    assert len(tries) == 2
+    tries, make = failing(transient(outcome_unknown=True), transient(outcome_unknown=True))
+    assert await calls.call(make(clock), scopes=[A], idempotent=True) == "ok"  # an edit: same target state
+    assert len(tries) == 3
+
+
+async def test_a_live_update_is_tried_once_but_its_429_still_pauses_the_chat():
+    clock = ManualClock()
+    throttle = Throttle(clock=clock)
+    calls = Calls(throttle, POLICY)
+    tries, make = failing(PlatformError("429", kind="rate_limited", retry_after=5.0))
+    with pytest.raises(PlatformError):
+        await calls.call(make(clock), scopes=[A], retry=False)
+    assert len(tries) == 1 and throttle.paused_for([A]) == 5.0
+
+
+async def test_permanent_errors_are_not_retried():
+    clock = ManualClock()
+    calls = Calls(Throttle(clock=clock), POLICY)
+    tries, make = failing(PlatformError("forbidden", kind="permanent"))
+    with pytest.raises(PlatformError):
+        await calls.call(make(clock), scopes=[A])
+    assert len(tries) == 1

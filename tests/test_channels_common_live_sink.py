@@ -1,0 +1,115 @@
+"""The shared live sink over a platform double: native streams get appends and, after a rewind, a
+replacement; a reply outgrowing one message is streamed by freezing finished messages and re-splitting
+only the tail; what the chat ends up showing is the final rendering."""
+
+from __future__ import annotations
+
+import asyncio
+
+from channels.common.calls import CallPolicy, Calls
+from channels.common.errors import PlatformError
+from channels.common.ledger import Part
+from channels.common.live_sink import LiveSettings, LiveSink
+from channels.common.ops import Capabilities, PlainRenderer, TextChange
+from channels.common.splitter import split_text
+from channels.common.throttle import Scope, Throttle
+from core.agent.events import PartialText, RequestBegin, RequestEnd
+from core.controller import TurnController
+from core.snapshot import TurnSnapshot
+
+NO_GATE = LiveSettings(first_chars=0, first_delay=0.0)
+
+
+class Stream:
+    shows_activity = False
+
+    def __init__(self) -> None:
+        self.pushes: list[tuple[str, str]] = []
+        self.closed: Part | None = None
+
+    async def push(self, snapshot: TurnSnapshot, text: str, change: TextChange | None) -> None:
+        assert change is not None
+        self.pushes.append(("replace" if change.replace else "append", change.text))
+
+    async def close(self, snapshot: TurnSnapshot, part: Part | None) -> str | None:
+        self.closed = part
+        return "streamed"
+
+
+class Chat:
+    """Messages as a user sees them, and every call made."""
+
+    def __init__(self, *, limit: int | None = None, stream: Stream | None = None) -> None:
+        self.capabilities = Capabilities(limit=limit, native_stream=stream is not None)
+        self.scopes = (Scope("chat", 0.0),)
+        self.shown: dict[str, str] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self._stream = stream
+
+    async def send(self, part: Part, key: str) -> str:
+        mid = str(len(self.shown) + 1)
+        self.shown[mid] = part.text
+        self.calls.append(("send", mid, part.text))
+        return mid
+
+    async def edit(self, message_id: str, part: Part) -> None:
+        self.shown[message_id] = part.text
+        self.calls.append(("edit", message_id, part.text))
+
+    async def delete(self, message_id: str) -> None:
+        raise PlatformError("not in this test", kind="permanent")
+
+    async def typing(self) -> None:
+        return None
+
+    def stream(self) -> Stream | None:
+        return self._stream
+
+
+def sink_for(chat: Chat) -> LiveSink:
+    return LiveSink(chat, PlainRenderer(), Calls(Throttle(), CallPolicy(timeout=None)), settings=NO_GATE)
+
+
+async def stream_text(c: TurnController, *pieces: str) -> None:
+    for piece in pieces:
+        c.apply(PartialText("delta", piece))
+        await asyncio.sleep(0.005)
+
+
+async def test_a_native_stream_gets_appends_and_a_replacement_when_a_retry_rewinds_the_text():
+    stream = Stream()
+    chat = Chat(stream=stream)
+    sink = sink_for(chat)
+    c = TurnController("t", "s")
+    following = asyncio.create_task(sink.follow(c))
+    c.apply(RequestBegin(1, 1))
+    await stream_text(c, "Hel", "lo")
+    c.apply(RequestEnd("malformed", 1, retry_in=0.01))  # the retried request starts over
+    c.apply(RequestBegin(1, 2))
+    await stream_text(c, "Hi", " there")
+    final = c.finish("completed")
+    await asyncio.wait_for(following, 1)
+    await sink.finish(final)
+    assert stream.pushes == [("replace", "Hel"), ("append", "lo"), ("replace", "Hi"), ("append", " there")]
+    assert stream.closed == Part.plain("Hi there")
+    assert sink.undelivered(final) == ""
+
+
+async def test_a_long_reply_freezes_finished_messages_and_ends_as_its_final_split():
+    chat = Chat(limit=40)
+    sink = sink_for(chat)
+    c = TurnController("t", "s")
+    following = asyncio.create_task(sink.follow(c))
+    words = [f"word{i} " for i in range(60)]
+    await stream_text(c, *words)
+    final = c.finish("completed")
+    await asyncio.wait_for(following, 1)
+    await sink.finish(final)
+    expected = split_text("".join(words), 40, measure=len)
+    assert list(chat.shown.values()) == expected
+    # a message was never edited once its successor had been sent
+    for mid in chat.shown:
+        successor = next((i for i, call in enumerate(chat.calls) if call[0] == "send" and int(call[1]) > int(mid)),
+                         None)
+        if successor is not None:
+            assert not [call for call in chat.calls[successor:] if call[:2] == ("edit", mid)]

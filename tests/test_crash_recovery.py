@@ -1,0 +1,135 @@
+"""No accepted message is lost in a crash: a real ``chatbridge run`` is SIGKILLed with messages queued
+behind a slow reply, and started again on the same data directory; a queued photo still reaches the model.
+
+Telegram is the platform that never delivers a message twice once its update was confirmed (the bridge
+stores the polling offset), so this is where a message accepted but only held in memory would vanish."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.openai_server import FakeOpenAI, Function, Text, image_parts, last_user_text
+from tests.fakes.telegram import FakeTelegram
+from tests.support.media import jpeg
+from tests.support.process import BridgeProcess
+
+CHAT = 555
+INTERRUPTED = "⚠️ The bridge restarted while answering your last message. Please send it again."
+
+
+@pytest.fixture
+async def tg() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram() as fake:
+        yield fake
+
+
+def write_config(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> Path:
+    config = tmp_path / "chatbridge.toml"
+    config.write_text(f"""
+[bridge]
+data_dir = "{tmp_path / 'data'}"
+shutdown_timeout = 5
+
+[llm]
+provider = "openai"
+model = "fake-model"
+base_url = "{fake_openai.base_url}"
+api_key = "sk-test"
+request_timeout = 30
+
+[agent]
+titles = false
+
+[web]
+enabled = false
+
+[channels.telegram]
+enabled = true
+token = "{tg.token}"
+api_base = "{tg.base_url}"
+edit_interval_ms = 100
+""")
+    return config
+
+
+async def wait_for(cond: Callable[[], Any], bridge: BridgeProcess, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"condition not reached in time; bridge log:\n{bridge.log()[-4000:]}")
+
+
+def fetched_past(tg: FakeTelegram, update_id: int) -> bool:
+    """The bridge polled with an offset past ``update_id``: it confirmed every update up to it."""
+    return any(c.method == "getUpdates" and int(c.params.get("offset") or 0) > update_id for c in tg.calls)
+
+
+async def test_sigkill_with_five_messages_queued_loses_none_and_answers_none_twice(
+        tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> None:
+    slow = asyncio.Event()
+    fake_openai.script(Text("The first answer takes its time", hold=slow, hold_after=9))
+    fake_openai.default = Function(lambda body: Text("echo: " + last_user_text(body).split("\n\n")[0]))
+    config = write_config(tmp_path, fake_openai, tg)
+    bridge = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        tg.user_message("m0")
+        await wait_for(lambda: len(fake_openai.requests) == 1, bridge)  # m0's turn is running, and slow
+        updates = [tg.user_message(f"m{i}") for i in range(1, 6)]
+        # every update was confirmed to Telegram: it will never deliver them again
+        await wait_for(lambda: fetched_past(tg, updates[-1]["update_id"]), bridge)
+        await bridge.kill()
+    finally:
+        await bridge.stop()
+    slow.set()
+
+    again = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        answers = [f"echo: m{i}" for i in range(1, 6)]
+        await wait_for(lambda: all(a in tg.visible(CHAT) for a in answers), again)
+        await asyncio.sleep(1.0)  # anything sent twice would show by now
+    finally:
+        assert await again.stop() == 0
+    shown = [m.text for m in tg.messages(CHAT) if not m.deleted]
+    # m0: its reply was cut by the crash; the chat is told once. m1..m5: one answer each, in order.
+    assert shown.count(INTERRUPTED) == 1
+    assert [t for t in shown if t.startswith("echo: ")] == answers
+    assert len(fake_openai.requests) == 6  # m0 once, then each queued message once
+
+
+async def test_sigkill_with_a_photo_queued_keeps_it_for_the_model_after_the_restart(
+        tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> None:
+    photo = jpeg(640, 480)
+    tg.add_file("big", photo, path="photos/file_1.jpg")
+    slow = asyncio.Event()
+    fake_openai.script(Text("The first answer takes its time", hold=slow, hold_after=9))
+    fake_openai.default = Function(lambda body: Text("echo: " + last_user_text(body).split("\n\n")[0]))
+    config = write_config(tmp_path, fake_openai, tg)
+    bridge = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        tg.user_message("m0")
+        await wait_for(lambda: len(fake_openai.requests) == 1, bridge)
+        update = tg.user_message(caption="what is in this photo?", photo=True)
+        await wait_for(lambda: fetched_past(tg, update["update_id"]), bridge)  # Telegram will not send it again
+        await bridge.kill()
+    finally:
+        await bridge.stop()
+    slow.set()
+    assert tg.downloads == []  # it waited behind m0: its turn, and its download, had not begun
+
+    again = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        await wait_for(lambda: "echo: what is in this photo?" in tg.visible(CHAT), again)
+    finally:
+        assert await again.stop() == 0
+    request = fake_openai.requests[-1]
+    assert last_user_text(request).startswith("what is in this photo?")
+    assert image_parts(request) == [("image/jpeg", photo)]  # downloaded after the restart, byte for byte
+    assert tg.downloads == ["photos/file_1.jpg"]
