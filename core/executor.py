@@ -31,6 +31,7 @@ from core.failures import TurnFailure, TurnFailureKind, TurnFailurePresenter
 from core.input_builder import RuntimeContext, TurnInputBuilder
 from core.media.intake import AttachmentIntake, Intake, unread
 from core.messages import MessageSource, NewMessage
+from core.metrics import Metrics
 from core.runner import Cancelled, Completed, Failed, Stale, TurnRunner, TurnRunOutcome
 from core.settings import CoreSettings
 from core.snapshot import TurnSnapshot
@@ -45,7 +46,8 @@ class ConversationExecutor:
     def __init__(self, *, store: Store, builder: TurnInputBuilder, runner: TurnRunner,
                  committer: TurnCommitter, delivery: TurnDeliveryService, plain: PlainSender,
                  presenter: TurnFailurePresenter, titles: TitleService, events: EventBus,
-                 settings: CoreSettings, intake: AttachmentIntake | None = None) -> None:
+                 settings: CoreSettings, metrics: Metrics | None = None,
+                 intake: AttachmentIntake | None = None) -> None:
         self._store = store
         self._builder = builder
         self._runner = runner
@@ -57,6 +59,8 @@ class ConversationExecutor:
         self._events = events
         self._settings = settings
         self._intake = intake
+        self._metrics = metrics
+        self._on_turn_end = metrics.turn_ended if metrics is not None else None
 
     async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache, *,
                       inbound: int | None = None) -> None:
@@ -65,7 +69,7 @@ class ConversationExecutor:
 
         Everything logged for the turn (in tasks it spawns too) carries its id; it ends with one INFO line."""
         turn_id = uuid.uuid4().hex
-        with turn_scope(turn_id, envelope.key()) as result:
+        with turn_scope(turn_id, envelope.key(), self._on_turn_end) as result:
             result.outcome = await self._execute(envelope, cancel, context, turn_id, inbound)
 
     async def _execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache,
@@ -195,6 +199,8 @@ class ConversationExecutor:
         text = self._fallback_text(outcome, terminal, err)
         if text:
             log.info("delivery for %s failed (%s); sending one plain fallback", target.session_key, err.reason)
+            if self._metrics is not None:
+                self._metrics.fallbacks.labels(target.channel).inc()
             await self._plain.send(target, text)
 
     def _fallback_text(self, outcome: TurnRunOutcome, terminal: TurnSnapshot, err: DeliveryError) -> str:

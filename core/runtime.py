@@ -32,6 +32,7 @@ from core.media.library import MediaLibrary, Refusal, display_name
 from core.media.transcribe import Transcriber
 from core.media.vision import VisionPolicy
 from core.messages import AttachmentRef, ChatMessage
+from core.metrics import Metrics
 from core.router import AdmissionError, IngressRouter, RouterClosedError, SubmitResult
 from core.runner import TurnRunner
 from core.session import Admitted, SessionManager
@@ -60,6 +61,7 @@ class ChatCore:
         self.supervisor = TaskSupervisor()
         self.channels = ChannelRegistry()
         self.events = EventBus()
+        self.metrics = Metrics()
         s = self.settings
         self._plain = PlainSender(self.channels)
         self.tools = tools or ToolRegistry()
@@ -76,16 +78,18 @@ class ChatCore:
         self.executor = ConversationExecutor(
             store=store, builder=builder,
             runner=TurnRunner(provider, builder, store, self.supervisor, s, tools=self.tools,
-                              broker=self.approvals, compactor=self._compactor,
+                              broker=self.approvals, compactor=self._compactor, metrics=self.metrics,
                               images_rejected=self.vision.rejected),
             committer=self._committer,
             delivery=TurnDeliveryService(self.channels, self.supervisor, s),
             plain=self._plain, presenter=self.presenter,
             titles=TitleService(store, provider, self.supervisor, self.events, s),
-            events=self.events, settings=s,
+            events=self.events, settings=s, metrics=self.metrics,
             intake=AttachmentIntake(self.media, s, sources=self.channels.get, transcriber=transcriber)
             if self.media is not None else None)
         self.sessions = SessionManager(store, self.executor, self.supervisor, s)
+        self.metrics.watch(queue_depth=self.sessions.queued_count, active_sessions=lambda: self.sessions.active_count,
+                           running_turns=self.sessions.running_count)
         self.router = IngressRouter(store=store, sessions=self.sessions, plain=self._plain,
                                     presenter=self.presenter, supervisor=self.supervisor, settings=s,
                                     new_context=self._new_context, compact=self.compact)
