@@ -379,11 +379,11 @@ class FeishuChannel:
             policy = self.settings.group_policy
             if policy == "off" or (policy == "mention" and not message.mentioned_bot):
                 return False
-        content = message.content_with_media()
-        if not content.strip():
+        if not message.text.strip() and not message.media:
             return False
+        # attachments go as media items: core tells the model about them (this channel does not download them)
         envelope = InboundEnvelope(
-            channel=CHANNEL, chat_id=message.chat_id, sender_id=message.sender.open_id, content=content,
+            channel=CHANNEL, chat_id=message.chat_id, sender_id=message.sender.open_id, content=message.text,
             media=message.media, reply_to=message.reply_to, thread=message.thread,
             event_id=f"msg:{message.message_id}",
             channel_context=self._context(message).wrap())
