@@ -315,10 +315,8 @@ class FeishuChannel:
         ops = FeishuOps(self, Destination.of(target))
         sink = FeishuSink(ops, self.renderer, self.calls, settings=self.live,
                           prompts=FeishuPrompts(self, target, ops), spawn=self.host.spawn)
-        try:
-            await sink.typing()  # the working reaction; a reply works without it
-        except PlatformError as exc:
-            log.info("could not add the working reaction: %s", exc)
+        # the working reaction goes on in the background: opening never waits for a platform call
+        sink.reacting = self.host.spawn("feishu:reaction", sink.react())
         return sink
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:

@@ -33,6 +33,7 @@ Approval requests are separate card messages (Feishu does not let a callback upd
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -62,6 +63,8 @@ ANSWER = "answer"
 WORKING_EMOJI = "Typing"
 PLACEHOLDER = "…"
 ANSWER_BELOW = "_(The answer continues in the message below.)_"
+REACTION_WAIT = 10.0
+"""Seconds the end of a reply waits for its working reaction to land before removing it."""
 STREAMING_CLOSED = (300309, 200850)
 """Content updates refused because streaming_mode is off (closed, or Feishu's 10-minute timeout)."""
 _PLAIN = ("plain",)
@@ -337,6 +340,14 @@ class FeishuSink(LiveSink):
     whose final update failed is closed with an "answer below" note before the fallback."""
 
     ops: FeishuOps
+    reacting: asyncio.Task[None] | None = None
+
+    async def react(self) -> None:
+        """Add the working reaction (a reply works without it)."""
+        try:
+            await self.typing()
+        except PlatformError as exc:
+            log.info("could not add the working reaction: %s", exc)
 
     async def finish(self, snapshot: TurnSnapshot) -> None:
         try:
@@ -347,13 +358,19 @@ class FeishuSink(LiveSink):
                 await current.note_below()
             raise
         finally:
-            await self._unreact()
+            await self._end_reaction()
 
     async def abort(self) -> None:
         await super().abort()
-        await self._unreact()
+        await self._end_reaction()
+
+    async def _end_reaction(self) -> None:
+        if self._spawn("feishu:unreact", self._unreact()) is None:  # shutting down: remove it now
+            await self._unreact()
 
     async def _unreact(self) -> None:
+        if self.reacting is not None:  # let a reaction still on its way land first, so it is removed
+            await asyncio.wait({self.reacting}, timeout=REACTION_WAIT)
         try:
             await self.calls.call(self.ops.unreact, scopes=self.ops.scopes, paced=False, retry=False)
         except PlatformError as exc:
