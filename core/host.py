@@ -30,7 +30,7 @@ marks a refused message as seen, so the redelivery is accepted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from core.agent.deciders import Decider, DecideResult
@@ -76,9 +76,11 @@ class ChannelHost(Protocol):
         ...
 
     def decide(self, session_key: str, tool_call_id: str, decision: Decision,
-               decided_by: Decider | str | None) -> DecideResult:
+               decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
         """Answer a pending approval on behalf of ``decided_by`` (a bare string is a user id): DECIDED,
-        REFUSED (this user may not decide it; it stays pending) or NOT_PENDING (decided, timed out, over)."""
+        REFUSED (this user may not decide it; it stays pending) or NOT_PENDING (decided, timed out, over).
+        ``origin``: the request's own (``ApprovalRequest.origin``) when a child session of ``session_key``
+        asks (``run_subagent``)."""
         ...
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -153,8 +155,9 @@ class CoreHost:
         self._core.set_deciders(self._channel, allow_from)
 
     def decide(self, session_key: str, tool_call_id: str, decision: Decision,
-               decided_by: Decider | str | None) -> DecideResult:
-        return self._core.decide(self._own(session_key), tool_call_id, decision, decided_by, channel=self._channel)
+               decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
+        return self._core.decide(self._own(session_key), tool_call_id, decision, decided_by, channel=self._channel,
+                                 origin=origin)
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         return self._core.supervisor.spawn(name, coro)

@@ -72,4 +72,5 @@ class ChatMessage(BaseModel):
             "tool_calls": [tc.model_dump() for tc in self.tool_calls],
             "tool_call_id": self.tool_call_id,
             "turn_id": self.source.turn_id,
+            **({"subagent": self.source.extra["subagent"]} if "subagent" in self.source.extra else {}),
         }

@@ -29,6 +29,7 @@ from core.agent.events import (
     RequestBegin,
     RequestEnd,
     RequestStatus,
+    SubagentEnded,
     TokenUsage,
     ToolOutput,
     TurnEvent,
@@ -81,6 +82,8 @@ class Round:
     outputs: dict[str, ToolOutput] = field(default_factory=dict)
     pieces: list[str] = field(default_factory=list)
     """The answer text of the current attempt, as streamed (joined on demand: linear in its length)."""
+    subagents: dict[str, SubagentEnded] = field(default_factory=dict)
+    """The child session each ``run_subagent`` call of this round ran, by call id (kept with its result)."""
 
     @property
     def text(self) -> str:
@@ -114,7 +117,7 @@ def request_status(err: ProviderError) -> RequestStatus:
 class AgentLoop:
     def __init__(self, *, provider: LLMProvider, tools: ToolRegistry, broker: ApprovalBroker,
                  settings: CoreSettings, session_key: str, turn_id: str, requested_by: str | None,
-                 emit: Callable[[TurnEvent], None], spawn: Spawn) -> None:
+                 emit: Callable[[TurnEvent], None], spawn: Spawn, depth: int = 0) -> None:
         self._provider = provider
         self._tools = tools
         self._broker = broker
@@ -124,6 +127,7 @@ class AgentLoop:
         self._requested_by = requested_by
         self._emit = emit
         self._spawn = spawn
+        self._depth = depth
         self.rounds: list[Round] = []
         self.notice: str | None = None
         """Set when the loop stopped on max_turns (the notice the user saw)."""
@@ -170,6 +174,8 @@ class AgentLoop:
         def consume(event: TurnEvent) -> None:
             if isinstance(event, ToolOutput):
                 rnd.outputs[event.call_id] = event
+            elif isinstance(event, SubagentEnded):
+                rnd.subagents[event.call_id] = event
             emit(event)
 
         queue: MergeQueue[TurnEvent] = MergeQueue(consume, self._spawn)
@@ -181,7 +187,8 @@ class AgentLoop:
                             requested_by=self._requested_by, timeout=self._settings.approval_timeout,
                             start_tool=start_tool)
         request = LLMRequest(messages=messages, tools=self._tools.specs(),
-                             max_tokens=self._settings.max_output_tokens, temperature=self._settings.temperature)
+                             max_tokens=self._settings.max_output_tokens, temperature=self._settings.temperature,
+                             model=self._settings.model)
         queue.add_producer(f"turn:{self._turn_id}:model", self._drive(rnd, request, queue, gate))
         try:
             await queue.join()
@@ -241,7 +248,8 @@ class AgentLoop:
             args = json.loads(call.arguments) if call.arguments.strip() else {}
             if not isinstance(args, dict):
                 raise ValueError("arguments must be a JSON object")
-            text = await tool.run(args, ToolContext(self._key, self._turn_id, call.call_id))
+            text = await tool.run(args, ToolContext(self._key, self._turn_id, call.call_id, self._requested_by,
+                                                    self._depth, queue.push))
             text = normalize_output(str(text))
         except Exception as exc:
             status = "failed"
