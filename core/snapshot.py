@@ -72,11 +72,13 @@ class ChildActivity:
 
 
 def subagent_label(profile: str | None, task: str, limit: int = 48) -> str:
-    """A child as people see it: its profile and the start of its task."""
+    """A child as people see it: its profile (if it has one) and the start of its task."""
     task = " ".join(task.split())
     if len(task) > limit:
         task = task[: limit - 1] + "…"
-    return f"{profile or 'subagent'}: {task}" if task else (profile or "subagent")
+    if profile:
+        return f"{profile}: {task}" if task else profile
+    return task or "subagent"
 
 
 @dataclass(frozen=True, slots=True)

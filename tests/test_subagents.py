@@ -349,7 +349,7 @@ async def test_a_failing_child_gives_the_parent_a_clear_error_and_the_parent_car
         parent_requests = [r for r in fake_openai.requests if not is_child(r)]
         (call_id, output), = tool_results(parent_requests[1])
         assert call_id == "call_F"
-        assert output.startswith("Tool failed: SubagentError: The subagent (subagent: TASK fail) failed:")
+        assert output.startswith("Tool failed: SubagentError: The subagent (TASK fail) failed:")
         pointer = [e.data["event"] for e in sse.events if e.name == "subagent" and not e.data["origin"]]
         assert [p["outcome"] for p in pointer] == ["failed"]
         child = pointer[0]["session_id"]

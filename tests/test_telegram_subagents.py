@@ -91,7 +91,7 @@ async def test_one_status_line_per_running_child_while_the_reply_streams(tmp_pat
     t = await telegram_harness(tmp_path, fake_openai, tg, core={"subagents": SubagentSettings(enabled=True)})
     try:
         tg.user_message("count the fruit")
-        lines = ("⏳ subagent: TASK apples · writing", "⏳ subagent: TASK pears · writing")
+        lines = ("⏳ TASK apples · writing", "⏳ TASK pears · writing")
         await t.wait_for(lambda: any(all(line in text for line in lines) for text in tg.visible(555)))
         [live] = tg.visible(555)
         assert live == "Asking two helpers.\n\n" + "\n".join(lines)
