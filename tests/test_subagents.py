@@ -182,7 +182,7 @@ async def test_a_childs_approval_is_decided_from_the_parents_web_chat(tmp_path, 
         return Text("Found 42 apples.")
 
     fake_openai.default = Function(route)
-    profile = SubagentProfile("researcher", system_prompt="You research.", tools=("lookup",))
+    profile = SubagentProfile("researcher", system_prompt="You research.", tools=("lookup",), model="small-model")
     chat = await start_web_chat(tmp_path, fake_openai, tools=registry(tool),
                                 subagents=enabled(profiles=(profile,)))
     try:
@@ -219,6 +219,8 @@ async def test_a_childs_approval_is_decided_from_the_parents_web_chat(tmp_path, 
         child_requests = [r for r in fake_openai.requests if is_child(r)]
         assert child_requests[0]["messages"][0] == {"role": "system", "content": "You research."}
         assert [t["function"]["name"] for t in child_requests[0]["tools"]] == ["lookup"]
+        assert {r["model"] for r in child_requests} == {"small-model"}  # the profile's model, for the child only
+        assert {r["model"] for r in fake_openai.requests if not is_child(r)} == {"fake-model"}
         parent_history = await history(http, base, sid)
         assert [m["content"] for m in parent_history if m["role"] == "tool"] == ["Found 42 apples."]
     finally:
