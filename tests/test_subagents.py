@@ -382,3 +382,55 @@ async def test_a_child_that_reaches_its_max_turns_is_a_failure_for_the_parent(tm
         assert "max_turns = 2" in output and output.startswith("Tool failed:")
     finally:
         await chat.close()
+
+
+async def test_shutting_down_while_a_child_runs_ends_both_turns_and_hangs_nothing(tmp_path, fake_openai, http):
+    held = asyncio.Event()
+
+    def route(body):
+        if is_child(body):
+            return Text("The child works slowly", hold=held, hold_after=9)
+        return ToolCalls([subagent("TASK slow")], ids=["call_S"])
+
+    fake_openai.default = Function(route)
+    chat = await start_web_chat(tmp_path, fake_openai, subagents=enabled())
+    closed = False
+    try:
+        base = chat.base_url
+        sid = await new_session(http, base)
+        sse = await open_stream(http, base, sid)
+        await say(http, base, sid, "go")
+        await sse.until(lambda e: child_ev(e, "partial_text"))
+        started = time.monotonic()
+        await chat.close()
+        closed = True
+        assert time.monotonic() - started < 4.0  # within shutdown_timeout: no turn left hanging
+    finally:
+        held.set()
+        if not closed:
+            await chat.close()
+    from tests.support.db import rows
+    db = tmp_path / "chat.db"
+    states = rows(db, "SELECT session_key, state FROM turns ORDER BY started_at")
+    assert [state for _, state in states] == ["cancelled", "cancelled"]
+    for key, _ in states:
+        last = rows(db, "SELECT content FROM messages WHERE session_key = ? ORDER BY seq DESC LIMIT 1", (key,))
+        assert "Stopped" in last[0][0]
+
+
+async def test_a_profiles_model_reaches_the_anthropic_api(fake_anthropic):
+    """The request's model (a profile's ``model``) overrides the provider's, on the Messages API too."""
+    from core.llm.anthropic_provider import AnthropicProvider
+    from core.llm.provider import LLMMessage, LLMRequest
+    from tests.fakes.anthropic_server import Text as AnthropicText
+
+    provider = AnthropicProvider("claude-test", fake_anthropic.base_url, "sk-ant-test-0123456789abcdef",
+                                 request_timeout=2.0)
+    try:
+        fake_anthropic.script(AnthropicText("a"), AnthropicText("b"))
+        messages = (LLMMessage("user", "hello"),)
+        [_ async for _ in provider.stream(LLMRequest(messages, model="claude-small"))]
+        [_ async for _ in provider.stream(LLMRequest(messages))]
+        assert [r.body["model"] for r in fake_anthropic.received] == ["claude-small", "claude-test"]
+    finally:
+        await provider.aclose()

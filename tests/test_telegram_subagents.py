@@ -102,3 +102,33 @@ async def test_one_status_line_per_running_child_while_the_reply_streams(tmp_pat
         assert not [text for text in sent if "counted" in text]
     finally:
         await t.close()
+
+
+async def test_status_lines_in_a_private_chats_draft_preview(tmp_path, fake_openai, tg):
+    import asyncio
+
+    release = asyncio.Event()
+
+    def one(body):
+        tool_results = [m for m in body["messages"] if m["role"] == "tool"]
+        if not first_user_text(body).startswith("TASK"):
+            if tool_results:
+                return Text(FINAL)
+            return ToolCalls([("run_subagent", json.dumps({"task": "TASK apples", "profile": "counter"}))],
+                             text="Asking a helper.", ids=["call_1"])
+        return Text("apples counted by the helper", hold=release, hold_after=5)
+
+    fake_openai.default = Function(one)
+    subagents = SubagentSettings(enabled=True, profiles=(SubagentProfile("counter"),))
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"subagents": subagents}, stream_transport="auto")
+    try:
+        tg.user_message("count the apples")
+        line = "⏳ counter: TASK apples · writing"
+        await t.wait_for(lambda: tg.drafts.get(555, (0, ""))[1] == f"Asking a helper.\n\n{line}")
+        release.set()
+        await t.settle()
+        assert tg.visible(555) == [f"Asking a helper.\n\n{FINAL}"]
+        drafts = [c.params.get("text", "") for c in tg.calls_to(555, "sendMessageDraft")]
+        assert drafts and not [d for d in drafts if "counted" in d or "apples c" in d]
+    finally:
+        await t.close()
