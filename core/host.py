@@ -101,7 +101,9 @@ class ChannelHost(Protocol):
 class SessionHost(ChannelHost, Protocol):
     """A channel whose users browse their sessions themselves (the web chat). Keys are this channel's."""
 
-    async def list_sessions(self) -> list[SessionRecord]: ...
+    async def list_sessions(self) -> list[SessionRecord]:
+        """This channel's conversations, most recent first (subagent sessions are shown in their parents)."""
+        ...
 
     async def create_session(self, key: str) -> SessionRecord: ...
 
@@ -175,7 +177,7 @@ class CoreHost:
     # ---- SessionHost -------------------------------------------------------------------------------
 
     async def list_sessions(self) -> list[SessionRecord]:
-        return await self._core.list_sessions(prefix=self._prefix)
+        return await self._core.list_sessions(prefix=self._prefix, subagents=False)
 
     async def create_session(self, key: str) -> SessionRecord:
         return await self._core.create_session(self._own(key))

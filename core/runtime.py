@@ -16,7 +16,7 @@ from typing import Literal
 from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor, summary_message
 from core.agent.deciders import NOBODY_ELSE, Decider, DecideResult, Deciders
-from core.agent.subagents import SubagentTool, descends, is_child_key
+from core.agent.subagents import CHILD_GLOB, SubagentTool, descends, is_child_key
 from core.channel import Channel, ChannelRegistry
 from core.committer import TurnCommitter
 from core.delivery import PlainSender, TurnDeliveryService
@@ -199,8 +199,9 @@ class ChatCore:
         """See ``Store.history`` (``before`` pages backwards; UnknownMessageError for a foreign id)."""
         return await self.store.history(key, limit=limit, before=before)
 
-    async def list_sessions(self, *, prefix: str | None = None) -> list[SessionRecord]:
-        return await self.store.list_sessions(prefix=prefix)
+    async def list_sessions(self, *, prefix: str | None = None, subagents: bool = True) -> list[SessionRecord]:
+        """``subagents=False``: conversations only (a subagent is shown inside its parent)."""
+        return await self.store.list_sessions(prefix=prefix, exclude_glob=None if subagents else CHILD_GLOB)
 
     async def create_session(self, key: str) -> SessionRecord:
         return await self.store.get_or_create_session(key)

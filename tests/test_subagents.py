@@ -434,3 +434,72 @@ async def test_a_profiles_model_reaches_the_anthropic_api(fake_anthropic):
         assert [r.body["model"] for r in fake_anthropic.received] == ["claude-small", "claude-test"]
     finally:
         await provider.aclose()
+
+
+async def test_a_conversation_list_leaves_subagents_out_before_its_limit(tmp_path):
+    from core.agent.subagents import CHILD_GLOB, new_child_key
+    from core.sqlite_store import SqliteStore
+
+    store = SqliteStore(tmp_path / "s.db")
+    await store.open()
+    try:
+        await store.get_or_create_session("web:parent")
+        children = [new_child_key("web:parent") for _ in range(3)]
+        for key in children:  # newer than the parent: they would fill a list of the newest
+            await store.get_or_create_session(key)
+        await store.get_or_create_session(new_child_key(children[0]))  # a grandchild
+        newest = await store.list_sessions(prefix="web:", limit=1, exclude_glob=CHILD_GLOB)
+        assert [r.key for r in newest] == ["web:parent"]
+        assert len(await store.list_sessions(prefix="web:")) == 5
+    finally:
+        await store.close()
+
+
+async def test_nested_subagents_prepend_one_origin_hop_per_level(tmp_path, fake_openai, http):
+    tool = RecordingTool("lookup", result="7")
+
+    def route(body):
+        task = first_user_text(body)
+        results = tool_results(body)
+        if not is_child(body):
+            return Text("Top: 7.") if results else ToolCalls([subagent("TASK outer")], ids=["call_O"])
+        if task.startswith("TASK outer"):
+            return Text("Outer: 7.") if results else ToolCalls([subagent("TASK inner")], ids=["call_I"])
+        return Text("Inner: 7.") if results else ToolCalls([("lookup", '{"query": "n"}')], ids=["call_L"])
+
+    fake_openai.default = Function(route)
+    chat = await start_web_chat(tmp_path, fake_openai, tools=registry(tool), subagents=enabled(max_depth=2))
+    try:
+        base = chat.base_url
+        sid = await new_session(http, base)
+        sse = await open_stream(http, base, sid)
+        await say(http, base, sid, "go")
+        request = await sse.until(lambda e: e.name == "approval_request")
+        outer, inner = request.data["origin"]
+        assert outer.startswith(f"{sid}-sub-") and inner.startswith(f"{outer}-sub-")
+        metas = [(e.data["origin"], e.data["event"]["task"]) for e in sse.events if child_ev(e, "session_meta")]
+        assert metas == [([outer], "TASK outer"), ([outer, inner], "TASK inner")]
+        # only the full chain from this conversation decides it
+        url = f"{base}/api/sessions/{sid}/approvals/call_L"
+        for wrong in ([inner], [outer], [inner, outer]):
+            async with http.post(url, json={"decision": "allow", "origin": wrong}) as resp:
+                assert resp.status == 404, wrong
+        async with http.post(url, json={"decision": "allow", "origin": [outer, inner]}) as resp:
+            assert resp.status == 200
+        await sse.until(terminal)
+        assert tool.calls == [{"query": "n"}]
+        # the inner child's pointer reached the parent's stream through the outer child
+        inner_end = [e.data for e in sse.events if e.name == "subagent" and e.data["event"]["kind"] == "subagent"
+                     and e.data["origin"] == [outer]]
+        assert [d["event"]["session_id"] for d in inner_end] == [inner]
+        # each trace: the outer child's holds the inner one's pointer and none of its messages
+        db = tmp_path / "chat.db"
+        outer_trace = traces(db, f"web:{outer}")
+        assert outer_trace[0].kind == "session_meta"
+        assert [t.payload["session_key"] for t in outer_trace if t.kind == "subagent"] == [f"web:{inner}"]
+        assert [t.payload["text"] for t in outer_trace if t.kind == "text"] == ["Outer: 7."]
+        assert [t.payload["text"] for t in traces(db, f"web:{inner}") if t.kind == "text"] == ["Inner: 7."]
+        assert [t.kind for t in traces(db, f"web:{sid}")].count("subagent") == 1
+        assert [m["content"] for m in await history(http, base, outer) if m["role"] == "tool"] == ["Inner: 7."]
+    finally:
+        await chat.close()

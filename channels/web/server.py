@@ -35,7 +35,6 @@ from channels.web.auth import COOKIE, COOKIE_MAX_AGE, GuessLimiter, TokenCheck, 
 from channels.web.context import CHANNEL, WebContext, message_view, session_id_of, session_key
 from channels.web.guard import RequestGuard, add_security_headers, is_chat_path
 from channels.web.sse import HEARTBEAT, Subscriber, encode_event
-from core.agent.subagents import is_child_key
 from core.envelope import InboundEnvelope
 from core.host import AdmissionError, DecideResult, SessionHost, ShuttingDownError
 from core.store import UnknownMessageError
@@ -264,7 +263,7 @@ class WebServer:
         records = await self.host.list_sessions()
         return web.json_response({"sessions": [
             {"id": session_id_of(r.key), "title": r.title, "history_revision": r.history_revision,
-             "updated_at": r.updated_at} for r in records if not is_child_key(r.key)]})
+             "updated_at": r.updated_at} for r in records]})
 
     async def create_session(self, request: web.Request) -> web.StreamResponse:
         sid = uuid.uuid4().hex[:16]

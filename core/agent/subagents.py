@@ -62,6 +62,8 @@ TOOL_NAME = "run_subagent"
 CHILD_MARK = "-sub-"
 _CHILD_SUFFIX = re.compile(r"-sub-[0-9a-f]{12}\Z")
 _SUFFIX_LEN = len(CHILD_MARK) + 12
+CHILD_GLOB = "*" + CHILD_MARK + "[0-9a-f]" * 12
+"""Matches every child session key (SQL ``GLOB``): lists of conversations leave them out."""
 
 
 class SubagentError(Exception):
@@ -302,8 +304,9 @@ class SubagentTool:
             done, _ = await asyncio.wait({work}, timeout=self._settings.shutdown_timeout)
             stopped: TurnRunOutcome = work.result() if work in done and not work.cancelled() \
                 and work.exception() is None else Cancelled(controller.text)
-            await self._close(key, turn_id, stopped, record, controller)
-            ended("cancelled", "stopped")
+            stopped = await self._close(key, turn_id, stopped, record, controller)
+            ended("completed" if isinstance(stopped, Completed) and stopped.notice is None else "cancelled",
+                  None if isinstance(stopped, Completed) else "stopped")
             raise
         except Exception as exc:  # the runner itself broke: the child still ends, once
             log.exception("subagent %s of %s crashed", key, context.session_key)
