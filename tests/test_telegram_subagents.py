@@ -132,3 +132,31 @@ async def test_status_lines_in_a_private_chats_draft_preview(tmp_path, fake_open
         assert drafts and not [d for d in drafts if "counted" in d or "apples c" in d]
     finally:
         await t.close()
+
+
+async def test_stop_while_a_child_waits_for_approval_stops_both_and_nothing_runs(tmp_path, fake_openai, tg):
+    import time
+
+    tool = RecordingTool("lookup", result="42")
+    fake_openai.default = Function(route)
+    subagents = SubagentSettings(enabled=True, profiles=(SubagentProfile("counter", tools=("lookup",)),))
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool), "subagents": subagents})
+    try:
+        tg.user_message("how many apples?")
+        await t.wait_for(lambda: [m for m in tg.messages(555) if m.buttons])
+        [prompt] = [m for m in tg.messages(555) if m.buttons]
+        allow_data = dict(prompt.buttons)[ALLOW]
+        started = time.monotonic()
+        tg.user_message("/stop")
+        await t.wait_for(lambda: not tg.chats[555][prompt.message_id].buttons, timeout=5)
+        await t.settle()
+        assert time.monotonic() - started < 5
+        assert tg.chats[555][prompt.message_id].text.endswith("\n\n⏹ The reply was stopped before a decision.")
+        press = tg.press(555, prompt.message_id, ALLOW, data=allow_data)  # a late press: nothing to decide
+        await t.wait_for(lambda: tg.answers(press))
+        assert tool.calls == []
+        assert any("Stopped" in text for text in tg.visible(555))
+        assert not [text for text in tg.visible(555) if "⏳" in text]  # no status line left behind
+        assert len(fake_openai.requests) == 2  # the parent's and the child's first: nothing ran after
+    finally:
+        await t.close()
