@@ -48,6 +48,7 @@ from core.failures import TurnFailure, TurnFailureKind, TurnFailurePresenter
 from core.input_builder import RuntimeContext, TurnInputBuilder
 from core.llm.provider import LLMProvider, LLMToolSpec
 from core.messages import MessageSource, NewMessage
+from core.metrics import Metrics
 from core.runner import Cancelled, Completed, Failed, TurnRunner, TurnRunOutcome
 from core.settings import CoreSettings, SubagentProfile
 from core.snapshot import subagent_label
@@ -185,7 +186,9 @@ class SubagentTool:
 
     def __init__(self, *, settings: CoreSettings, store: Store, provider: LLMProvider, supervisor: TaskSupervisor,
                  broker: ApprovalBroker, tools: ToolRegistry, committer: TurnCommitter,
-                 presenter: TurnFailurePresenter) -> None:
+                 presenter: TurnFailurePresenter, metrics: Metrics | None = None) -> None:
+        """``metrics``: a child's model retries count with every other (its turn is not a conversation's
+        turn: turn outcomes count only those)."""
         self._settings = settings
         self._store = store
         self._provider = provider
@@ -194,6 +197,7 @@ class SubagentTool:
         self._tools = tools
         self._committer = committer
         self._presenter = presenter
+        self._metrics = metrics
         self._profiles = {p.name: p for p in settings.subagents.profiles}
         self._running: dict[tuple[str, str], int] = {}
 
@@ -291,7 +295,8 @@ class SubagentTool:
         tools = ChildTools(self._tools, allowed=allowed, profile=profile_name, may_nest=may_nest,
                            max_depth=self._settings.subagents.max_depth)
         runner = TurnRunner(self._provider, builder, self._store, self._supervisor, settings, tools=tools,
-                            broker=self._broker, compactor=Compactor(self._provider, builder, settings))
+                            broker=self._broker, compactor=Compactor(self._provider, builder, settings),
+                            metrics=self._metrics)
         cancel = CancelSignal()
         work = self._supervisor.spawn(f"subagent:{key}", runner.run(
             prepared, controller, cancel, requested_by=context.requested_by, depth=context.depth + 1))
