@@ -263,6 +263,9 @@ async def test_stop_during_a_childs_approval_stops_parent_and_child_and_nothing_
         assert child_history[-1]["kind"] == "notice" and "Stopped" in child_history[-1]["content"]
         parent_history = await history(http, base, sid)
         assert parent_history[-1]["kind"] == "notice" and "Stopped" in parent_history[-1]["content"]
+        # the stopped call still names its child, so the page can show what the child did
+        [call] = [m for m in parent_history if m["role"] == "tool"]
+        assert call["subagent"]["session_id"] == child and call["subagent"]["outcome"] == "cancelled"
         assert chat.core.sessions.idle()
     finally:
         await chat.close()

@@ -21,6 +21,7 @@ from core.agent.events import (
     CompleteReasoning,
     CompleteText,
     CompleteToolCall,
+    Forwarded,
     Notice,
     PartialReasoning,
     PartialText,
@@ -29,6 +30,7 @@ from core.agent.events import (
     RequestBegin,
     RequestEnd,
     RequestStatus,
+    SessionMeta,
     SubagentEnded,
     TokenUsage,
     ToolOutput,
@@ -178,6 +180,11 @@ class AgentLoop:
                 rnd.outputs[event.call_id] = event
             elif isinstance(event, SubagentEnded):
                 rnd.subagents[event.call_id] = event
+            elif isinstance(event, Forwarded) and isinstance(event.event, SessionMeta) and len(event.origin) == 1:
+                # a child began: until it reports how it ended, a stop of this turn is how it ends
+                meta = event.event
+                rnd.subagents[meta.call_id] = SubagentEnded(meta.call_id, meta.session_key, meta.profile, meta.task,
+                                                            "cancelled", "stopped")
             emit(event)
 
         queue: MergeQueue[TurnEvent] = MergeQueue(consume, self._spawn)

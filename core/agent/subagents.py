@@ -276,6 +276,7 @@ class SubagentTool:
             emit(SubagentEnded(context.call_id, key, profile_name, task, outcome, error))
 
         builder = TurnInputBuilder(self._store, settings)
+        record: SessionRecord | None = None
         try:
             _, record = await self._store.append_message(key, NewMessage(
                 role="user", content=task, source=MessageSource(
@@ -284,12 +285,21 @@ class SubagentTool:
                 begin_turn=(turn_id, json.dumps({"subagent_of": context.session_key})))
             prepared = await builder.prepare(key, record.state_version,
                                              RuntimeContext(channel=context.session_key.split(":", 1)[0]))
+        except asyncio.CancelledError:  # stopped while starting: a turn it began still ends, once
+            if record is not None:
+                await self._close(key, turn_id, Cancelled(""), record, controller)
+            ended("cancelled", "stopped")
+            raise
         except Exception as exc:
             log.error("subagent %s of %s could not start: %s", key, context.session_key, exc)
-            controller.finish("failed")
+            if record is not None:  # its turn began: it ends as failed, with its notice
+                await self._close(key, turn_id, Failed(TurnFailure(TurnFailureKind.CONTEXT_PREPARATION, repr(exc)),
+                                                       ""), record, controller)
+            else:
+                controller.finish("failed")
             ended("failed", "it could not be started")
-            raise SubagentError(f"The subagent ({label}) could not be started; its session could not be "
-                                "stored. Try again later or do the task yourself.") from None
+            raise SubagentError(f"The subagent ({label}) could not be started: its session could not be "
+                                "stored or read. Try again later or do the task yourself.") from None
         may_nest = context.depth + 1 < self._settings.subagents.max_depth
         allowed = frozenset(profile.tools) if profile is not None and profile.tools is not None else None
         tools = ChildTools(self._tools, allowed=allowed, profile=profile_name, may_nest=may_nest,
@@ -298,8 +308,13 @@ class SubagentTool:
                             broker=self._broker, compactor=Compactor(self._provider, builder, settings),
                             metrics=self._metrics)
         cancel = CancelSignal()
-        work = self._supervisor.spawn(f"subagent:{key}", runner.run(
-            prepared, controller, cancel, requested_by=context.requested_by, depth=context.depth + 1))
+        try:
+            work = self._supervisor.spawn(f"subagent:{key}", runner.run(
+                prepared, controller, cancel, requested_by=context.requested_by, depth=context.depth + 1))
+        except Exception:  # shutting down: the child's turn ends before it began
+            await self._close(key, turn_id, Cancelled(""), record, controller)
+            ended("cancelled", "stopped")
+            raise SubagentError(f"The subagent ({label}) could not run: the bridge is shutting down.") from None
         try:
             outcome = await asyncio.shield(work)
         except asyncio.CancelledError:
