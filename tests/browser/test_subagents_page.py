@@ -100,6 +100,8 @@ async def test_child_cards_live_approval_reload_and_history(browser, tmp_path, f
         conversation = first.locator(".child-history")
         await expect(conversation.locator(".msg.user")).to_have_text(["TASK apples"])
         await expect(conversation.locator(".tool-result")).to_have_text(["lookup → 42 apples"])
+        await expect(conversation.locator(".msg.assistant:not(.calls-only)")).to_have_text(["There are 42 apples."])
+        await expect(first.locator(":scope > .body")).to_be_hidden()  # shown once, at the end of its conversation
         await page.screenshot(path=str(ARTIFACTS / "21-subagent-history.png"))
     finally:
         await chat.close()

@@ -530,6 +530,7 @@
           els.push(messageEl(cm, cm.role === "tool" ? names.get(cm.tool_call_id) || "" : ""));
         }
         conv.replaceChildren(...els);
+        body.hidden = els.length > 0; // the conversation ends with the same answer
       }).catch((e) => { conv.textContent = "⚠️ " + e.message; delete conv.dataset.loaded; });
     });
     return det;
