@@ -163,6 +163,9 @@ async def test_two_subagents_run_concurrently_stream_with_origins_and_answer_in_
         assert [(m["role"], m["kind"]) for m in child_history] == [("user", "user_input"), ("assistant", "assistant")]
         assert child_history[0]["content"] == "TASK apples: count them"
         assert child_history[1]["content"] == "There are 3 apples."
+        # a child's conversation is read-only: it belongs to its parent's reply
+        async with http.post(f"{base}/api/sessions/{a}/messages", json={"text": "hi"}) as resp:
+            assert resp.status == 409
         # children are shown inside their parent, not listed as conversations
         async with http.get(f"{base}/api/sessions") as resp:
             assert [s["id"] for s in (await resp.json())["sessions"]] == [sid]

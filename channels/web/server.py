@@ -35,6 +35,7 @@ from channels.web.auth import COOKIE, COOKIE_MAX_AGE, GuessLimiter, TokenCheck, 
 from channels.web.context import CHANNEL, WebContext, message_view, session_id_of, session_key
 from channels.web.guard import RequestGuard, add_security_headers, is_chat_path
 from channels.web.sse import HEARTBEAT, Subscriber, encode_event
+from core.agent.subagents import is_child_key
 from core.envelope import InboundEnvelope
 from core.host import AdmissionError, DecideResult, SessionHost, ShuttingDownError
 from core.store import UnknownMessageError
@@ -308,6 +309,8 @@ class WebServer:
 
     async def post_message(self, request: web.Request) -> web.StreamResponse:
         sid = self._session_id(request)
+        if is_child_key(session_key(sid)):
+            return _error(409, "this is a subagent's conversation: it is shown in its parent's and takes no messages")
         body = await self._json(request)
         text = self._text_field(body, "text")
         if not text.strip():
