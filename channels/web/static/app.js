@@ -538,6 +538,7 @@
 
   function applyTurn(d) {
     const live = liveTurn(d.turn_id, d);
+    if (d.client_id && !live.client_id) live.client_id = d.client_id; // a subagent's event may have come first
     if (d.replace !== undefined) live.text = d.replace;
     if (d.append) live.text += d.append;
     if (d.tools) live.tools = d.tools;
