@@ -509,3 +509,13 @@ async def test_nested_subagents_prepend_one_origin_hop_per_level(tmp_path, fake_
         assert [m["content"] for m in await history(http, base, outer) if m["role"] == "tool"] == ["Inner: 7."]
     finally:
         await chat.close()
+
+
+async def test_a_profile_naming_a_tool_that_does_not_exist_is_logged_at_start(tmp_path, fake_openai, caplog):
+    profile = SubagentProfile("narrow", tools=("lookup", "lokup"))
+    with caplog.at_level("WARNING", logger="core.agent.subagents"):
+        chat = await start_web_chat(tmp_path, fake_openai, tools=registry(RecordingTool("lookup")),
+                                    subagents=enabled(profiles=(profile,)))
+        await chat.close()
+    assert [r.getMessage() for r in caplog.records if r.name == "core.agent.subagents"] == [
+        "subagent profile narrow lists tools that do not exist: lokup"]

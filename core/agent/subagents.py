@@ -200,6 +200,11 @@ class SubagentTool:
         self._metrics = metrics
         self._profiles = {p.name: p for p in settings.subagents.profiles}
         self._running: dict[tuple[str, str], int] = {}
+        known = set(tools.names()) | {TOOL_NAME}
+        for p in settings.subagents.profiles:
+            unknown = sorted(set(p.tools or ()) - known)
+            if unknown:  # a typo, or an MCP server that did not start: the profile simply lacks the tool
+                log.warning("subagent profile %s lists tools that do not exist: %s", p.name, ", ".join(unknown))
 
     @property
     def spec(self) -> LLMToolSpec:
