@@ -231,13 +231,17 @@ class TurnController:
             self._changed(urgent=True)
         elif isinstance(event, SubagentEnded):
             self._child_ended((*origin, event.session_key), event)
-        elif isinstance(event, Abort):
+        elif isinstance(event, Abort):  # the child was stopped, and every child it had started with it
             self._approvals = tuple(a for a in self._approvals if a.origin[:len(origin)] != origin)
-            self._set_child(origin, dataclasses.replace(child, state="cancelled", step="stopped"), urgent=True)
+            for key, other in self._children.items():
+                if key[:len(origin)] == origin and other.state == "running":
+                    self._children[key] = dataclasses.replace(other, state="cancelled", step="stopped")
+            self._children_view = tuple(self._children.values())
+            self._changed(urgent=True)
 
     def _child_ended(self, origin: tuple[str, ...], event: SubagentEnded) -> None:
         child = self._children.get(origin)
-        if child is None:  # it ended before its stream began (a refused call never starts one)
+        if child is None:  # its session_meta never reached this turn (defensive: every child sends one first)
             child = ChildActivity(origin, event.call_id, event.profile, event.task)
         self._approvals = tuple(a for a in self._approvals if a.origin[:len(origin)] != origin)
         self._set_child(origin, dataclasses.replace(child, state=event.outcome, step=event.outcome), urgent=True)
