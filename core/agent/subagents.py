@@ -262,7 +262,7 @@ class SubagentTool:
                                    max_turns=profile.max_turns or s.max_turns, model=profile.model or s.model)
 
     async def _run_child(self, task: str, profile: SubagentProfile | None, context: ToolContext,
-                         emit: Callable[[Any], None]) -> str:
+                         emit: Callable[[TurnEvent], None]) -> str:
         key = new_child_key(context.session_key)
         turn_id = uuid.uuid4().hex
         profile_name = profile.name if profile is not None else None

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from core.llm.provider import LLMToolSpec
 from core.tools.arguments import ArgumentChecker
+
+if TYPE_CHECKING:
+    from core.agent.events import TurnEvent
 
 ApprovalPolicy = Literal["auto", "ask", "deny"]
 DEFAULT_APPROVAL: ApprovalPolicy = "ask"
@@ -31,7 +34,7 @@ class ToolContext:
     """The sender of the turn's message (who may decide approvals a tool's own work asks for)."""
     depth: int = 0
     """0 in a conversation's own turn; a subagent's turn is one deeper than its parent's."""
-    emit: Callable[[Any], None] | None = None
+    emit: Callable[[TurnEvent], None] | None = None
     """Pushes a turn event (``core.agent.events``) into the turn's stream, in arrival order with the rest:
     how ``run_subagent`` forwards its child session's events. Only while ``run`` runs."""
 
