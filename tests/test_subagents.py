@@ -166,6 +166,8 @@ async def test_two_subagents_run_concurrently_stream_with_origins_and_answer_in_
         # a child's conversation is read-only: it belongs to its parent's reply
         async with http.post(f"{base}/api/sessions/{a}/messages", json={"text": "hi"}) as resp:
             assert resp.status == 409
+        # a child's turn answered its parent: a restart has nothing of it to deliver to a chat
+        assert [t.turn.session_key for t in await chat.core.store.undelivered_turns(0)] == []
         # children are shown inside their parent, not listed as conversations
         async with http.get(f"{base}/api/sessions") as resp:
             assert [s["id"] for s in (await resp.json())["sessions"]] == [sid]

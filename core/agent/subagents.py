@@ -349,6 +349,10 @@ class SubagentTool:
             trace = []
         committed = await self._committer.commit(key, turn_id, outcome, base_generation=record.generation,
                                                  base_state_version=record.state_version, trace=trace)
+        try:  # its answer reached its parent (the call's output): nothing is left to deliver after a restart
+            await self._store.mark_delivered(turn_id)
+        except Exception as exc:
+            log.warning("could not mark subagent turn %s delivered: %s", turn_id, exc)
         if isinstance(committed.outcome, Completed):
             controller.finish("completed", text=committed.outcome.text)
         else:
