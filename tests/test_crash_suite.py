@@ -30,6 +30,7 @@ from tests.support.process import BridgeProcess
 GROUP = -100777
 INTERRUPTED = "⚠️ The bridge restarted while answering your last message. Please send it again."
 TOO_OLD = "too old to answer"
+STOPPED = "⏹ Stopped."  # how a reply cut short by a shutdown ends, in its own message
 ROUNDS = 4
 
 
@@ -126,7 +127,7 @@ class Ledger:
             ident = self.sent[m.reply_to]
             if re.search(rf"(?<!\*)END {re.escape(ident)}$", m.text) and "**" not in m.text:
                 found[ident].append("answer")
-            elif m.text == INTERRUPTED or TOO_OLD in m.text:
+            elif m.text == INTERRUPTED or TOO_OLD in m.text or m.text.endswith(STOPPED):
                 found[ident].append("notice")
         return found
 
@@ -188,3 +189,39 @@ async def test_repeated_sigkills_lose_nothing_and_answer_nothing_twice(
     assert not any(m.buttons for m in tg.messages(GROUP))  # no approval button left looking live
     with contextlib.closing(sqlite3.connect(tmp_path / "data" / "chatbridge.db")) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+async def test_sigterm_during_a_burst_ends_within_the_shutdown_timeout_and_loses_nothing(
+        tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> None:
+    fake_openai.default = Function(model)
+    config = write_config(tmp_path, fake_openai, tg)
+    config.write_text(config.read_text().replace("shutdown_timeout = 5", "shutdown_timeout = 2"))
+    log = tmp_path / "bridge.log"
+    ledger = Ledger(tg)
+    bridge = await BridgeProcess(config, log).start()
+    try:
+        for i in range(6):  # one conversation: a reply being written and five waiting behind it
+            ledger.say(f"slow burst-{i}")
+        await wait_for(lambda: any("word" in m.text for m in tg.messages(GROUP)), bridge)
+        stopping = time.monotonic()
+        code = await bridge.stop(timeout=30)
+        took = time.monotonic() - stopping
+    finally:
+        await bridge.stop()
+    assert code == 0
+    # the shutdown is bounded by shutdown_timeout (2 s), plus the process's own start-up of its exit
+    assert took < 2 + 5, f"shutdown took {took:.1f}s"
+    again = await BridgeProcess(config, log).start()
+    try:
+        try:
+            await wait_for(ledger.settled, again, timeout=60)
+        except AssertionError:
+            raise AssertionError(f"unsettled: {ledger.endings()}\n" + "\n".join(
+                f"{m.message_id} reply_to={m.reply_to}: {m.text[:90]!r}" for m in tg.messages(GROUP))) from None
+        await asyncio.sleep(1.0)
+    finally:
+        assert await again.stop() == 0
+    endings = ledger.endings()
+    assert {ident: kinds for ident, kinds in endings.items() if len(kinds) != 1} == {}
+    # the messages that only waited are answered after the restart, not given up
+    assert sum(kinds == ["answer"] for kinds in endings.values()) >= 5
