@@ -6,6 +6,7 @@ what the chat shows."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,7 +20,7 @@ from tests.browser.server import RecordingTool, registry
 from tests.fakes.feishu import FakeFeishu, FakeLongConnection
 from tests.fakes.feishu.harness import CHAT, FeishuHarness, feishu_harness
 from tests.fakes.feishu.openapi import card_buttons, card_text
-from tests.fakes.openai_server import FakeOpenAI, Hang, HttpError, Text, ToolCalls
+from tests.fakes.openai_server import FakeOpenAI, Function, Hang, HttpError, Text, ToolCalls
 from tests.support.clock import ManualClock
 
 ANSWER = "The capital of France is **Paris**, a city on the Seine."
@@ -669,3 +670,38 @@ async def test_a_card_past_feishus_ten_minute_streaming_limit_still_ends_with_th
     card = fake.card_of(msg)
     assert card is not None and card.text == ANSWER and not card.streaming
     assert any(c.code == 200850 for c in fake.calls_to("element.content"))  # the refusal that was handled
+
+
+# ---- subagents ----------------------------------------------------------------------------------------
+
+
+def _subagent_route(body: dict[str, Any]) -> Any:
+    first = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    tool_results = [m for m in body["messages"] if m["role"] == "tool"]
+    if not first.startswith("TASK"):
+        if tool_results:
+            return Text("There are 42 apples.")
+        return ToolCalls([("run_subagent", json.dumps({"task": "TASK count apples", "profile": "counter"}))],
+                         ids=["call_P"])
+    if tool_results:
+        return Text("The lookup says 42 apples.")
+    return ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_C"])
+
+
+async def test_a_subagents_approval_is_shown_with_its_label_and_decided_on_the_card(bridge, fake_openai, fake):
+    from core.settings import SubagentProfile, SubagentSettings
+    tool = RecordingTool("lookup", result="42")
+    fake_openai.default = Function(_subagent_route)
+    subagents = SubagentSettings(enabled=True, profiles=(SubagentProfile("counter", tools=("lookup",)),))
+    t = await bridge(core={"tools": registry(tool), "subagents": subagents})
+    await t.say("how many apples?")
+    msg = await approval(t)
+    assert "subagent counter: TASK count apples" in fake.text_of(msg)
+    status = "⏳ counter: TASK count apples · waiting for approval: lookup"
+    await t.wait_for(lambda: any(status in c.text for c in fake.cards.values()))  # the card shows the child's step
+    answer = await t.press(button(msg, "Allow"), message_id=msg.message_id)
+    assert answer["toast"]["content"] == approvals.ALLOWED
+    await t.settle()
+    assert tool.calls == [{"query": "apples"}]
+    assert fake.texts(CHAT)[-1] == "There are 42 apples."
+    assert every_card_closed(fake)

@@ -45,6 +45,7 @@ from channels.common.errors import PlatformError
 from channels.common.ledger import Part
 from channels.common.live_sink import LiveSink
 from channels.common.ops import Capabilities, NativeStream, TextChange
+from channels.common.status import status_lines
 from channels.common.throttle import Scope
 from channels.feishu import approvals, render
 from channels.feishu.api import code_of
@@ -90,13 +91,16 @@ def static_card(content: str) -> dict[str, Any]:
 
 
 def activity(snapshot: TurnSnapshot) -> str:
-    """Tool activity and pending approvals, as lines under the answer while the turn runs."""
+    """Tool activity, pending approvals and running subagents, as lines under the answer while the turn runs."""
     icons = {"awaiting_approval": "⏳", "running": "⚙️", "done": "✅", "failed": "⚠️", "denied": "⛔"}
     lines = []
     for tool in snapshot.tools:
         status = str(tool.status)
         what = "waiting for approval (see the card below)" if status == "awaiting_approval" else status
         lines.append(f"{icons.get(status, '•')} `{tool.name}` {what}")
+    children = status_lines(snapshot)
+    if children:
+        lines.append(children)
     return "\n".join(lines)
 
 
@@ -386,9 +390,10 @@ class FeishuPrompts:
         self._ops = ops
 
     async def post(self, session_key: str, request: ApprovalRequest) -> Any:
+        asker = f"subagent {request.label}" if request.label else request.requested_by or self._target.sender_id
         entry = self._channel.pending_approvals.register(
-            session_key, request.call_id, request.tool_name, request.arguments_summary,
-            request.requested_by or self._target.sender_id)
+            session_key, request.call_id, request.tool_name, request.arguments_summary, asker,
+            origin=request.origin)
         card = approvals.approval_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by)
         content = json.dumps(card, ensure_ascii=False)
         entry.message_id = await self._channel.calls.call(
@@ -414,6 +419,8 @@ class PendingApproval:
     key: str = field(default_factory=lambda: secrets.token_hex(16))
     message_id: str | None = None
     outcome: str | None = None
+    origin: tuple[str, ...] = ()
+    """A subagent's request (``run_subagent``): the child sessions it came through; a decision names them."""
 
 
 class PendingApprovals:
@@ -424,10 +431,11 @@ class PendingApprovals:
         self._limit = limit
 
     def register(self, session_key: str, call_id: str, tool_name: str, arguments: str,
-                 requested_by: str | None) -> PendingApproval:
+                 requested_by: str | None, *, origin: tuple[str, ...] = ()) -> PendingApproval:
         if len(self._by_ref) >= self._limit:  # forget the oldest: a press on it is answered "no longer pending"
             self._by_ref.pop(next(iter(self._by_ref)))
-        entry = PendingApproval(secrets.token_hex(6), session_key, call_id, tool_name, arguments, requested_by)
+        entry = PendingApproval(secrets.token_hex(6), session_key, call_id, tool_name, arguments, requested_by,
+                                origin=origin)
         self._by_ref[entry.ref] = entry
         return entry
 
