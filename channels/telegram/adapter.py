@@ -54,11 +54,20 @@ class AllowList:
         return bool(user.username) and user.username.lower() in self.usernames  # type: ignore[union-attr]
 
 
+def _entity_text(text: str, offset: int, length: int) -> str:
+    """The part of ``text`` an entity covers (offsets in UTF-16 code units). Written here rather than with
+    aiogram's ``MessageEntity.extract_from``, which raises on a lone surrogate in the text or on an entity
+    that ends inside a surrogate pair: an update must never crash the receiving loop."""
+    units = text.encode("utf-16-le", "surrogatepass")
+    start = max(0, offset) * 2
+    return units[start:start + max(0, length) * 2].decode("utf-16-le", "replace")
+
+
 def _mentions_bot(message: Message, me: BotIdentity) -> bool:
     text = message.text or message.caption or ""
     for ent in message.entities or message.caption_entities or []:
         if ent.type == "mention":
-            mention = ent.extract_from(text)
+            mention = _entity_text(text, ent.offset, ent.length)
             if mention.lstrip("@").lower() == me.username.lower():
                 return True
         elif ent.type == "text_mention" and ent.user is not None and ent.user.id == me.id:
