@@ -19,7 +19,8 @@ from pydantic import ValidationError
 from channels.feishu.inbound import normalize as feishu_normalize
 from channels.slack.inbound import BotIdentity as SlackBot
 from channels.slack.inbound import normalize as slack_normalize
-from channels.telegram.adapter import AllowList, BotIdentity, normalize as telegram_normalize
+from channels.telegram.adapter import AllowList, BotIdentity
+from channels.telegram.adapter import normalize as telegram_normalize
 from core.envelope import InboundEnvelope
 from tests.support.fuzz import deep, edge_text, fuzz_fields, json_like, scalars, text
 
