@@ -486,6 +486,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
             where, message = "", str(exc)
         prefix = f"{source}, {where}" if where else source
         raise ConfigError(f"{prefix}: invalid TOML: {message}", source=source) from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError(f"{source}: invalid TOML: arrays or inline tables nested too deeply",
+                          source=source) from None
 
 
 def _fill_env_defaults(data: dict[str, Any], resolver: _Resolver) -> None:
