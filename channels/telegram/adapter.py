@@ -39,6 +39,18 @@ class BotIdentity:
     username: str
 
 
+_USERNAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{2,31}")
+
+
+def vouched_username(user: User) -> str | None:
+    """The user's @username when it has the form Telegram gives usernames (a letter, then letters, digits
+    and underscores), else None. Only such a name is one Telegram vouches is this user's alone; anything
+    else in the field (an update Telegram did not write) could be shaped like someone else's numeric id,
+    which an allow list names too."""
+    name = user.username
+    return name if name and _USERNAME.fullmatch(name) else None
+
+
 class AllowList:
     def __init__(self, entries: Iterable[str]) -> None:
         items = [str(e).strip() for e in entries]
@@ -51,7 +63,8 @@ class AllowList:
             return True
         if str(user.id) in self.ids:
             return True
-        return bool(user.username) and user.username.lower() in self.usernames  # type: ignore[union-attr]
+        username = vouched_username(user)
+        return username is not None and username.lower() in self.usernames
 
 
 def _entity_text(text: str, offset: int, length: int) -> str:
