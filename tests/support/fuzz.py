@@ -86,11 +86,11 @@ def finite(value: Any) -> bool:
 
 def drive(loop: asyncio.AbstractEventLoop, check: Callable[..., Coroutine[Any, Any, None]],
           *, per_example: float = 20.0) -> Callable[..., None]:
-    """A synchronous callable for ``@given`` that runs ``check(*args)`` on ``loop`` and waits for it (bounded:
-    a handler that hangs fails the example instead of the whole run)."""
+    """A synchronous callable for ``@given`` (strategies by keyword) that runs ``check(**kwargs)`` on ``loop``
+    and waits for it (bounded: a handler that hangs fails the example instead of the whole run)."""
 
-    def run(*args: Any, **kwargs: Any) -> None:
-        future = asyncio.run_coroutine_threadsafe(check(*args, **kwargs), loop)
+    def run(**kwargs: Any) -> None:
+        future = asyncio.run_coroutine_threadsafe(check(**kwargs), loop)
         try:
             future.result(per_example)
         except TimeoutError:
