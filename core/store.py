@@ -73,6 +73,32 @@ class TurnRecord(BaseModel):
     ended_at: float | None
 
 
+class UndeliveredTurn(BaseModel):
+    """A turn that ended (committed) but whose terminal state may never have reached its chat."""
+
+    model_config = ConfigDict(frozen=True)
+
+    turn: TurnRecord
+    text: str | None
+    """Its terminal message as history keeps it: the answer, or the notice of a turn without one."""
+
+
+class AttachmentRecord(BaseModel):
+    """A stored attachment file (``core.media``): whose it is and what it is. ``claimed`` once a message
+    refers to it (a web upload waits unclaimed until its message is sent)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    session_key: str
+    kind: str
+    name: str
+    content_type: str
+    size: int
+    created_at: float
+    claimed: bool = True
+
+
 class InboundRecord(BaseModel):
     """An accepted inbound message whose turn has not started yet (see ``Store.admit_inbound``)."""
 
@@ -186,8 +212,35 @@ class Store(Protocol):
     # turns (opened by append_message, closed by commit_turn or end_turn)
     async def end_turn(self, turn_id: str, state: TurnState) -> None: ...
 
+    async def mark_delivered(self, turn_id: str) -> None:
+        """The turn's terminal state reached its chat (or its one plain fallback was tried)."""
+        ...
+
+    async def undelivered_turns(self, since: float) -> list[UndeliveredTurn]:
+        """Turns that ended after ``since`` (completed, failed or cancelled) and were never marked delivered:
+        a crash came between their commit and their delivery (read at start-up), oldest first."""
+        ...
+
     async def close_interrupted_turns(self) -> list[TurnRecord]:
         """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""
+        ...
+
+    # attachments
+    async def add_attachment(self, record: AttachmentRecord) -> None: ...
+
+    async def get_attachment(self, attachment_id: str) -> AttachmentRecord | None: ...
+
+    async def claim_attachments(self, ids: Sequence[str]) -> None:
+        """Mark attachments as referred to by a message (kept until they expire)."""
+        ...
+
+    async def drop_unclaimed_attachments(self, key: str, *, before: float) -> list[str]:
+        """Forget the attachments of ``key`` stored before ``before`` that no message refers to; returns their
+        ids (to delete the files)."""
+        ...
+
+    async def drop_expired_attachments(self, before: float) -> list[str]:
+        """Forget the attachments created before ``before``; returns their ids (to delete the files)."""
         ...
 
     # channel state

@@ -1,5 +1,5 @@
 """No accepted message is lost in a crash: a real ``chatbridge run`` is SIGKILLed with messages queued
-behind a slow reply, and started again on the same data directory.
+behind a slow reply, and started again on the same data directory; a queued photo still reaches the model.
 
 Telegram is the platform that never delivers a message twice once its update was confirmed (the bridge
 stores the polling offset), so this is where a message accepted but only held in memory would vanish."""
@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.openai_server import FakeOpenAI, Function, Text, ToolCalls, last_user_text
+from tests.fakes.openai_server import FakeOpenAI, Function, Text, ToolCalls, image_parts, last_user_text
 from tests.fakes.telegram import FakeTelegram
+from tests.support.media import jpeg
 from tests.support.process import BridgeProcess
 
 CHAT = 555
@@ -105,6 +106,37 @@ async def test_sigkill_with_five_messages_queued_loses_none_and_answers_none_twi
     assert len(fake_openai.requests) == 6  # m0 once, then each queued message once
 
 
+async def test_sigkill_with_a_photo_queued_keeps_it_for_the_model_after_the_restart(
+        tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> None:
+    photo = jpeg(640, 480)
+    tg.add_file("big", photo, path="photos/file_1.jpg")
+    slow = asyncio.Event()
+    fake_openai.script(Text("The first answer takes its time", hold=slow, hold_after=9))
+    fake_openai.default = Function(lambda body: Text("echo: " + last_user_text(body).split("\n\n")[0]))
+    config = write_config(tmp_path, fake_openai, tg)
+    bridge = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        tg.user_message("m0")
+        await wait_for(lambda: len(fake_openai.requests) == 1, bridge)
+        update = tg.user_message(caption="what is in this photo?", photo=True)
+        await wait_for(lambda: fetched_past(tg, update["update_id"]), bridge)  # Telegram will not send it again
+        await bridge.kill()
+    finally:
+        await bridge.stop()
+    slow.set()
+    assert tg.downloads == []  # it waited behind m0: its turn, and its download, had not begun
+
+    again = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        await wait_for(lambda: "echo: what is in this photo?" in tg.visible(CHAT), again)
+    finally:
+        assert await again.stop() == 0
+    request = fake_openai.requests[-1]
+    assert last_user_text(request).startswith("what is in this photo?")
+    assert image_parts(request) == [("image/jpeg", photo)]  # downloaded after the restart, byte for byte
+    assert tg.downloads == ["photos/file_1.jpg"]
+
+
 RESTARTED = "⛔ Denied: the bridge restarted."
 
 
@@ -149,3 +181,36 @@ async def test_an_approval_left_waiting_by_a_crash_shows_the_restart_and_its_but
         assert await again.stop() == 0
     assert len(fake_openai.requests) == 1  # the tool never ran: nothing asked the model again
     assert [m.text for m in tg.messages(CHAT) if not m.deleted].count(INTERRUPTED) == 1
+
+
+async def test_an_answer_committed_but_never_shown_in_full_is_sent_once_after_the_restart(
+        tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> None:
+    answer = "The capital of France is **Paris**, a city on the Seine."
+    shown = "The capital of France is Paris, a city on the Seine."
+    hold = asyncio.Event()
+    fake_openai.script(Text(answer, hold=hold, hold_after=20))
+    config = write_config(tmp_path, fake_openai, tg)
+    config.write_text(config.read_text() + 'stream_transport = "edit"\n')  # a preview message, then edits
+    bridge = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        tg.fail("editMessageText", hang=60, when=lambda p: bool(p.get("entities")))  # the final edit never lands
+        tg.user_message("capital of France?")
+        await wait_for(lambda: tg.messages(CHAT), bridge)  # a preview of the first words
+        hold.set()
+        # the final edit is under way: the answer was committed before it
+        await wait_for(lambda: any(c.method == "editMessageText" and c.params.get("entities") for c in tg.calls),
+                       bridge)
+        await bridge.kill()
+    finally:
+        await bridge.stop()
+    assert shown not in tg.visible(CHAT)  # the chat shows only the preview's first words
+
+    again = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        await wait_for(lambda: shown in tg.visible(CHAT), again)
+        await asyncio.sleep(1.0)  # anything sent twice would show by now
+    finally:
+        assert await again.stop() == 0
+    assert tg.visible(CHAT).count(shown) == 1
+    assert INTERRUPTED not in tg.visible(CHAT)  # it was answered, not interrupted
+    assert len(fake_openai.requests) == 1
