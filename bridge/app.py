@@ -20,6 +20,7 @@ from bridge.exit_codes import ExitCode
 from bridge.logs import configure_logging
 from bridge.mcp import start_mcp_servers
 from channels.common.errors import ChannelStartupError
+from channels.common.http import has_own_body_limit
 from core.channel import ERROR, Channel
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import DEFAULT_MAX_OUTPUT_TOKENS, LLMProvider
@@ -162,7 +163,10 @@ async def body_cap(request: web.Request, handler: Callable[[web.Request], Awaita
     aiohttp enforces ``client_max_size`` only where a handler reads the body, so a route that ignores its
     body (new conversation, stop) would still act on an oversized request. A declared length is refused at
     once; a body sent without one (chunked) is read here up to the cap (the handler gets it from aiohttp's
-    cache). A multipart body is left to its handler, which streams it under the same cap."""
+    cache). A route marked with ``channels.common.http.streams_own_body`` (a file upload) enforces its own
+    limit; a multipart body elsewhere is left to its handler, which reads it under the same cap."""
+    if has_own_body_limit(request.match_info.handler):
+        return await handler(request)
     if request.content_length is not None and request.content_length > MAX_BODY:
         return _too_large()
     if request.body_exists and request.content_length is None and not request.content_type.startswith("multipart/"):
