@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from bridge.app import build_channels, build_http_app
+from bridge.app import build_channels, build_http_app, build_provider
 from channels.telegram.channel import SECRET_HEADER
 from core.runtime import ChatCore
 from core.sqlite_store import SqliteStore
@@ -38,8 +38,12 @@ PROTECTED = {
     ("GET", "/api/sessions/{id}/stream"): f"/api/sessions/{SID}/stream",
     ("POST", "/api/sessions/{id}/stop"): f"/api/sessions/{SID}/stop",
     ("POST", "/api/sessions/{id}/approvals/{call_id}"): f"/api/sessions/{SID}/approvals/call_1",
+    ("POST", "/api/sessions/{id}/attachments"): f"/api/sessions/{SID}/attachments",
+    ("GET", "/api/sessions/{id}/attachments/{attachment_id}"): f"/api/sessions/{SID}/attachments/{'0' * 32}",
     ("GET", "/metrics"): "/metrics",
 }
+UPLOAD = ("POST", "/api/sessions/{id}/attachments")
+"""Takes files up to [media] max_bytes, streamed under that limit (its own 413), not the 1 MiB cap."""
 PUBLIC = {("GET", "/healthz"), ("GET", "/login"), ("POST", "/login"), ("GET", "/static/{filename}")}
 """Open by design: the health check (monitors), the sign-in form and the page's static files."""
 OWN_SECRET = {("POST", "/telegram/webhook")}
@@ -80,7 +84,7 @@ async def test_every_route_is_classified(tmp_path, fake_openai, tg) -> None:
     from bridge.config import load_config
 
     config = load_config(path, env=ENV)
-    core = ChatCore(store=SqliteStore(tmp_path / "unused.db"), provider=None)  # type: ignore[arg-type]
+    core = ChatCore(store=SqliteStore(tmp_path / "unused.db"), provider=build_provider(config))  # never started
     channels: list = []
     app = build_http_app(channels, metrics=core.metrics, metrics_token=config.web.auth_token)
     channels.extend(build_channels(config, core, app))
@@ -149,7 +153,7 @@ async def _chunks(total: int) -> AsyncIterator[bytes]:
 
 async def test_an_oversized_body_is_refused_on_every_route_and_nothing_is_processed(bridge, fake_openai):
     http, base, tg = bridge.http, bridge.base, bridge.tg
-    routes = {**{k: v for k, v in PROTECTED.items() if k[0] != "GET"},
+    routes = {**{k: v for k, v in PROTECTED.items() if k[0] != "GET" and k != UPLOAD},
               ("POST", "/login"): "/login", ("POST", "/telegram/webhook"): "/telegram/webhook"}
     update = tg.user_message("x" * (BIG + 10), enqueue=False)
     for (method, _), path in routes.items():
@@ -243,3 +247,14 @@ async def test_a_web_client_cannot_read_or_decide_a_telegram_conversation(tmp_pa
         await until(lambda: tg.visible(CHAT)[-1] == "done")
     finally:
         assert await bridge.close() == 0
+
+
+async def test_a_file_larger_than_the_body_cap_still_uploads_up_to_the_media_limit(bridge):
+    """The upload route streams its body under [media] max_bytes (20 MB by default), past the 1 MiB cap."""
+    from tests.test_web_media import upload
+
+    async with bridge.http.post(f"{bridge.base}/api/sessions", headers=AUTH, json={}) as resp:
+        sid = (await resp.json())["id"]
+    status, body = await upload(bridge.http, bridge.base, sid, b"%PDF-" + b"x" * (3 * 1024 * 1024), "big.bin",
+                                headers=AUTH)
+    assert status == 201, body
