@@ -62,7 +62,8 @@ class FeishuConfig(ChannelSection):
     allow_from: AllowFrom = Field(default_factory=allow_everyone)
     group_policy: GroupPolicy = "mention"
     stream_interval_ms: Annotated[Int, Field(ge=100)] = 500
-    max_body_bytes: Annotated[Int, Field(ge=4096)] = 1024 * 1024
+    max_body_bytes: Annotated[Int, Field(ge=4096, le=1024 * 1024)] = 1024 * 1024
+    """At most the web server's own cap on every request body (1 MiB)."""
 
     def served_by_web(self) -> bool:
         return self.mode == "webhook"
