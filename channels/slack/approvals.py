@@ -93,9 +93,14 @@ def approval_blocks(action: ApprovalAction, tool_name: str, arguments: str) -> l
     return [b.to_dict() for b in blocks]
 
 
-def decided_blocks(tool_name: str, arguments: str, outcome: Outcome, by: str | None = None) -> list[dict[str, Any]]:
-    """The request as it ended: no buttons, and a line saying how (and by whom, for a press)."""
-    line = _OUTCOME_LINES[outcome] + (f" by <@{by}>" if by and outcome != "ended" else "")
+def decided_blocks(tool_name: str, arguments: str, outcome: Outcome, by: str | None = None, *,
+                   line: str | None = None) -> list[dict[str, Any]]:
+    """The request as it ended: no buttons, and a line saying how (and by whom, for a press); ``line``, when
+    given, says how it ended instead (a timeout, a stopped reply)."""
+    if line is None:
+        line = _OUTCOME_LINES[outcome] + (f" by <@{by}>" if by and outcome != "ended" else "")
+    else:
+        line = escape(line)
     return [b.to_dict() for b in (SectionBlock(text=MarkdownTextObject(text=_describe(tool_name, arguments))),
                                   ContextBlock(elements=[MarkdownTextObject(text=line)]))]
 
