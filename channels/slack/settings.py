@@ -44,12 +44,10 @@ class SlackConfig(ChannelSection):
         checks.require("bot_token", self.bot_token, "when channels.slack.enabled = true")
         _shape(checks, "bot_token", self.bot_token, "xoxb-", "the Bot User OAuth Token (OAuth & Permissions)")
         if self.mode == "socket":
-            checks.require("app_token", self.app_token,
-                           "in socket mode: an app-level token with connections:write (Basic Information)")
+            checks.require("app_token", self.app_token, "in socket mode")
             _shape(checks, "app_token", self.app_token, "xapp-", "an app-level token (Basic Information)")
         else:
-            checks.require("signing_secret", self.signing_secret,
-                           f"in http mode: Slack signs every request to {EVENTS_PATH} with it (Basic Information)")
+            checks.require("signing_secret", self.signing_secret, "in http mode")
         checks.url("api_base", self.api_base)
 
 
