@@ -5,12 +5,17 @@ asserts what the Slack conversation shows and what the model was sent."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
-from tests.fakes.openai_server import Text
+from channels.common.splitter import open_fence
+from channels.slack.channel import GONE, NOT_YOURS
+from tests.browser.server import RecordingTool, registry
+from tests.fakes.openai_server import Text, ToolCalls
 from tests.fakes.slack import FakeSlack
 from tests.fakes.slack.harness import slack_harness
+from tests.support.clock import ManualClock
 
 ANSWER = "The capital of France is **Paris**, a city on the Seine."
 MODES = pytest.mark.parametrize("mode", ["socket", "http"])
@@ -248,3 +253,204 @@ async def test_commands_as_message_text_in_a_dm_and_as_a_mention_in_a_thread(tmp
     finally:
         hold.set()
         await t.close()
+
+
+# ---- approvals -----------------------------------------------------------------------------------------
+
+ASK = ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_S1"])
+
+
+def approval_messages(slack: FakeSlack, channel: str) -> list:
+    return [m for m in slack.messages(channel) if any(b.get("type") == "actions" for b in m.blocks)]
+
+
+@MODES
+async def test_the_requester_allows_a_stranger_is_refused_and_a_late_press_is_no_longer_pending(
+        tmp_path, fake_openai, slack, mode):
+    tool = RecordingTool("lookup", result="42 apples")
+    fake_openai.script(ASK, Text("You have 42 apples."))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode, core={"tools": registry(tool)})
+    try:
+        mention, _ = slack.mention("how many apples do I have?")
+        root = mention["event"]["ts"]
+        await t.deliver(mention)
+        await t.wait_for(lambda: approval_messages(slack, "C0GENERAL"))
+        [msg] = approval_messages(slack, "C0GENERAL")
+        assert msg.thread_ts == root
+        assert "lookup" in msg.shown and "apples" in msg.shown and "<@U0ALICE>" in msg.shown
+
+        assert (await t.press(slack.press(msg, "Allow", user="U0BOB"))).acked  # not Bob's call
+        await t.wait_for(lambda: slack.ephemerals)
+        assert [(e.user, e.text) for e in slack.ephemerals] == [("U0BOB", NOT_YOURS)]
+        assert tool.calls == []
+        assert approval_messages(slack, "C0GENERAL") == [msg]  # still pending, buttons still there
+
+        press = slack.press(msg, "Allow", user="U0ALICE")
+        late = slack.press(msg, "Deny", user="U0ALICE")  # pressed later, on a screen not yet refreshed
+        assert (await t.press(press)).acked
+        await t.settle()
+        assert tool.calls == [{"query": "apples"}]
+        assert approval_messages(slack, "C0GENERAL") == []  # the decision replaced the buttons
+        assert "Allowed by <@U0ALICE>" in slack.message("C0GENERAL", msg.ts).shown
+        assert replies_in(slack, "C0GENERAL", root)[-1] == "You have 42 apples."
+
+        assert (await t.press(late)).acked
+        await t.wait_for(lambda: len(slack.ephemerals) == 2)
+        assert slack.ephemerals[-1].text == GONE
+        assert tool.calls == [{"query": "apples"}]
+        redelivered = await t.press(press)  # the first press delivered again: ignored
+        assert redelivered.acked
+        await t.settle()
+        assert len(slack.ephemerals) == 2
+    finally:
+        await t.close()
+
+
+async def test_an_approval_that_times_out_shows_how_it_ended(tmp_path, fake_openai, slack):
+    tool = RecordingTool("lookup", result="42 apples")
+    fake_openai.script(ASK, Text("I could not look it up."))
+    t = await slack_harness(tmp_path, fake_openai, slack, "socket",
+                            core={"tools": registry(tool), "approval_timeout": 0.3})
+    try:
+        await t.deliver(slack.user_message("how many apples do I have?"))
+        await t.wait_for(lambda: approval_messages(slack, "D0ALICE"))
+        [msg] = approval_messages(slack, "D0ALICE")
+        await t.settle()
+        assert approval_messages(slack, "D0ALICE") == []
+        assert "nobody decided in time" in slack.message("D0ALICE", msg.ts).shown
+        assert tool.calls == []
+    finally:
+        await t.close()
+
+
+# ---- long replies, native streaming, rate limits -----------------------------------------------------------
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+def words(text: str) -> list[str]:
+    """The words of a reply, fence lines left out (a split closes and reopens code blocks)."""
+    return [w for line in text.splitlines() if not _FENCE.match(line) for w in line.split()]
+
+
+def long_answer(size: int = 20_000) -> str:
+    parts, n = [], 0
+    while sum(len(p) for p in parts) < size:
+        n += 1
+        parts.append(f"Paragraph {n}: " + " ".join(f"word{n}_{i}" for i in range(40)))
+        if n % 3 == 0:
+            parts.append("```python\n" + "\n".join(f"x_{n}_{i} = {i} * 2  # line {i}" for i in range(30)) + "\n```")
+    return "\n\n".join(parts)
+
+
+@MODES
+async def test_a_20000_character_reply_with_code_arrives_complete(tmp_path, fake_openai, slack, mode):
+    answer = long_answer()
+    assert len(answer) >= 20_000
+    fake_openai.script(Text(answer, chunk_size=400, delay=0.005))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:
+        await t.deliver(slack.user_message("write a lot"))
+        await t.settle(20)
+        shown = slack.visible("D0ALICE")
+        assert len(shown) >= 6
+        assert words("\n".join(shown)) == words(answer)  # nothing lost, nothing twice
+        for message in slack.messages("D0ALICE"):
+            assert open_fence(message.shown) is None  # every code block closed in its own message
+            assert len(message.text) <= 4000
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_a_native_stream_in_a_thread_rolls_over_and_ends_formatted(tmp_path, fake_openai, slack, mode):
+    answer = long_answer(9_000)
+    fake_openai.script(Text(answer, chunk_size=150, delay=0.01))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode, stream_transport="auto")
+    try:
+        mention, _ = slack.mention("write a lot")
+        root = mention["event"]["ts"]
+        await t.deliver(mention)
+        await t.settle(20)
+        assert slack.count("chat.startStream") >= 2  # the stream moved on to a new message at the limit
+        assert slack.count("chat.appendStream") >= 2
+        messages = slack.messages("C0GENERAL", thread_ts=root)
+        assert not any(m.streaming for m in messages)
+        assert words("\n".join(m.shown for m in messages)) == words(answer)
+        assert all(m.blocks and m.blocks[0]["type"] == "markdown" for m in messages)  # the final rendering
+        start = slack.calls_to("chat.startStream")[0].params
+        assert (start["recipient_user_id"], start["recipient_team_id"]) == ("U0ALICE", "T0TEAM")
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_a_native_stream_that_expires_mid_reply_ends_with_the_whole_answer_once(
+        tmp_path, fake_openai, mode):
+    answer = "Here is a slow answer. " + " ".join(f"step{i}." for i in range(120))
+    async with FakeSlack(stream_max_age=0.4) as slack:  # Slack closes streams after a while
+        fake_openai.script(Text(answer, chunk_size=12, delay=0.02))
+        t = await slack_harness(tmp_path, fake_openai, slack, mode, stream_transport="auto")
+        try:
+            mention, _ = slack.mention("go slowly")
+            root = mention["event"]["ts"]
+            await t.deliver(mention)
+            await t.settle(20)
+            failed = [c for c in slack.calls if c.error == "message_not_in_streaming_state"]
+            assert failed  # the stream did expire mid-reply
+            assert slack.visible("C0GENERAL", thread_ts=root) == [answer]
+        finally:
+            await t.close()
+
+
+@MODES
+async def test_a_dm_streams_natively_in_a_thread_when_asked_to(tmp_path, fake_openai, slack, mode):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode, stream_transport="native")
+    try:
+        body = slack.user_message("capital of France?")
+        await t.deliver(body)
+        await t.settle()
+        assert slack.count("chat.startStream") == 1
+        assert slack.visible("D0ALICE", thread_ts=body["event"]["ts"]) == [ANSWER]
+        assert slack.visible("D0ALICE", thread_ts=None) == []
+    finally:
+        await t.close()
+
+
+async def test_a_workspace_that_refuses_streaming_gets_updates_instead(tmp_path, fake_openai, slack):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01), Text("Second answer."))
+    t = await slack_harness(tmp_path, fake_openai, slack, "socket", stream_transport="auto")
+    try:
+        slack.fail("chat.startStream", error="missing_scope", times=5)
+        mention, _ = slack.mention("capital of France?")
+        await t.deliver(mention)
+        await t.settle()
+        assert slack.visible("C0GENERAL", thread_ts=mention["event"]["ts"]) == [ANSWER]
+        second, _ = slack.mention("again")
+        await t.deliver(second)
+        await t.settle()
+        assert slack.count("chat.startStream") == 1  # not tried again
+        assert slack.visible("C0GENERAL", thread_ts=second["event"]["ts"]) == ["Second answer."]
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_a_429_on_the_final_update_pauses_the_channel_for_retry_after_and_shows_the_answer_once(
+        tmp_path, fake_openai, mode):
+    clock = ManualClock()  # the throttle's clock: a 30 s pause passes without waiting 30 s; same code path
+    async with FakeSlack(clock=clock.now) as slack:
+        fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+        t = await slack_harness(tmp_path, fake_openai, slack, mode, clock=clock)
+        try:
+            slack.fail("chat.update", status=429, retry_after=30, when=lambda p: bool(p.get("blocks")))
+            await t.deliver(slack.user_message("capital of France?"))
+            await t.settle()
+            limited = next(c for c in slack.calls if c.status == 429)
+            later = slack.calls[slack.calls.index(limited) + 1:]
+            to_channel = [c for c in later if c.channel == "D0ALICE"]
+            assert to_channel and all(c.at >= limited.at + 30 for c in to_channel)
+            assert slack.visible("D0ALICE") == [ANSWER]
+        finally:
+            await t.close()
