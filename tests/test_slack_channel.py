@@ -12,7 +12,7 @@ import pytest
 from channels.common.splitter import open_fence
 from channels.slack.channel import GONE, NOT_YOURS
 from tests.browser.server import RecordingTool, registry
-from tests.fakes.openai_server import Text, ToolCalls
+from tests.fakes.openai_server import HttpError, Text, ToolCalls
 from tests.fakes.slack import FakeSlack
 from tests.fakes.slack.harness import slack_harness
 from tests.support.clock import ManualClock
@@ -454,3 +454,158 @@ async def test_a_429_on_the_final_update_pauses_the_channel_for_retry_after_and_
             assert slack.visible("D0ALICE") == [ANSWER]
         finally:
             await t.close()
+
+
+# ---- DESIGN.md §2 / seed §15: what the chat shows when delivery fails ---------------------------------------
+
+MRKDWN = "The capital of France is *Paris*, a city on the Seine."
+
+
+def final_updates(slack: FakeSlack) -> list:
+    return [c for c in slack.calls_to("chat.update") if c.params.get("blocks")]
+
+
+@MODES
+async def test_open_failure_sends_exactly_one_plain_reply(tmp_path, fake_openai, slack, mode):
+    fake_openai.script(Text(ANSWER))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:
+        slack.fail("reactions.add", error="not_in_channel")
+        await t.deliver(slack.user_message("capital of France?"))
+        await t.settle()
+        assert slack.visible("D0ALICE") == [ANSWER]
+        assert slack.count("chat.postMessage") == 1 and slack.count("chat.update") == 0
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_a_deleted_preview_is_replaced_by_exactly_one_fallback(tmp_path, fake_openai, slack, mode):
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, hold=hold, hold_after=30))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:
+        await t.deliver(slack.user_message("capital of France?"))
+        await t.wait_for(lambda: slack.messages("D0ALICE"))
+        slack.messages("D0ALICE")[0].deleted = True  # the user deletes the preview
+        hold.set()
+        await t.settle()
+        assert slack.visible("D0ALICE") == [ANSWER]
+        assert slack.count("chat.postMessage") == 2
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_a_final_update_failing_permanently_leaves_the_answer_once(tmp_path, fake_openai, slack, mode):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:
+        slack.fail("chat.update", error="cant_update_message", when=lambda p: bool(p.get("blocks")))
+        await t.deliver(slack.user_message("capital of France?"))
+        await t.settle()
+        assert slack.visible("D0ALICE") == [ANSWER]  # the stale preview deleted, one fallback
+        assert len(final_updates(slack)) == 1  # permanent: not retried
+        assert slack.count("chat.delete") == 1 and slack.count("chat.postMessage") == 2
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_transient_final_failures_then_success_send_no_fallback(tmp_path, fake_openai, slack, mode):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:
+        slack.fail("chat.update", status=503, body="<html>Service Unavailable</html>", times=2,
+                   when=lambda p: bool(p.get("blocks")))
+        await t.deliver(slack.user_message("capital of France?"))
+        await t.settle()
+        assert slack.visible("D0ALICE") == [ANSWER]
+        assert [c.status for c in final_updates(slack)] == [503, 503, 200]
+        assert slack.count("chat.postMessage") == 1
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_a_final_update_that_keeps_failing_is_tried_three_times_then_replaced_by_one_fallback(
+        tmp_path, fake_openai, slack, mode):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:
+        slack.fail("chat.update", error="internal_error", times=100, when=lambda p: bool(p.get("blocks")))
+        await t.deliver(slack.user_message("capital of France?"))
+        await t.settle()
+        assert len(final_updates(slack)) == 3  # one retry policy: three tries in all
+        assert slack.visible("D0ALICE") == [ANSWER]
+        assert slack.count("chat.delete") == 1 and slack.count("chat.postMessage") == 2
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_a_final_update_whose_answer_was_lost_is_repeated_harmlessly(tmp_path, fake_openai, slack, mode):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:  # Slack did the update, then the answer was lost: the repeat shows the same state, no fallback
+        slack.fail("chat.update", status=503, body="<html>oops</html>", apply_first=True,
+                   when=lambda p: bool(p.get("blocks")))
+        await t.deliver(slack.user_message("capital of France?"))
+        await t.settle()
+        assert slack.visible("D0ALICE") == [ANSWER]
+        assert [c.status for c in final_updates(slack)] == [503, 200]
+        assert slack.count("chat.postMessage") == 1
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_a_refused_markdown_block_is_shown_as_mrkdwn_text_once(tmp_path, fake_openai, slack, mode):
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:
+        slack.fail("chat.update", error="invalid_blocks", times=10, when=lambda p: bool(p.get("blocks")))
+        await t.deliver(slack.user_message("capital of France?"))
+        await t.settle()
+        [msg] = slack.messages("D0ALICE")
+        assert (msg.text, msg.blocks) == (MRKDWN, [])
+        assert slack.count("chat.postMessage") == 1
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_a_failed_turn_shows_its_notice_once(tmp_path, fake_openai, slack, mode):
+    fake_openai.script(HttpError.auth())
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:
+        await t.deliver(slack.user_message("hi"))
+        await t.settle()
+        [shown] = slack.visible("D0ALICE")
+        assert "rejected the bridge's credentials" in shown
+        assert slack.count("chat.postMessage") == 1
+    finally:
+        await t.close()
+
+
+# ---- Socket Mode connection ----------------------------------------------------------------------------
+
+
+async def test_socket_mode_reconnects_on_refresh_and_on_a_drop_and_keeps_answering(tmp_path, fake_openai, slack):
+    fake_openai.script(Text("One."), Text("Two."))
+    t = await slack_harness(tmp_path, fake_openai, slack, "socket")
+    try:
+        assert t.channel.state() == "connected"
+        await slack.socket.disconnect("refresh_requested")
+        await slack.socket.wait_connected(2)
+        assert (await t.deliver(slack.user_message("first"))).acked
+        await t.settle()
+        await slack.socket.drop()
+        await slack.socket.wait_connected(3)
+        assert (await t.deliver(slack.user_message("second"))).acked
+        await t.settle()
+        assert slack.visible("D0ALICE") == ["One.", "Two."]
+        await t.wait_for(lambda: t.channel.state() == "connected")
+        assert slack.socket.issued == 3  # a fresh apps.connections.open for each connection
+    finally:
+        await t.close()
