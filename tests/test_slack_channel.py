@@ -609,3 +609,66 @@ async def test_socket_mode_reconnects_on_refresh_and_on_a_drop_and_keeps_answeri
         assert slack.socket.issued == 3  # a fresh apps.connections.open for each connection
     finally:
         await t.close()
+
+
+# ---- slash commands, thinking, the workspace budget --------------------------------------------------------
+
+
+@MODES
+async def test_slash_commands_work_in_a_dm_and_explain_the_mention_in_a_channel(tmp_path, fake_openai, slack, mode):
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:
+        assert (await t.deliver(slack.slash_command("/help"), kind="slash_commands")).acked
+        await t.settle()
+        [shown] = slack.visible("D0ALICE")
+        assert "/stop" in shown and "/compact" in shown
+        in_channel = slack.slash_command("/stop", channel="C0GENERAL")
+        assert (await t.deliver(in_channel, kind="slash_commands")).acked
+        await t.wait_for(lambda: slack.responses)
+        assert "mention me" in slack.responses[0]["text"]
+        assert fake_openai.requests == []
+    finally:
+        await t.close()
+
+
+async def test_thinking_shows_as_a_thread_status_or_a_reaction_and_is_cleared(tmp_path, fake_openai, slack):
+    hold = asyncio.Event()
+    fake_openai.script(Text("Paris.", hold=hold, hold_after=0), Text("Yes."))
+    t = await slack_harness(tmp_path, fake_openai, slack, "socket")
+    try:
+        mention, _ = slack.mention("capital of France?")
+        await t.deliver(mention)
+        await t.wait_for(lambda: slack.statuses)
+        assert slack.statuses[0]["status"] == "is thinking…"
+        hold.set()
+        await t.settle()
+        assert slack.statuses[-1]["status"] == ""  # cleared at the end
+        slack.fail("assistant.threads.setStatus", error="not_allowed", times=10)  # not an AI-app thread
+        again, _ = slack.mention("sure?", thread_ts=mention["event"]["ts"])
+        await t.deliver(again)
+        await t.settle()
+        assert slack.count("reactions.add") == 1 and slack.count("reactions.remove") == 1
+        assert not slack.message("C0GENERAL", again["event"]["ts"]).reactions
+    finally:
+        hold.set()
+        await t.close()
+
+
+async def test_replies_in_two_channels_share_the_workspace_update_budget(tmp_path, fake_openai, slack):
+    # chat.update is limited per workspace (Tier 3), not per conversation: two replies streaming at once in two
+    # DMs must together stay under it. Here the fake refuses two updates within 0.2 s anywhere in the
+    # workspace, and the channel runs with one update per 0.4 s for the workspace (0.1 s per conversation).
+    slack.rate_limit("chat.update", per="workspace", limit=1, window=0.2)
+    text = " ".join(f"word{i}" for i in range(300))
+    fake_openai.script(Text(text, chunk_size=15, delay=0.02), Text(text, chunk_size=15, delay=0.02))
+    t = await slack_harness(tmp_path, fake_openai, slack, "socket", workspace_interval=0.4)
+    try:
+        await asyncio.gather(t.deliver(slack.user_message("one")),
+                             t.deliver(slack.user_message("two", channel="D0BOB", user="U0BOB")))
+        await t.settle(20)
+        updates = slack.calls_to("chat.update")
+        assert {c.channel for c in updates} == {"D0ALICE", "D0BOB"}  # both streamed by updates
+        assert [c for c in updates if c.status != 200] == []  # paced under the workspace limit: never refused
+        assert slack.visible("D0ALICE") == [text] and slack.visible("D0BOB") == [text]
+    finally:
+        await t.close()
