@@ -16,6 +16,7 @@ from tests.fakes.openai_server import HttpError, Text, ToolCalls
 from tests.fakes.slack import FakeSlack
 from tests.fakes.slack.harness import slack_harness
 from tests.support.clock import ManualClock
+from tests.test_telegram_ingress import GatedAdmissions
 
 ANSWER = "The capital of France is **Paris**, a city on the Seine."
 MODES = pytest.mark.parametrize("mode", ["socket", "http"])
@@ -670,5 +671,50 @@ async def test_replies_in_two_channels_share_the_workspace_update_budget(tmp_pat
         assert {c.channel for c in updates} == {"D0ALICE", "D0BOB"}  # both streamed by updates
         assert [c for c in updates if c.status != 200] == []  # paced under the workspace limit: never refused
         assert slack.visible("D0ALICE") == [text] and slack.visible("D0BOB") == [text]
+    finally:
+        await t.close()
+
+
+# ---- acknowledged only once stored -------------------------------------------------------------------------
+
+
+@MODES
+async def test_an_event_core_could_not_store_is_not_acknowledged_and_its_redelivery_is_answered_once(
+        tmp_path, fake_openai, slack, mode):
+    fake_openai.script(Text("kept"))
+    store = GatedAdmissions(tmp_path / "chat.db")
+    store.failures = 1
+    t = await slack_harness(tmp_path, fake_openai, slack, mode, core={"store": store})
+    try:
+        body = slack.user_message("please keep me")
+        first = await t.deliver(body, ack_timeout=1.0)
+        assert not first.acked  # Slack will deliver it again
+        if first.sent is not None:
+            assert first.sent.status >= 500
+        assert fake_openai.requests == []
+        again = await t.redeliver(first, body)
+        assert again.acked
+        await t.settle()
+        assert slack.visible("D0ALICE") == ["kept"] and len(fake_openai.requests) == 1
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_an_event_is_acknowledged_only_after_its_message_is_stored(tmp_path, fake_openai, slack, mode):
+    fake_openai.script(Text("stored first"))
+    store = GatedAdmissions(tmp_path / "chat.db")
+    t = await slack_harness(tmp_path, fake_openai, slack, mode, core={"store": store})
+    try:
+        store.gate.clear()
+        delivery = asyncio.create_task(t.deliver(slack.user_message("hi")))
+        await asyncio.sleep(0.3)
+        assert not delivery.done()
+        if mode == "socket":
+            assert not any(slack.socket.acks.values())  # no ack while the message is not stored
+        store.gate.set()
+        assert (await delivery).acked
+        await t.settle()
+        assert slack.visible("D0ALICE") == ["stored first"]
     finally:
         await t.close()

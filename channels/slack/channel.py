@@ -163,7 +163,7 @@ class SlackChannel:
         """The workspace refused chat.startStream: stream by updates from now on."""
         self.status_refused = False
         """Slack refused assistant.threads.setStatus: show "thinking" as a reaction from now on."""
-        self.prompts_by_call: OrderedDict[str, PromptHandle] = OrderedDict()
+        self.prompts_by_call: OrderedDict[tuple[str, str], PromptHandle] = OrderedDict()
         self.handler: AsyncSocketModeHandler | None = None
         self.ready = asyncio.Event()
         self._names: dict[str, tuple[str, ...]] = {}
@@ -428,7 +428,7 @@ class SlackChannel:
         names = (press.user_name,) if press.user_name else ()
         result = self.host.decide(press.action.session_key, press.action.call_id, press.decision,
                                   decided_by=Decider(press.user_id, names))
-        entry = self.prompts_by_call.get(press.action.call_id)
+        entry = self.prompts_by_call.get((press.action.session_key, press.action.call_id))
         if entry is None:
             entry = self._handle_for(press, body)
         if result is DecideResult.REFUSED:
@@ -448,8 +448,10 @@ class SlackChannel:
             self._spawn("slack:approval-decided", self.show_decision(
                 entry, decided_blocks(entry.tool_name, entry.arguments, outcome, by=press.user_id)))
 
-    def remember_prompt(self, call_id: str, handle: PromptHandle) -> None:
-        self.prompts_by_call[call_id] = handle
+    def remember_prompt(self, session_key: str, call_id: str, handle: PromptHandle) -> None:
+        """The approval messages this process posted, by session and tool call (call ids are the model's
+        and need not be unique across sessions)."""
+        self.prompts_by_call[(session_key, call_id)] = handle
         while len(self.prompts_by_call) > MAX_REMEMBERED:
             self.prompts_by_call.popitem(last=False)
 

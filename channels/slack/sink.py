@@ -302,7 +302,7 @@ class SlackPrompts:
         d = self._dest
         action = ApprovalAction(session_key, request.call_id, request.requested_by or self._target.sender_id)
         handle = PromptHandle(d, action, request.tool_name, request.arguments_summary)
-        self._channel.remember_prompt(request.call_id, handle)
+        self._channel.remember_prompt(session_key, request.call_id, handle)
         client = self._channel.api.client
         response = await self._channel.api.call("chat.postMessage", lambda: client.chat_postMessage(
             channel=d.channel, thread_ts=d.thread_ts, text=approval_text(request.tool_name),

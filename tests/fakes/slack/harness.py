@@ -54,13 +54,13 @@ class SlackHarness:
         self._closed = False
 
     async def deliver(self, body: dict[str, Any], *, retry_num: int | None = None,
-                      kind: str = "events_api") -> Delivery:
+                      kind: str = "events_api", ack_timeout: float = 3.0) -> Delivery:
         """Deliver ``body`` and wait for the app's answer. Socket Mode: ``acked`` is whether the envelope was
         acknowledged within 3 s; HTTP: whether the answer was 200."""
         if self.mode == "socket":
             env = await self.slack.socket.deliver(body, kind)
             try:
-                await self.slack.socket.wait_acked(env, timeout=3.0)
+                await self.slack.socket.wait_acked(env, timeout=ack_timeout)
             except (AssertionError, TimeoutError):
                 return Delivery(False, envelope=env)
             return Delivery(True, envelope=env)
