@@ -718,3 +718,47 @@ async def test_an_event_is_acknowledged_only_after_its_message_is_stored(tmp_pat
         assert slack.visible("D0ALICE") == ["stored first"]
     finally:
         await t.close()
+
+
+async def test_a_press_after_a_restart_is_no_longer_pending_and_the_buttons_go(tmp_path, fake_openai, slack):
+    tool = RecordingTool("lookup", result="42 apples")
+    hold = asyncio.Event()
+    fake_openai.script(ASK, Text("unused", hold=hold))
+    t = await slack_harness(tmp_path, fake_openai, slack, "socket", core={"tools": registry(tool)})
+    try:
+        await t.deliver(slack.user_message("how many apples do I have?"))
+        await t.wait_for(lambda: approval_messages(slack, "D0ALICE"))
+        [msg] = approval_messages(slack, "D0ALICE")
+        press = slack.press(msg, "Allow")
+        buttons = msg.blocks
+    finally:
+        hold.set()
+        await t.close()
+    msg.blocks = buttons  # as if the process had died before it could mark the request
+    t = await slack_harness(tmp_path, fake_openai, slack, "http", platform=t.h.platform)
+    try:
+        assert (await t.press(press)).acked
+        await t.wait_for(lambda: slack.ephemerals)
+        assert slack.ephemerals[-1].text == GONE
+        await t.wait_for(lambda: not approval_messages(slack, "D0ALICE"))
+        assert "No longer pending" in slack.message("D0ALICE", msg.ts).shown
+        assert tool.calls == []
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_the_tokens_never_reach_the_log(tmp_path, fake_openai, slack, mode, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    fake_openai.script(Text(ANSWER))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:
+        slack.fail("chat.update", error="invalid_auth", times=10)
+        await t.deliver(slack.user_message("capital of France?"))
+        await t.settle()
+    finally:
+        await t.close()
+    for secret in (slack.bot_token, slack.app_token, slack.signing_secret):
+        assert secret not in caplog.text
