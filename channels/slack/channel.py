@@ -78,7 +78,7 @@ log = logging.getLogger(__name__)
 _OPERATOR = SlackConfig()
 NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can decide this."
 GONE = "This request is no longer pending."
-CHANNEL_COMMAND_HINT = "In a channel, mention me in the reply's thread instead, e.g. `@{name} {command}`."
+CHANNEL_COMMAND_HINT = "In a channel, mention me in the reply's thread instead, e.g. <@{name}> {command}."
 _INVALID_AUTH = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked",
                            "not_allowed_token_type"})
 _USER_ID = re.compile(r"^[UW][A-Z0-9]{2,}$")
@@ -490,17 +490,18 @@ class SlackChannel:
         command = str(body.get("command") or "").lstrip("/")
         channel = str(body.get("channel_id") or "")
         user = str(body.get("user_id") or "")
-        if not user or not await self._allowed(user):
-            return
-        if not channel.startswith("D"):
-            name = self.me.user_id if self.me else "bot"
-            await respond(CHANNEL_COMMAND_HINT.format(name=name, command=command))
-            return
-        ctx = SlackContext(channel_type="im", ts=str(body.get("trigger_id") or ""), user=user,
-                           team_id=str(body.get("team_id") or "") or None)
-        await self.host.submit(InboundEnvelope(
-            channel=CHANNEL, chat_id=channel, sender_id=user, content=f"/{command}",
-            event_id=f"command:{body.get('trigger_id') or ''}", channel_context=ctx.wrap()))
+        async with asyncio.timeout(self.settings.submit_timeout):
+            if not user or not await self._allowed(user):
+                return
+            if not channel.startswith("D"):
+                name = self.me.user_id if self.me else "bot"
+                self._spawn("slack:command-hint", respond(CHANNEL_COMMAND_HINT.format(name=name, command=command)))
+                return
+            ctx = SlackContext(channel_type="im", ts=str(body.get("trigger_id") or ""), user=user,
+                               team_id=str(body.get("team_id") or "") or None)
+            await self.host.submit(InboundEnvelope(
+                channel=CHANNEL, chat_id=channel, sender_id=user, content=f"/{command}",
+                event_id=f"command:{body.get('trigger_id') or ''}", channel_context=ctx.wrap()))
 
 
 def _thread_key(channel: str, thread_ts: str) -> str:
