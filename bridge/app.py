@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hmac
 import logging
 import signal
 import sys
@@ -22,6 +23,8 @@ from channels.common.errors import ChannelStartupError
 from core.channel import ERROR, Channel
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import DEFAULT_MAX_OUTPUT_TOKENS, LLMProvider
+from core.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from core.metrics import Metrics
 from core.runtime import ChatCore
 from core.settings import CoreSettings
 from core.sqlite_store import SqliteStore
@@ -137,7 +140,12 @@ def build_channels(config: AppConfig, core: ChatCore, app: web.Application) -> l
     return channels
 
 
-def build_http_app(channels: list[Channel], mcp: McpManager | None = None) -> web.Application:
+def build_http_app(channels: list[Channel], mcp: McpManager | None = None, *, metrics: Metrics | None = None,
+                   metrics_token: str = "") -> web.Application:
+    """The web server's application with ``/healthz`` and ``/metrics``; channels add their routes to it.
+
+    ``/metrics`` is open to monitors like ``/healthz`` unless ``metrics_token`` is set (the web chat's
+    ``auth_token``): then it needs ``Authorization: Bearer <token>``, which Prometheus can send."""
     app = web.Application()
 
     async def healthz(_: web.Request) -> web.Response:
@@ -154,6 +162,18 @@ def build_http_app(channels: list[Channel], mcp: McpManager | None = None) -> we
         return web.json_response({"status": "ok", **body})
 
     app.router.add_get("/healthz", healthz)
+
+    async def metrics_page(request: web.Request) -> web.Response:
+        assert metrics is not None
+        if metrics_token:
+            sent = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(sent, f"Bearer {metrics_token}".encode()):
+                return web.json_response({"error": "this needs the web chat's auth_token as a bearer token"},
+                                         status=401, headers={"WWW-Authenticate": "Bearer"})
+        return web.Response(body=metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    if metrics is not None:
+        app.router.add_get("/metrics", metrics_page)
     return app
 
 
@@ -184,7 +204,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
             loop.add_signal_handler(sig, stop.set)
 
     channels: list[Channel] = []
-    app = build_http_app(channels, mcp)
+    app = build_http_app(channels, mcp, metrics=core.metrics, metrics_token=config.web.auth_token)
     try:
         channels.extend(build_channels(config, core, app))
     except (StartupError, ChannelStartupError) as exc:

@@ -26,6 +26,7 @@ from core.events import EventBus, TurnStarted
 from core.failures import TurnFailure, TurnFailureKind, TurnFailurePresenter
 from core.input_builder import RuntimeContext, TurnInputBuilder
 from core.messages import MessageSource, NewMessage
+from core.metrics import Metrics
 from core.runner import Cancelled, Completed, Failed, Stale, TurnRunner, TurnRunOutcome
 from core.settings import CoreSettings
 from core.snapshot import TurnSnapshot
@@ -40,7 +41,7 @@ class ConversationExecutor:
     def __init__(self, *, store: Store, builder: TurnInputBuilder, runner: TurnRunner,
                  committer: TurnCommitter, delivery: TurnDeliveryService, plain: PlainSender,
                  presenter: TurnFailurePresenter, titles: TitleService, events: EventBus,
-                 settings: CoreSettings) -> None:
+                 settings: CoreSettings, metrics: Metrics | None = None) -> None:
         self._store = store
         self._builder = builder
         self._runner = runner
@@ -51,6 +52,8 @@ class ConversationExecutor:
         self._titles = titles
         self._events = events
         self._settings = settings
+        self._metrics = metrics
+        self._on_turn_end = metrics.turn_ended if metrics is not None else None
 
     async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache, *,
                       inbound: int | None = None) -> None:
@@ -59,7 +62,7 @@ class ConversationExecutor:
 
         Everything logged for the turn (in tasks it spawns too) carries its id; it ends with one INFO line."""
         turn_id = uuid.uuid4().hex
-        with turn_scope(turn_id, envelope.key()) as result:
+        with turn_scope(turn_id, envelope.key(), self._on_turn_end) as result:
             result.outcome = await self._execute(envelope, cancel, context, turn_id, inbound)
 
     async def _execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache,
@@ -163,6 +166,8 @@ class ConversationExecutor:
         text = self._fallback_text(outcome, terminal, err)
         if text:
             log.info("delivery for %s failed (%s); sending one plain fallback", target.session_key, err.reason)
+            if self._metrics is not None:
+                self._metrics.fallbacks.labels(target.channel).inc()
             await self._plain.send(target, text)
 
     def _fallback_text(self, outcome: TurnRunOutcome, terminal: TurnSnapshot, err: DeliveryError) -> str:

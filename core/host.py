@@ -16,6 +16,7 @@ Every platform channel gets a :class:`ChannelHost`, bound to its name:
   envelope's (channel, ts)), kept for the dedupe TTL. For an inbound message prefer the envelope's
   ``event_id``, which core records together with the message itself; ``mark_seen`` is for keys that must
   be recognised before or apart from that (button presses, retries of events that never become messages).
+- ``count_call(result)`` counts one attempt of a platform call for ``GET /metrics``.
 
 The web chat is itself a client of the sessions (it lists them, reads history, renames, stops, and fans
 core events out to browsers), so it gets a :class:`SessionHost`: the same host plus exactly those reads
@@ -37,6 +38,7 @@ from core.agent.deciders import Decider, DecideResult
 from core.envelope import InboundEnvelope
 from core.events import CoreEvent
 from core.messages import ChatMessage
+from core.metrics import CallResult
 from core.router import AdmissionError, SubmitResult
 from core.store import SessionRecord
 from core.supervisor import ShuttingDownError
@@ -93,6 +95,11 @@ class ChannelHost(Protocol):
 
     async def mark_seen(self, key: str) -> bool:
         """Record ``key`` durably for the dedupe TTL; True when it is new, False when seen before."""
+        ...
+
+    def count_call(self, result: CallResult) -> None:
+        """Count one attempt of a platform call for ``GET /metrics``: ``"ok"``, ``"rate_limited"`` (a 429)
+        or ``"error"``. The shared call policy (``channels.common.calls``) counts every attempt it makes."""
         ...
 
 
@@ -168,6 +175,9 @@ class CoreHost:
     async def mark_seen(self, key: str) -> bool:
         return await self._core.store.mark_event_processed(
             self._dedupe_namespace, key, ttl_seconds=self._core.settings.dedupe_ttl_seconds)
+
+    def count_call(self, result: CallResult) -> None:
+        self._core.metrics.platform_call(self._channel, result)
 
     # ---- SessionHost -------------------------------------------------------------------------------
 

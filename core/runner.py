@@ -22,6 +22,7 @@ from core.controller import TurnController
 from core.failures import TurnFailure, TurnFailureKind
 from core.input_builder import PreparedTurnInput, Summary, TurnInputBuilder
 from core.llm.provider import LLMMessage, LLMProvider, ProviderError
+from core.metrics import Metrics
 from core.settings import CoreSettings
 from core.store import Store
 from core.supervisor import TaskSupervisor
@@ -70,7 +71,8 @@ class _RecoveryFailed(Exception):
 class TurnRunner:
     def __init__(self, provider: LLMProvider, builder: TurnInputBuilder, store: Store,
                  supervisor: TaskSupervisor, settings: CoreSettings, *, tools: ToolRegistry | None = None,
-                 broker: ApprovalBroker | None = None, compactor: Compactor | None = None) -> None:
+                 broker: ApprovalBroker | None = None, compactor: Compactor | None = None,
+                 metrics: Metrics | None = None) -> None:
         self._provider = provider
         self._builder = builder
         self._store = store
@@ -79,13 +81,15 @@ class TurnRunner:
         self._tools = tools or ToolRegistry()
         self._broker = broker or ApprovalBroker()
         self._compactor = compactor
+        self._on_model_retry = metrics.model_retries.inc if metrics is not None else None
 
     async def run(self, prepared: PreparedTurnInput, controller: TurnController, cancel: CancelSignal,
                   *, requested_by: str | None = None) -> TurnRunOutcome:
         snap = controller.snapshot
         loop = AgentLoop(provider=self._provider, tools=self._tools, broker=self._broker,
                          settings=self._settings, session_key=snap.session_key, turn_id=snap.turn_id,
-                         requested_by=requested_by, emit=controller.apply, spawn=self._supervisor.spawn)
+                         requested_by=requested_by, emit=controller.apply, spawn=self._supervisor.spawn,
+                         on_model_retry=self._on_model_retry)
         compaction: list[Summary] = []
         work = self._supervisor.spawn(f"turn:{snap.turn_id}:loop",
                                       self._run_loop(loop, prepared, controller, compaction))

@@ -27,6 +27,7 @@ from core.host import CoreHost
 from core.input_builder import RuntimeContext, Summary, TurnInputBuilder
 from core.llm.provider import LLMProvider, ProviderError
 from core.messages import ChatMessage
+from core.metrics import Metrics
 from core.router import AdmissionError, IngressRouter, RouterClosedError, SubmitResult
 from core.runner import TurnRunner
 from core.session import Admitted, SessionManager
@@ -52,6 +53,7 @@ class ChatCore:
         self.supervisor = TaskSupervisor()
         self.channels = ChannelRegistry()
         self.events = EventBus()
+        self.metrics = Metrics()
         s = self.settings
         self._plain = PlainSender(self.channels)
         self.tools = tools or ToolRegistry()
@@ -64,13 +66,15 @@ class ChatCore:
         self.executor = ConversationExecutor(
             store=store, builder=builder,
             runner=TurnRunner(provider, builder, store, self.supervisor, s, tools=self.tools,
-                              broker=self.approvals, compactor=self._compactor),
+                              broker=self.approvals, compactor=self._compactor, metrics=self.metrics),
             committer=self._committer,
             delivery=TurnDeliveryService(self.channels, self.supervisor, s),
             plain=self._plain, presenter=self.presenter,
             titles=TitleService(store, provider, self.supervisor, self.events, s),
-            events=self.events, settings=s)
+            events=self.events, settings=s, metrics=self.metrics)
         self.sessions = SessionManager(store, self.executor, self.supervisor, s)
+        self.metrics.watch(queue_depth=self.sessions.queued_count, active_sessions=lambda: self.sessions.active_count,
+                           running_turns=self.sessions.running_count)
         self.router = IngressRouter(store=store, sessions=self.sessions, plain=self._plain,
                                     presenter=self.presenter, supervisor=self.supervisor, settings=s,
                                     new_context=self._new_context, compact=self.compact)

@@ -106,6 +106,14 @@ class SessionManager:
     def active_count(self) -> int:
         return len(self._active)
 
+    def queued_count(self) -> int:
+        """Accepted messages waiting for their session's worker (for the metrics)."""
+        return sum(s.waiting_places() for s in self._active.values())
+
+    def running_count(self) -> int:
+        """Turns being answered now (for the metrics)."""
+        return sum(1 for s in self._active.values() if s.cancel is not None)
+
     def idle(self) -> bool:
         """True when no session has a running turn, a queued message or a job."""
         return all(not s.busy and not s.items for s in self._active.values())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -35,7 +35,9 @@ class TurnOutcome:
 
 
 @contextmanager
-def turn_scope(turn_id: str, session_key: str) -> Iterator[TurnOutcome]:
+def turn_scope(turn_id: str, session_key: str,
+               on_end: Callable[[str, float], None] | None = None) -> Iterator[TurnOutcome]:
+    """Runs one turn; ``on_end(outcome, seconds)`` is told how it ended (the metrics count it)."""
     token = _CURRENT.set(turn_id)
     started = time.monotonic()
     result = TurnOutcome()
@@ -48,7 +50,10 @@ def turn_scope(turn_id: str, session_key: str) -> Iterator[TurnOutcome]:
         result.outcome = "crashed"
         raise
     finally:
-        log.info("turn %s in %s: %s after %.2fs", turn_id, session_key, result.outcome, time.monotonic() - started)
+        seconds = time.monotonic() - started
+        log.info("turn %s in %s: %s after %.2fs", turn_id, session_key, result.outcome, seconds)
+        if on_end is not None:
+            on_end(result.outcome, seconds)
         _CURRENT.reset(token)
 
 

@@ -31,6 +31,7 @@ from tenacity.wait import wait_base
 
 from channels.common.errors import PlatformError
 from channels.common.throttle import Scope, Throttle
+from core.metrics import CallResult
 from core.retrying import run_with_retries
 
 T = TypeVar("T")
@@ -95,9 +96,12 @@ def _retryable(exc: BaseException) -> bool:
 
 
 class Calls:
-    def __init__(self, throttle: Throttle, policy: CallPolicy | None = None) -> None:
+    def __init__(self, throttle: Throttle, policy: CallPolicy | None = None, *,
+                 observe: Callable[[CallResult], None] | None = None) -> None:
+        """``observe`` is told the result of every attempt (``ChannelHost.count_call``, for the metrics)."""
         self.throttle = throttle
         self.policy = policy or CallPolicy()
+        self.observe = observe
 
     async def call(self, fn: Callable[[], Awaitable[T]], *, scopes: Sequence[Scope] = (), paced: bool = True,
                    retry: bool = True, idempotent: bool = True, timeout: float | None = None) -> T:
@@ -114,15 +118,20 @@ class Calls:
                     await self.throttle.wait_unpaused(scopes)
             try:
                 if bound is None:
-                    return await fn()
-                async with asyncio.timeout(bound):
-                    return await fn()
+                    result = await fn()
+                else:
+                    async with asyncio.timeout(bound):
+                        result = await fn()
             except TimeoutError:
+                self._observe("error")
                 raise PlatformError(f"no answer within {bound:g}s", kind="transient", outcome_unknown=True) from None
             except PlatformError as exc:
+                self._observe("rate_limited" if exc.kind == "rate_limited" else "error")
                 if exc.kind == "rate_limited" and scopes:
                     self.throttle.pause(exc.scope or scopes[0].key, exc.retry_after or 1.0)
                 raise
+            self._observe("ok")
+            return result
 
         if not retry:
             return await attempt()
@@ -132,3 +141,7 @@ class Calls:
                                  retry=retry_if_exception(_retryable), reraise=True)
 
         return await run_with_retries(policy, attempt)
+
+    def _observe(self, result: CallResult) -> None:
+        if self.observe is not None:
+            self.observe(result)

@@ -93,6 +93,8 @@ class TelegramChannel:
         self.bot = bot
         self.settings = settings
         self.calls = calls or Calls(Throttle())
+        if self.calls.observe is None:
+            self.calls.observe = host.count_call  # every Bot API attempt shows in /metrics
         self.client = TelegramClient(bot, self.calls, chat_interval=settings.edit_interval)
         self.limit = limit
         self.renderer = render.TelegramRenderer(limit)

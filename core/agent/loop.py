@@ -114,7 +114,8 @@ def request_status(err: ProviderError) -> RequestStatus:
 class AgentLoop:
     def __init__(self, *, provider: LLMProvider, tools: ToolRegistry, broker: ApprovalBroker,
                  settings: CoreSettings, session_key: str, turn_id: str, requested_by: str | None,
-                 emit: Callable[[TurnEvent], None], spawn: Spawn) -> None:
+                 emit: Callable[[TurnEvent], None], spawn: Spawn,
+                 on_model_retry: Callable[[], None] | None = None) -> None:
         self._provider = provider
         self._tools = tools
         self._broker = broker
@@ -124,6 +125,7 @@ class AgentLoop:
         self._requested_by = requested_by
         self._emit = emit
         self._spawn = spawn
+        self._on_model_retry = on_model_retry
         self.rounds: list[Round] = []
         self.notice: str | None = None
         """Set when the loop stopped on max_turns (the notice the user saw)."""
@@ -195,6 +197,8 @@ class AgentLoop:
         usage: Usage | None = None
 
         async def on_retry(err: ProviderError, attempt: int, sleep: float) -> None:
+            if self._on_model_retry is not None:
+                self._on_model_retry()
             queue.push(RequestEnd(request_status(err), attempt, sleep))
 
         async def one_attempt() -> bool:

@@ -180,7 +180,7 @@ class Bench:
         provider = OpenAIProvider(model="bench", base_url=self.llm_url, api_key="bench", request_timeout=60)
         core = ChatCore(store=SqliteStore(Path(tmp.name) / "chat.db"), provider=provider,
                         settings=CoreSettings(titles=False))
-        channel = TelegramChannel(core, make_bot(self.token, self.tg_url),
+        channel = TelegramChannel(core.host_for("telegram"), make_bot(self.token, self.tg_url),
                                   TelegramSettings(stream_transport="edit", poll_timeout=1))
         core.add_channel(channel)
         await core.start()

@@ -1,0 +1,145 @@
+"""``GET /metrics``: what an operator's Prometheus sees after real turns, read with prometheus_client's parser."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bridge.app import run_app
+from bridge.config import load_config
+from tests.fakes.openai_server import HttpError, Text
+from tests.fakes.telegram import FakeTelegram
+from tests.fakes.telegram.harness import telegram_harness
+from tests.test_app import free_port, write_config
+
+CHAT = 555
+ANSWER = "The capital of France is **Paris**."
+SHOWN = "The capital of France is Paris."
+TOKEN = "metrics-test-token-0123456789"
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the exposition: (name, sorted labels) → value."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            found[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return found
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return samples(text).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture
+async def tg():
+    async with FakeTelegram() as fake:
+        yield fake
+
+
+async def test_a_turn_with_a_model_retry_a_429_and_a_fallback_is_counted(tmp_path, fake_openai, tg):
+    hold = asyncio.Event()
+    fake_openai.script(HttpError.server(503), Text(ANSWER, hold=hold, hold_after=30))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.fail("sendChatAction", status=429, description="Too Many Requests: retry after 1", retry_after=1)
+        tg.fail("editMessageText", description="Bad Request: message to edit not found",
+                when=lambda p: bool(p.get("entities")))
+        tg.user_message("capital of France?")
+        await t.wait_for(lambda: tg.messages(CHAT), timeout=10)  # the preview, to be finished by an edit
+        hold.set()
+        await t.settle()
+        assert tg.visible(CHAT).count(SHOWN) == 1  # the fallback, once
+        text = t.core.metrics.render().decode()
+    finally:
+        await t.close()
+    assert value(text, "chatbridge_turns_total", outcome="completed") == 1
+    assert value(text, "chatbridge_turn_duration_seconds_count") == 1
+    assert value(text, "chatbridge_model_retries_total") == 1
+    assert value(text, "chatbridge_fallbacks_total", channel="telegram") == 1
+    assert value(text, "chatbridge_platform_calls_total", channel="telegram", result="rate_limited") == 1
+    assert value(text, "chatbridge_platform_calls_total", channel="telegram", result="error") == 1  # the final edit
+    # every answered call counts (a long poll still in flight when the metrics were read may not yet)
+    ok = value(text, "chatbridge_platform_calls_total", channel="telegram", result="ok")
+    answered = [c for c in tg.calls if c.status == 200]
+    assert len([c for c in answered if c.method != "getUpdates"]) <= ok <= len(answered)
+    assert value(text, "chatbridge_queue_depth") == 0 and value(text, "chatbridge_running_turns") == 0
+
+
+async def test_the_queue_and_running_turns_show_while_a_reply_is_written(tmp_path, fake_openai, tg):
+    hold = asyncio.Event()
+    fake_openai.script(Text("slow", hold=hold))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.user_message("first")
+        await t.wait_for(lambda: len(fake_openai.requests) == 1)
+        tg.user_message("second")
+        tg.user_message("third")
+        await t.wait_for(lambda: value(t.core.metrics.render().decode(), "chatbridge_queue_depth") == 2)
+        text = t.core.metrics.render().decode()
+        assert value(text, "chatbridge_running_turns") == 1 and value(text, "chatbridge_active_sessions") == 1
+        hold.set()
+        await t.settle()
+        text = t.core.metrics.render().decode()
+        assert value(text, "chatbridge_turns_total", outcome="completed") == 3
+        assert value(text, "chatbridge_queue_depth") == 0 and value(text, "chatbridge_running_turns") == 0
+    finally:
+        await t.close()
+
+
+async def test_metrics_are_served_over_http_and_need_the_token_when_the_chat_has_one(tmp_path, fake_openai):
+    fake_openai.script(Text("hello there"))
+    port = free_port()
+    path = write_config(tmp_path, f"""
+[bridge]
+data_dir = "{tmp_path / 'data'}"
+[llm]
+provider = "openai"
+model = "fake"
+base_url = "{fake_openai.base_url}"
+api_key = "k"
+[web]
+port = {port}
+auth_token = "{TOKEN}"
+""")
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_app(load_config(path), config_path=str(path), stop=stop))
+    base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(200):
+                try:
+                    async with http.get(f"{base}/healthz") as resp:
+                        assert resp.status == 200
+                        break
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("server did not come up")
+            async with http.get(f"{base}/metrics") as resp:
+                assert resp.status == 401 and TOKEN not in await resp.text()
+            async with http.get(f"{base}/metrics", headers={"Authorization": "Bearer wrong"}) as resp:
+                assert resp.status == 401
+            async with http.post(f"{base}/api/sessions", headers=auth, json={}) as resp:
+                sid = (await resp.json())["id"]
+            async with http.post(f"{base}/api/sessions/{sid}/messages", headers=auth,
+                                 json={"text": "hi", "client_id": "m1"}) as resp:
+                assert resp.status == 202
+            for _ in range(250):
+                async with http.get(f"{base}/metrics", headers=auth) as resp:
+                    assert resp.status == 200 and resp.content_type == "text/plain"
+                    text = await resp.text()
+                if value(text, "chatbridge_turns_total", outcome="completed") == 1:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the turn was not counted")
+            assert "hi" not in [s[1] for s in samples(text)]  # nothing a user wrote is a label
+            assert sid not in text
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 15) == 0
