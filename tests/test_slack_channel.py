@@ -16,6 +16,7 @@ from tests.fakes.openai_server import HttpError, Text, ToolCalls
 from tests.fakes.slack import FakeSlack
 from tests.fakes.slack.harness import slack_harness
 from tests.support.clock import ManualClock
+from tests.test_metrics import value
 from tests.test_telegram_ingress import GatedAdmissions
 
 ANSWER = "The capital of France is **Paris**, a city on the Seine."
@@ -453,6 +454,8 @@ async def test_a_429_on_the_final_update_pauses_the_channel_for_retry_after_and_
             to_channel = [c for c in later if c.channel == "D0ALICE"]
             assert to_channel and all(c.at >= limited.at + 30 for c in to_channel)
             assert slack.visible("D0ALICE") == [ANSWER]
+            metrics = t.core.metrics.render().decode()  # every Web API attempt is counted for /metrics
+            assert value(metrics, "chatbridge_platform_calls_total", channel="slack", result="rate_limited") == 1
         finally:
             await t.close()
 

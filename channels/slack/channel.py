@@ -152,6 +152,8 @@ class SlackChannel:
         self.host = host
         self.settings = settings
         self.calls = calls or Calls(Throttle())
+        if self.calls.observe is None:
+            self.calls.observe = host.count_call  # every Web API attempt shows in /metrics
         self.api = SlackApi(client, self.calls, chat_interval=settings.chat_interval,
                             workspace_interval=settings.workspace_interval)
         self.renderer = SlackRenderer()
