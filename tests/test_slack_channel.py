@@ -765,3 +765,43 @@ async def test_the_tokens_never_reach_the_log(tmp_path, fake_openai, slack, mode
         await t.close()
     for secret in (slack.bot_token, slack.app_token, slack.signing_secret):
         assert secret not in caplog.text
+
+
+@MODES
+async def test_a_native_stream_rewound_by_a_retried_model_answer_shows_only_the_new_answer(
+        tmp_path, fake_openai, slack, mode):
+    first = "A first attempt that the model will never finish, streamed for a while. " * 3
+    answer = "The second attempt, complete and correct. " * 4
+    never = asyncio.Event()  # the first attempt stalls mid-answer: core's request timeout retries it
+    fake_openai.script(Text(first, chunk_size=20, delay=0.005, hold=never, hold_after=len(first) - 20),
+                       Text(answer.strip(), chunk_size=10, delay=0.01))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode, stream_transport="auto")
+    try:
+        mention, _ = slack.mention("answer me")
+        root = mention["event"]["ts"]
+        await t.deliver(mention)
+        await t.settle()
+        [start] = slack.calls_to("chat.startStream")
+        assert start.params["markdown_text"].startswith("A first attempt")  # it was on screen
+        assert slack.count("chat.stopStream") == 1  # a stream cannot take text back: ended, then updated
+        assert slack.visible("C0GENERAL", thread_ts=root) == [answer.strip()]
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_a_streamed_message_the_user_deleted_is_replaced_by_one_fallback(tmp_path, fake_openai, slack, mode):
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, hold=hold, hold_after=30))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode, stream_transport="auto")
+    try:
+        mention, _ = slack.mention("capital of France?")
+        root = mention["event"]["ts"]
+        await t.deliver(mention)
+        await t.wait_for(lambda: slack.messages("C0GENERAL", thread_ts=root))
+        slack.messages("C0GENERAL", thread_ts=root)[0].deleted = True
+        hold.set()
+        await t.settle()
+        assert slack.visible("C0GENERAL", thread_ts=root) == [ANSWER]
+    finally:
+        await t.close()
