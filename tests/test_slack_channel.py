@@ -809,3 +809,17 @@ async def test_a_streamed_message_the_user_deleted_is_replaced_by_one_fallback(t
         assert slack.visible("C0GENERAL", thread_ts=root) == [ANSWER]
     finally:
         await t.close()
+
+
+async def test_a_shared_file_is_described_to_the_model(tmp_path, fake_openai, slack):
+    fake_openai.script(Text("I cannot open it."))
+    t = await slack_harness(tmp_path, fake_openai, slack, "socket")
+    try:
+        files = [{"id": "F0001", "name": "report.pdf", "mimetype": "application/pdf", "size": 2048}]
+        await t.deliver(slack.user_message("see this", files=files, subtype="file_share"))
+        await t.settle()
+        sent = said(fake_openai.requests[0]["messages"][-1])
+        assert sent.startswith("see this\n\n[The user attached a document (report.pdf, application/pdf, 2048 bytes)")
+        assert slack.visible("D0ALICE") == ["I cannot open it."]
+    finally:
+        await t.close()

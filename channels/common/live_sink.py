@@ -12,7 +12,9 @@ this is the rest of the ``TurnSink`` contract:
 - Rendering at flush, in time linear in the reply: finished parts (every message but the last, once the
   reply outgrew one) are frozen, and only the unfinished tail is split and rendered again
   (``splitter.split`` from where the tail starts). A native stream gets only what was appended, or the
-  whole text when the snapshot's ``text_epoch`` says it was replaced.
+  whole text when the snapshot's ``text_epoch`` says it was replaced. A stream that lives in a chat
+  message (``ops.MessageStream``, Slack's) hands that message to the ledger when the reply outgrows it or
+  the stream ends early, so edits finish it.
 - The finish handshake is sequential by construction: ``follow`` returns once the turn is over (a call in
   flight lands first, so the ledger stays true), then core calls ``finish``, which closes a native stream
   and reconciles the formatted final rendering (plain text if the platform rejects the formatting).
