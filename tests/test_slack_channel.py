@@ -823,3 +823,39 @@ async def test_a_shared_file_is_described_to_the_model(tmp_path, fake_openai, sl
         assert slack.visible("D0ALICE") == ["I cannot open it."]
     finally:
         await t.close()
+
+
+@MODES
+async def test_a_slow_reply_in_one_dm_does_not_hold_up_another_dm_or_its_own_stop(tmp_path, fake_openai, slack, mode):
+    hold = asyncio.Event()
+    fake_openai.script(Text("A long story that takes its time", hold=hold, hold_after=20), Text("Hi Bob."))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:
+        await t.deliver(slack.user_message("tell me a story"))
+        await t.wait_for(lambda: slack.messages("D0ALICE"))
+        await t.deliver(slack.user_message("hello", channel="D0BOB", user="U0BOB"))
+        await t.wait_for(lambda: slack.visible("D0BOB") == ["Hi Bob."])
+        await t.deliver(slack.user_message("stop"))
+        await t.settle()
+        assert slack.visible("D0ALICE") == ["A long story that ta\n\n⏹ Stopped."]
+        [history] = [h for h in [await t.core.history(k.key) for k in await t.core.list_sessions()]
+                     if any(m.content == "hello" for m in h[1])]
+        assert history[1][0].source.from_user_id == "U0BOB"  # the sender is kept with the message
+    finally:
+        hold.set()
+        await t.close()
+
+
+async def test_shutdown_during_a_reply_leaves_one_terminal_message(tmp_path, fake_openai, slack):
+    hold = asyncio.Event()
+    fake_openai.script(Text("Partial answer that goes on and on", hold=hold, hold_after=30))
+    t = await slack_harness(tmp_path, fake_openai, slack, "socket")
+    try:
+        await t.deliver(slack.user_message("tell me a story"))
+        await t.wait_for(lambda: slack.messages("D0ALICE"))
+    finally:
+        await t.close()
+        hold.set()
+    [shown] = slack.visible("D0ALICE")
+    assert shown.startswith("Partial answer that goes on an")
+    assert slack.count("chat.postMessage") == 1
