@@ -15,6 +15,7 @@ from tests.browser.server import RecordingTool, registry
 from tests.fakes.openai_server import HttpError, Text, ToolCalls
 from tests.fakes.slack import FakeSlack
 from tests.fakes.slack.harness import slack_harness
+from tests.fakes.slack.server import Message
 from tests.support.clock import ManualClock
 from tests.test_metrics import value
 from tests.test_telegram_ingress import GatedAdmissions
@@ -188,7 +189,9 @@ async def test_channel_messages_without_mention_bots_and_edits_are_ignored(tmp_p
         other_bot = slack.event_callback({"type": "message", "channel": "D0ALICE", "channel_type": "im",
                                           "user": "U0OTHERBOT", "bot_id": "B0OTHER", "text": "beep",
                                           "ts": slack.next_ts()})
-        for body in (plain, thread, edit, other_bot):
+        own = slack.bot_echo(Message("D0ALICE", slack.next_ts(), "my own words", user=slack.bot_user_id,
+                                     bot_id=slack.bot_id))
+        for body in (plain, thread, edit, other_bot, own):
             assert (await t.deliver(body)).acked  # acknowledged, so Slack does not deliver them again
         await t.settle()
         assert fake_openai.requests == []
