@@ -7,6 +7,8 @@ stores the polling offset), so this is where a message accepted but only held in
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.openai_server import FakeOpenAI, Function, Text, last_user_text
+from tests.fakes.openai_server import FakeOpenAI, Function, Text, ToolCalls, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.support.process import BridgeProcess
 
@@ -101,3 +103,49 @@ async def test_sigkill_with_five_messages_queued_loses_none_and_answers_none_twi
     assert shown.count(INTERRUPTED) == 1
     assert [t for t in shown if t.startswith("echo: ")] == answers
     assert len(fake_openai.requests) == 6  # m0 once, then each queued message once
+
+
+RESTARTED = "⛔ Denied: the bridge restarted."
+
+
+def open_approvals(tmp_path: Path) -> str:
+    """The approval requests the running bridge has recorded as open (read as another process would)."""
+    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "chatbridge.db")) as db:
+        row = db.execute("SELECT value FROM channel_state WHERE channel = 'telegram' AND name = 'open_approvals'"
+                         ).fetchone()
+    return row[0] if row else ""
+
+
+async def test_an_approval_left_waiting_by_a_crash_shows_the_restart_and_its_buttons_are_gone(
+        tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> None:
+    fake_openai.script(ToolCalls([("current_time", "{}")], ids=["call_A"]))
+    config = write_config(tmp_path, fake_openai, tg)
+    asking = 'titles = false\ntool_approval = { current_time = "ask" }'
+    config.write_text(config.read_text().replace("titles = false", asking))
+    bridge = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        tg.user_message("what time is it?")
+
+        def request() -> Any:
+            return next((m for m in tg.messages(CHAT) if m.buttons), None)
+
+        await wait_for(lambda: request() is not None, bridge)
+        await wait_for(lambda: "message_id" in open_approvals(tmp_path), bridge)  # recorded: then the crash
+        await bridge.kill()
+    finally:
+        await bridge.stop()
+    asked = request()
+    assert asked is not None and "current_time" in asked.text
+    allow = asked.buttons[0][1]
+
+    again = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        shown = tg.chats[CHAT][asked.message_id]
+        await wait_for(lambda: not shown.buttons and RESTARTED in shown.text, again)
+        late = tg.press(CHAT, asked.message_id, "", data=allow)  # from a client that had not refreshed yet
+        await wait_for(lambda: bool(tg.answers(late)), again)
+        assert "no longer pending" in (tg.answers(late)[0].get("text") or "")
+    finally:
+        assert await again.stop() == 0
+    assert len(fake_openai.requests) == 1  # the tool never ran: nothing asked the model again
+    assert [m.text for m in tg.messages(CHAT) if not m.deleted].count(INTERRUPTED) == 1

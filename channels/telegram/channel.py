@@ -176,6 +176,7 @@ class TelegramChannel:
         while self._receiving:
             try:
                 await self._setup()
+                await self.approval_buttons.close_left_over()
                 break
             except PlatformError as exc:
                 delay = self._backoff(exc, failures)

@@ -154,6 +154,7 @@ class TelegramPrompts:
                 chat=d.key)
         if msg is not None:
             entry.message_id = msg.message_id
+            await self._channel.approval_buttons.posted(entry)
         return entry
 
     async def ended(self, handle: Any, line: str) -> None:
