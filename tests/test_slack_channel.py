@@ -10,7 +10,7 @@ import re
 import pytest
 
 from channels.common.splitter import open_fence
-from channels.slack.channel import GONE, NOT_YOURS
+from channels.slack.channel import GONE, NOT_YOURS, OPEN_STATE
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.openai_server import HttpError, Text, ToolCalls
 from tests.fakes.slack import FakeSlack
@@ -862,3 +862,39 @@ async def test_shutdown_during_a_reply_leaves_one_terminal_message(tmp_path, fak
     [shown] = slack.visible("D0ALICE")
     assert shown.startswith("Partial answer that goes on an")
     assert slack.count("chat.postMessage") == 1
+
+
+@MODES
+async def test_approval_buttons_left_by_a_crash_say_the_restart_denied_them(tmp_path, fake_openai, slack, mode):
+    tool = RecordingTool("lookup", result="42 apples")
+    hold = asyncio.Event()
+    fake_openai.script(ASK, Text("unused", hold=hold))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode, core={"tools": registry(tool)})
+    try:
+        await t.deliver(slack.user_message("how many apples do I have?"))
+        await t.wait_for(lambda: approval_messages(slack, "D0ALICE"))
+        [msg] = approval_messages(slack, "D0ALICE")
+        buttons = msg.blocks
+        left_open = None
+        for _ in range(250):  # the record is written once Slack answered the post
+            left_open = await t.channel.host.get_state(OPEN_STATE)
+            if left_open and left_open != "[]":
+                break
+            await asyncio.sleep(0.02)
+        assert left_open and msg.ts in left_open  # remembered durably while it is open
+    finally:
+        hold.set()
+        await t.close()
+    t = await slack_harness(tmp_path, fake_openai, slack, mode, platform=t.h.platform, start=False)
+    try:
+        # a crash leaves both the buttons and the record (a clean stop usually closes them): the next start
+        # closes them
+        msg.blocks = buttons
+        await t.channel.host.set_state(OPEN_STATE, left_open)
+        await t.channel.start()
+        await t.wait_for(lambda: not approval_messages(slack, "D0ALICE"))
+        shown = slack.message("D0ALICE", msg.ts).shown
+        assert "the bridge restarted" in shown and "lookup" in shown
+        assert await t.channel.host.get_state(OPEN_STATE) == "[]"
+    finally:
+        await t.close()

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import re
 from collections import OrderedDict
@@ -78,6 +79,8 @@ log = logging.getLogger(__name__)
 _OPERATOR = SlackConfig()
 NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can decide this."
 GONE = "This request is no longer pending."
+RESTARTED = "⛔ Denied: the bridge restarted."
+OPEN_STATE = "open_approvals"
 CHANNEL_COMMAND_HINT = "In a channel, mention me in the reply's thread instead, e.g. <@{name}> {command}."
 _INVALID_AUTH = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked",
                            "not_allowed_token_type"})
@@ -172,6 +175,7 @@ class SlackChannel:
         self._state = "stopped"
         self._receiving = False
         self._task: asyncio.Task[None] | None = None
+        self._saving = asyncio.Lock()
         host.set_deciders(settings.allow_from)
         self.app = AsyncApp(client=client, signing_secret=signing_secret,
                             request_verification_enabled=settings.mode == "http",
@@ -227,14 +231,52 @@ class SlackChannel:
         (honouring a 429 pause, without waiting for a pace slot)."""
         if entry.ts is None:
             return
-        ts, channel = entry.ts, entry.dest.channel
+        await self._update_approval(entry.dest.channel, entry.ts, entry.tool_name, blocks)
+        await self._save_open()
+
+    async def _update_approval(self, channel: str, ts: str, tool_name: str, blocks: list[dict[str, Any]]) -> None:
         client = self.api.client
         try:
             await self.api.call("chat.update", lambda: client.chat_update(
-                channel=channel, ts=ts, text=approval_text(entry.tool_name), blocks=blocks),
+                channel=channel, ts=ts, text=approval_text(tool_name), blocks=blocks),
                 channel=channel, paced=False)
         except PlatformError as exc:
             log.info("could not show the approval outcome in %s: %s", channel, exc)
+
+    # ---- approvals a restart must close --------------------------------------------------------
+    # Approvals do not outlive the process (a restart ends the turn that waited for them), but their buttons
+    # would: every posted request that has not ended is kept in the channel's durable state, and the next
+    # start updates each one to say the restart denied it.
+
+    async def prompt_posted(self) -> None:
+        await self._save_open()
+
+    async def _save_open(self) -> None:
+        async with self._saving:  # one writer at a time, each writing the newest state
+            open_now = [{"channel": e.dest.channel, "ts": e.ts, "tool": e.tool_name, "arguments": e.arguments}
+                        for e in self.prompts_by_call.values() if e.outcome is None and e.ts is not None]
+            try:
+                await self.host.set_state(OPEN_STATE, json.dumps(open_now))
+            except Exception as exc:
+                log.warning("could not record the open approval requests: %s", exc)
+
+    async def _close_left_over(self) -> None:
+        try:
+            raw = await self.host.get_state(OPEN_STATE)
+            left = json.loads(raw) if raw else []
+        except Exception as exc:  # unreadable state must not keep the channel from starting
+            log.warning("could not read the approvals left open by the last run: %s", exc)
+            return
+        for item in left if isinstance(left, list) else []:
+            try:
+                channel, ts, tool, arguments = (str(item["channel"]), str(item["ts"]), str(item["tool"]),
+                                                str(item.get("arguments") or ""))
+            except (KeyError, TypeError):
+                continue
+            await self._update_approval(channel, ts, tool, decided_blocks(tool, arguments, "ended", line=RESTARTED))
+        if left:
+            log.info("closed %d approval request(s) left open by the last run", len(left))
+            await self._save_open()
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -267,6 +309,7 @@ class SlackChannel:
                 hint = " (check [channels.slack] bot_token)" if error_code(exc) in _INVALID_AUTH else ""
                 log.error("Slack auth.test failed (%s)%s; retrying in %.0fs", exc, hint, delay)
                 await asyncio.sleep(delay)
+        await self._close_left_over()
         if self.settings.mode == "http":
             self._state = "serving"
             self.ready.set()

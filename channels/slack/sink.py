@@ -309,6 +309,7 @@ class SlackPrompts:
             blocks=approval_blocks(action, request.tool_name, request.arguments_summary)),
             channel=d.channel, idempotent=False)
         handle.ts = str(response["ts"])
+        await self._channel.prompt_posted()
         return handle
 
     async def ended(self, handle: Any, line: str) -> None:
