@@ -23,6 +23,7 @@ from channels.common.errors import ChannelStartupError
 from core.channel import ERROR, Channel
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import DEFAULT_MAX_OUTPUT_TOKENS, LLMProvider
+from core.media.transcribe import Transcriber
 from core.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from core.metrics import Metrics
 from core.runtime import ChatCore
@@ -97,6 +98,14 @@ def local_context_window(config: AppConfig) -> int:
     from core.llm.local_provider import MAX_CONTEXT
 
     return min(config.llm.context_window, MAX_CONTEXT)
+
+
+def build_transcriber(config: AppConfig) -> Transcriber | None:
+    """The ``[media.transcription]`` endpoint, when one is configured."""
+    t = config.media.transcription
+    if not t.enabled:
+        return None
+    return Transcriber(t.base_url, t.model, t.api_key, retry_delays=tuple(float(d) for d in config.llm.retry_delays))
 
 
 def core_settings_for(config: AppConfig) -> CoreSettings:
@@ -196,7 +205,8 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
     tools.extend(mcp.tools())
     data_dir = Path(config.bridge.data_dir)
     core = ChatCore(store=SqliteStore(data_dir / "chatbridge.db"), provider=provider,
-                    settings=core_settings_for(config), tools=tools)
+                    settings=core_settings_for(config), tools=tools, media_dir=data_dir / "media",
+                    transcriber=build_transcriber(config))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -220,6 +230,10 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         except StoreError as exc:
             print(f"chatbridge: cannot use the database in [bridge] data_dir = {str(data_dir)!r}: {exc}",
                   file=sys.stderr)
+            return ExitCode.STARTUP
+        except OSError as exc:  # the media directory
+            print(f"chatbridge: cannot use [bridge] data_dir = {str(data_dir)!r} for attachments: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
             return ExitCode.STARTUP
         if config.web.enabled:
             runner = web.AppRunner(app, access_log=None)

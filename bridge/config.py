@@ -112,6 +112,12 @@ def _lower(value: Any) -> Any:
     return value.strip().lower() if isinstance(value, str) else value
 
 
+def _vision(value: Any) -> Any:
+    if isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return value if isinstance(value, bool) else "auto"
+    raise PydanticCustomError("vision", 'expected "auto", true or false')
+
+
 # ---- sections ------------------------------------------------------------------------------------------
 
 
@@ -142,10 +148,31 @@ class LLMConfig(Section):
     max_output_tokens: Annotated[Annotated[Int, Field(ge=1)] | None, BeforeValidator(_empty_to_none)] = None
     model_path: Annotated[str | None, BeforeValidator(_empty_to_none)] = None
     temperature: Annotated[Annotated[Float, Field(ge=0, le=2)] | None, BeforeValidator(_empty_to_none)] = None
+    vision: Annotated[Literal["auto"] | bool, BeforeValidator(_vision)] = CORE.vision
 
     @property
     def effective_base_url(self) -> str:
         return self.base_url or LLM_DEFAULT_BASE_URLS.get(self.provider, "")
+
+
+class TranscriptionConfig(Section):
+    """``[media.transcription]``: an OpenAI-compatible ``/audio/transcriptions`` endpoint; off while ``model``
+    is empty."""
+
+    base_url: str = ""
+    model: str = ""
+    api_key: Secret = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.model.strip())
+
+
+class MediaConfig(Section):
+    max_bytes: Annotated[Int, Field(ge=1)] = CORE.media_max_bytes
+    max_files: Annotated[Int, Field(ge=1)] = CORE.media_max_files
+    keep_hours: PositiveFloat = CORE.media_keep_seconds / 3600
+    transcription: TranscriptionConfig = Field(default_factory=TranscriptionConfig)
 
 
 def _mcp_name(value: Any) -> Any:
@@ -204,6 +231,7 @@ class AppConfig(Section):
 
     bridge: BridgeConfig = Field(default_factory=BridgeConfig)
     llm: LLMConfig = Field(default_factory=LLMConfig)
+    media: MediaConfig = Field(default_factory=MediaConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     web: WebConfig = Field(default_factory=WebConfig)
     channels: ChannelsConfig = Field(default_factory=ChannelsConfig)
@@ -251,6 +279,10 @@ class AppConfig(Section):
             dedupe_ttl_seconds=float(self.bridge.dedupe_ttl_hours) * 3600.0,
             shutdown_timeout=float(self.bridge.shutdown_timeout),
             titles=self.agent.titles,
+            vision=self.llm.vision,
+            media_max_bytes=self.media.max_bytes,
+            media_max_files=self.media.max_files,
+            media_keep_seconds=float(self.media.keep_hours) * 3600.0,
         )
 
 
@@ -327,6 +359,21 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
             )
     if llm.model_path is not None and llm.provider != "local":
         add(("llm", "model_path"), f"only used with provider 'local' (provider is {llm.provider!r})")
+
+    transcription = cfg.media.transcription
+    if transcription.enabled:
+        at = ("media", "transcription")
+        if not transcription.base_url.strip():
+            add((*at, "base_url"), "required when model is set (e.g. \"https://api.openai.com/v1\")")
+        else:
+            url((*at, "base_url"), transcription.base_url)
+            host = _url_host(transcription.base_url)
+            if not (host and is_loopback_host(host)):
+                require((*at, "api_key"), transcription.api_key,
+                        "unless base_url points at this machine (e.g. api_key = \"${OPENAI_API_KEY}\")")
+    elif transcription.base_url.strip() or transcription.api_key:
+        add(("media", "transcription", "model"),
+            "required to transcribe (e.g. \"whisper-1\"); without it base_url and api_key are not used")
 
     web = Checks(("web",), missing, from_env)
     cfg.web.check(web)

@@ -49,14 +49,20 @@ class ThreadRef(BaseModel):
 
 
 class MediaItem(BaseModel):
+    """One attachment of a message, as its platform describes it. Core downloads it in the turn through the
+    channel's ``core.media.fetch.AttachmentSource``; ``mime_type``, ``file_name`` and ``size`` are the
+    platform's claims (a declared size over the cap spares the download; the type is sniffed from the bytes)."""
+
     model_config = ConfigDict(frozen=True)
 
-    kind: Text  # photo | document | audio | video | other
+    kind: Text  # photo | document | audio | voice | video | other
     file_id: Text
     mime_type: Text | None = None
     file_name: Text | None = None
     size: int | None = None
     caption: Text | None = None
+    attachment_id: Text | None = None
+    """Already stored by core (a web upload, ``SessionHost.upload``): nothing to download."""
 
 
 class InboundEnvelope(BaseModel):

@@ -1,6 +1,9 @@
 """ConversationExecutor: the flow of one turn, top to bottom.
 
-1. persist the user message (source: channel, sender, received_at, reply_to); its inbound record is served
+1. fetch the message's attachments (bounded; ``core.media.intake``), persist the user message (source:
+   channel, sender, received_at, reply_to, attachment references; its inbound record is served), tell the
+   user about refused attachments. The attachments are fetched here, not at admission: a message resumed
+   after a restart carries its envelope's attachments, and they are fetched (or found stored) then.
 2. TurnInputBuilder.prepare (system prompt + context + runtime context, once)
 3. TurnRunner (model ⟂ cancel; at most one overflow recovery)
 4. TurnCommitter (generation/state_version check, atomic persistence — a turn without an answer keeps
@@ -11,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any
@@ -25,6 +29,7 @@ from core.envelope import InboundEnvelope, TurnTarget
 from core.events import EventBus, TurnStarted
 from core.failures import TurnFailure, TurnFailureKind, TurnFailurePresenter
 from core.input_builder import RuntimeContext, TurnInputBuilder
+from core.media.intake import AttachmentIntake, Intake, unread
 from core.messages import MessageSource, NewMessage
 from core.metrics import Metrics
 from core.runner import Cancelled, Completed, Failed, Stale, TurnRunner, TurnRunOutcome
@@ -41,7 +46,8 @@ class ConversationExecutor:
     def __init__(self, *, store: Store, builder: TurnInputBuilder, runner: TurnRunner,
                  committer: TurnCommitter, delivery: TurnDeliveryService, plain: PlainSender,
                  presenter: TurnFailurePresenter, titles: TitleService, events: EventBus,
-                 settings: CoreSettings, metrics: Metrics | None = None) -> None:
+                 settings: CoreSettings, metrics: Metrics | None = None,
+                 intake: AttachmentIntake | None = None) -> None:
         self._store = store
         self._builder = builder
         self._runner = runner
@@ -52,6 +58,7 @@ class ConversationExecutor:
         self._titles = titles
         self._events = events
         self._settings = settings
+        self._intake = intake
         self._metrics = metrics
         self._on_turn_end = metrics.turn_ended if metrics is not None else None
 
@@ -71,13 +78,15 @@ class ConversationExecutor:
         target = envelope.target()
         key = target.session_key
 
-        # 1. persist the user message
+        # 1. fetch the attachments, then persist the user message with their references
+        attachments = await self._take_attachments(envelope, cancel)
         try:
             message, record = await self._store.append_message(key, NewMessage(
                 role="user", content=envelope.content, received_at=envelope.received_at,
                 source=MessageSource(kind="user_input", from_channel=envelope.channel,
                                      from_user_id=envelope.sender_id, turn_id=turn_id,
-                                     reply_to=envelope.reply_to.message_id if envelope.reply_to else None)),
+                                     reply_to=envelope.reply_to.message_id if envelope.reply_to else None,
+                                     attachments=attachments.refs)),
                 begin_turn=(turn_id, target.model_dump_json()),  # the reply target survives a crash
                 serves=inbound)  # from here on the turn record stands for the message
             base_generation, base_state_version = record.generation, record.state_version
@@ -88,6 +97,8 @@ class ConversationExecutor:
             await self._plain.send(target, self._presenter.failure(TurnFailure(TurnFailureKind.INPUT_PERSISTENCE)))
             return f"failed ({TurnFailureKind.INPUT_PERSISTENCE.value})"
         context.appended(message, record)
+        if attachments.notes:
+            await self._plain.send(target, attachments.note_text() or "")
 
         controller = TurnController(turn_id, key)
         self._events.publish(TurnStarted(key, turn_id, controller))
@@ -132,6 +143,28 @@ class ConversationExecutor:
         return _outcome_label(outcome)
 
     # ---- steps ---------------------------------------------------------------------------------
+
+    async def _take_attachments(self, envelope: InboundEnvelope, cancel: CancelSignal) -> Intake:
+        """The message's attachments, fetched and read; ``/stop`` abandons the downloads at once."""
+        if not envelope.media:
+            return Intake()
+        if self._intake is None:  # no media store: each attachment is described as it was announced
+            return Intake(tuple(unread(item, "this bridge does not download attachments")
+                                for item in envelope.media))
+        try:
+            async with asyncio.timeout(None) as scope:
+                loop = asyncio.get_running_loop()
+                unsubscribe = cancel.on_set(lambda: scope.reschedule(loop.time()))
+                try:
+                    return await self._intake.take(envelope)
+                finally:
+                    unsubscribe()
+        except TimeoutError:  # stopped: nothing half-downloaded is kept (core.media.files)
+            return Intake(tuple(unread(item, "the reply was stopped before it was downloaded")
+                                for item in envelope.media))
+        except Exception:  # a bug or a failing store: the words of the message are still answered
+            log.exception("the attachments of a message in %s could not be taken", envelope.key())
+            return Intake(tuple(unread(item, "it could not be read") for item in envelope.media))
 
     async def _forget(self, inbound: int | None) -> None:
         """The user is told to send the message again: it must not count as seen (its event id stays free),

@@ -20,7 +20,13 @@ Every platform channel gets a :class:`ChannelHost`, bound to its name:
 
 The web chat is itself a client of the sessions (it lists them, reads history, renames, stops, and fans
 core events out to browsers), so it gets a :class:`SessionHost`: the same host plus exactly those reads
-and writes, restricted to its own sessions.
+and writes, restricted to its own sessions, and the files of its sessions: ``upload`` stores a file ahead of
+the message that carries it (a ``MediaItem`` with its ``attachment_id``), under the same caps and checks as
+a downloaded attachment, and ``attachment`` finds a stored file of one of its sessions (to serve it).
+
+A channel whose messages carry files it must download implements ``core.media.fetch.AttachmentSource``;
+core calls it during the turn, never while the channel is acknowledging the message (so for a message stored
+before a restart, after the restart, from the stored ``MediaItem`` alone).
 
 ``submit`` raises and ``spawn`` raises :class:`ShuttingDownError` once shutdown has begun, and ``submit``
 raises :class:`AdmissionError` when core could not store the message: the channel tells the platform to
@@ -31,16 +37,19 @@ marks a refused message as seen, so the redelivery is accepted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from core.agent.deciders import Decider, DecideResult
 from core.envelope import InboundEnvelope
 from core.events import CoreEvent
-from core.messages import ChatMessage
+from core.media.library import Refusal as AttachmentRefused
+from core.messages import AttachmentRef, ChatMessage
 from core.metrics import CallResult
 from core.router import AdmissionError, SubmitResult
-from core.store import SessionRecord
+from core.store import AttachmentRecord, SessionRecord
 from core.supervisor import ShuttingDownError
 
 if TYPE_CHECKING:
@@ -48,10 +57,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdmissionError",
+    "AttachmentRefused",
     "ChannelHost",
     "CoreHost",
     "DecideResult",
     "Decider",
+    "MediaLimits",
     "SessionHost",
     "ShuttingDownError",
     "SubmitResult",
@@ -128,6 +139,25 @@ class SessionHost(ChannelHost, Protocol):
         """Follow core events (history deltas, titles); returns the unsubscribe function."""
         ...
 
+    def media_limits(self) -> MediaLimits:
+        """The caps every attachment is held to (``[media] max_bytes``, ``max_files``)."""
+        ...
+
+    async def upload(self, key: str, name: str | None, chunks: AsyncIterator[bytes]) -> AttachmentRef:
+        """Store one file for session ``key`` (its message follows); raises AttachmentRefused with the reason
+        in a few words (too large, not safe to open, no media store), keeping nothing."""
+        ...
+
+    async def attachment(self, key: str, attachment_id: str) -> tuple[AttachmentRecord, Path] | None:
+        """A stored attachment of session ``key`` and its file; None when it is not that session's or gone."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class MediaLimits:
+    max_bytes: int
+    max_files: int
+
 
 class CoreHost:
     """Both host interfaces over one ChatCore, for the channel named ``channel``.
@@ -199,3 +229,13 @@ class CoreHost:
 
     def subscribe(self, listener: Callable[[CoreEvent], None]) -> Callable[[], None]:
         return self._core.events.subscribe(listener)
+
+    def media_limits(self) -> MediaLimits:
+        s = self._core.settings
+        return MediaLimits(s.media_max_bytes, s.media_max_files)
+
+    async def upload(self, key: str, name: str | None, chunks: AsyncIterator[bytes]) -> AttachmentRef:
+        return await self._core.upload(self._own(key), name, chunks)
+
+    async def attachment(self, key: str, attachment_id: str) -> tuple[AttachmentRecord, Path] | None:
+        return await self._core.attachment(self._own(key), attachment_id)

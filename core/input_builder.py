@@ -3,41 +3,61 @@
 System prompt first, then the session's context (trimmed to the window), with the runtime context
 appended to the last user message as its own block. Overflow recovery reuses the same assembly with a
 smaller budget, so the prompt and runtime context are attached exactly once either way.
+
+Attachments (``core.media``) ride on their user message: documents and transcripts as text blocks after the
+user's words, images as image parts while the model takes images (``VisionPolicy``) and they fit the budget,
+newest first; an older image that no longer fits, or whose file expired, is described in one line instead.
+The images of the newest user message are always shown (when the model takes images): they are what the
+user is asking about.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from core.context_cache import ContextCache
-from core.llm.provider import LLMMessage, LLMToolCall
-from core.messages import ChatMessage
+from core.llm.provider import LLMImage, LLMMessage, LLMToolCall
+from core.media.describe import image_description, mention, with_blocks
+from core.messages import AttachmentRef, ChatMessage
 from core.settings import CoreSettings
 from core.store import Store
 
 CHARS_PER_TOKEN = 4
 """A deliberately rough estimate; the model's own overflow error is the backstop (one recovery)."""
+IMAGE_CHARS = 6400
+"""What an image costs in the budget: about 1,600 tokens, the most Anthropic charges for one (OpenAI's
+high-detail images cost less)."""
+
+ImageLoader = Callable[[AttachmentRef], Awaitable[LLMImage | None]]
 
 
 def estimate_tokens(message: ChatMessage | LLMMessage) -> int:
-    """About four characters per token, tool-call arguments included."""
+    """About four characters per token, tool-call arguments and attachment text included."""
     chars = len(message.content)
     if message.tool_calls:
         chars += sum(len(tc.name) + len(tc.arguments) for tc in message.tool_calls)
+    if isinstance(message, ChatMessage) and message.source.attachments:
+        chars += sum(len(a.text or "") + 100 for a in message.source.attachments)
     return chars // CHARS_PER_TOKEN + 1
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """A compaction summary: it stands for every context message with seq <= ``covers_through_seq``."""
+    """A compaction summary: it stands for every context message with seq <= ``covers_through_seq``.
+    ``attachments`` are those of the messages it stands for: the fact that they existed is never dropped."""
 
     text: str
     covers_through_seq: int
+    attachments: tuple[AttachmentRef, ...] = ()
 
     def message(self) -> LLMMessage:
-        return LLMMessage("user", f"[Summary of the earlier conversation]\n{self.text}")
+        text = f"[Summary of the earlier conversation]\n{self.text}"
+        if self.attachments:
+            text += f"\n[Attachments the user sent in that part of the conversation: {mention(self.attachments)}]"
+        return LLMMessage("user", text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +90,12 @@ class PreparedTurnInput:
 
 
 class TurnInputBuilder:
-    def __init__(self, store: Store, settings: CoreSettings) -> None:
+    def __init__(self, store: Store, settings: CoreSettings, *, images: ImageLoader | None = None,
+                 vision: Callable[[], bool] | None = None) -> None:
         self._store = store
         self._settings = settings
+        self._images = images
+        self._vision = vision or (lambda: False)
 
     async def prepare(self, key: str, base_state_version: int, runtime: RuntimeContext,
                       cache: ContextCache | None = None) -> PreparedTurnInput:
@@ -87,67 +110,126 @@ class TurnInputBuilder:
         covered = summary.covers_through_seq if summary is not None else 0
         rest = tuple(m for m in history if m.seq > covered and m.source.kind not in ("summary", "notice"))
         budget = int(self._settings.context_window * CHARS_PER_TOKEN * 0.75)
-        return self._build(key, base_state_version, runtime, budget, rest, summary, recovered=False, cache=cache)
+        return await self._build(key, base_state_version, runtime, budget, rest, summary, recovered=False,
+                                 cache=cache)
 
     async def recover_after_overflow(self, prev: PreparedTurnInput) -> PreparedTurnInput:
         """The model said the prompt does not fit: rebuild with half the history budget."""
-        return self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars // 2,
-                           prev.history, prev.summary, recovered=True)
+        return await self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars // 2,
+                                 prev.history, prev.summary, recovered=True)
 
     async def with_summary(self, prev: PreparedTurnInput, summary: Summary) -> PreparedTurnInput:
         """The same input, starting from a fresh compaction summary (not persisted yet)."""
         rest = tuple(m for m in prev.history if m.seq > summary.covers_through_seq)
-        return self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars,
-                           rest, summary, recovered=prev.recovered)
+        return await self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars,
+                                 rest, summary, recovered=prev.recovered)
 
-    def _build(self, key: str, base_state_version: int, runtime: RuntimeContext, budget: int,
-               rest: tuple[ChatMessage, ...], summary: Summary | None, *, recovered: bool,
-               cache: ContextCache | None = None) -> PreparedTurnInput:
+    async def _build(self, key: str, base_state_version: int, runtime: RuntimeContext, budget: int,
+                     rest: tuple[ChatMessage, ...], summary: Summary | None, *, recovered: bool,
+                     cache: ContextCache | None = None) -> PreparedTurnInput:
         convert = _to_llm if cache is None else lambda m: cache.converted(m, _to_llm)
-        messages = assemble(self._settings.system_prompt, list(rest), runtime, budget, summary, convert)
+        shown: dict[int, tuple[AttachmentRef, ...]] = {}
+        vision = self._images is not None and self._vision()
+        messages = assemble(self._settings.system_prompt, list(rest), runtime, budget, summary, convert,
+                            shown=shown if vision else None)
+        if shown:
+            messages = await self._with_images(messages, shown)
         tokens = (len(self._settings.system_prompt) // CHARS_PER_TOKEN
                   + (estimate_tokens(summary.message()) if summary is not None else 0)
                   + sum(estimate_tokens(m) for m in rest))
         return PreparedTurnInput(key, messages, base_state_version, budget, runtime, recovered,
                                  rest, summary, tokens)
 
+    async def _with_images(self, messages: tuple[LLMMessage, ...],
+                           shown: dict[int, tuple[AttachmentRef, ...]]) -> tuple[LLMMessage, ...]:
+        """Load the images ``assemble`` chose; one whose file is gone (expired) is described instead."""
+        assert self._images is not None
+        out = list(messages)
+        for index, refs in shown.items():
+            images: list[LLMImage] = []
+            missing: list[str] = []
+            for ref in refs:
+                image = await self._images(ref)
+                if image is None:
+                    missing.append(image_description(ref, gone=True))
+                else:
+                    images.append(image)
+            m = out[index]
+            content = "\n\n".join(part for part in (m.content, *missing) if part)
+            out[index] = dataclasses.replace(m, content=content, images=tuple(images))
+        return tuple(out)
+
+
+def summary_of(text: str, previous: Summary | None, messages: list[ChatMessage]) -> Summary:
+    """A new summary standing for ``messages`` (and for what ``previous`` stood for)."""
+    attachments = (*(previous.attachments if previous is not None else ()),
+                   *(a for m in messages if m.source.kind != "summary" for a in m.source.attachments))
+    return Summary(text, messages[-1].seq, attachments)
+
 
 def newest_summary(history: list[ChatMessage]) -> Summary | None:
     for m in reversed(history):
         if m.source.kind == "summary":
             covers = m.source.extra.get("covers_through_seq")
-            return Summary(m.content, int(covers) if isinstance(covers, int) else m.seq)
+            return Summary(m.content, int(covers) if isinstance(covers, int) else m.seq, m.source.attachments)
     return None
 
 
 def assemble(system_prompt: str, history: list[ChatMessage], runtime: RuntimeContext,
              budget_chars: int, summary: Summary | None = None,
-             convert: Callable[[ChatMessage], LLMMessage] | None = None) -> tuple[LLMMessage, ...]:
+             convert: Callable[[ChatMessage], LLMMessage] | None = None, *,
+             shown: dict[int, tuple[AttachmentRef, ...]] | None = None) -> tuple[LLMMessage, ...]:
     """System prompt + the compaction summary (if any) + the newest history that fits ``budget_chars`` +
     runtime context on the last user message. The newest user message is always kept. ``convert`` turns
-    a stored message into its model form (default: ``_to_llm``; a session's ContextCache memoises it)."""
+    a stored message into its model form (default: ``_to_llm``; a session's ContextCache memoises it).
+
+    Images: with ``shown`` (the model takes images), the images that fit the budget, newest first (those
+    of the newest user message always), are recorded in it by the index of their message in the result,
+    for the caller to load; every other image is described in its message's text."""
     to_llm = convert or _to_llm
-    converted = [to_llm(m) for m in history if m.source.kind not in ("notice", "summary")]
+    converted = [(m, to_llm(m)) for m in history if m.source.kind not in ("notice", "summary")]
     kept: list[LLMMessage] = []
+    pictured: list[tuple[AttachmentRef, ...]] = []
     head = (LLMMessage("system", system_prompt), *((summary.message(),) if summary is not None else ()))
     used = sum(len(m.content) for m in head)
-    for msg in reversed(converted):
+    newest_user = True
+    for stored, msg in reversed(converted):
         size = len(msg.content)
         if msg.tool_calls:
             size += sum(len(tc.arguments) for tc in msg.tool_calls)
         if kept and used + size > budget_chars:
             break
+        refs = stored.source.attachments
+        images = tuple(a for a in refs if a.kind == "image" and not a.note) if refs and stored.role == "user" else ()
+        chosen: tuple[AttachmentRef, ...] = ()
+        if images and shown is not None:
+            cost = IMAGE_CHARS * len(images)
+            if newest_user or used + size + cost <= budget_chars:
+                chosen = images
+                size += cost
+        if images and not chosen:
+            words = "\n".join(image_description(a) for a in images)
+            msg = dataclasses.replace(msg, content=f"{msg.content}\n\n{words}" if msg.content else words)
+            size = len(msg.content)
+        if stored.role == "user":
+            newest_user = False
         kept.append(msg)
+        pictured.append(chosen)
         used += size
     kept.reverse()
+    pictured.reverse()
     # A tool result must follow its assistant tool call; drop orphans left at the cut.
     while kept and kept[0].role == "tool":
         kept.pop(0)
+        pictured.pop(0)
     for i in range(len(kept) - 1, -1, -1):
         if kept[i].role == "user":
             m = kept[i]
-            kept[i] = LLMMessage("user", f"{m.content}\n\n{runtime.block()}")
+            kept[i] = dataclasses.replace(m, content=f"{m.content}\n\n{runtime.block()}" if m.content
+                                          else runtime.block())
             break
+    if shown is not None:
+        shown.update({len(head) + i: refs for i, refs in enumerate(pictured) if refs})
     return (*head, *kept)
 
 
@@ -158,4 +240,6 @@ def _to_llm(m: ChatMessage) -> LLMMessage:
     if m.role == "tool":
         return LLMMessage("tool", m.content, tool_call_id=m.tool_call_id)
     role = m.role if m.role in ("user", "assistant") else "user"
+    if m.source.attachments:
+        return LLMMessage(role, with_blocks(m.content, m.source.attachments))
     return LLMMessage(role, m.content)

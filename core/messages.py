@@ -9,6 +9,35 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Role = Literal["system", "user", "assistant", "tool"]
 SourceKind = Literal["user_input", "assistant", "tool", "partial", "summary", "notice"]
+AttachmentKind = Literal["image", "text", "pdf", "audio", "video", "file"]
+"""What an attachment is, by its bytes (``core.media.sniff``), not by its name or the platform's word."""
+
+
+class AttachmentRef(BaseModel):
+    """What a message keeps of one attachment: a reference to the stored file (``id``; None when nothing was
+    kept) with what the user and the model are told about it. The file itself lives in the media store and
+    expires; the reference, and ``text`` (what the model reads of it), stay with the message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str | None = None
+    kind: AttachmentKind = "file"
+    name: str = ""
+    """For display only (made safe for it); never part of a path."""
+    size: int | None = None
+    content_type: str | None = None
+    """Sniffed from the bytes; None when the file was never read."""
+    width: int | None = None
+    height: int | None = None
+    text: str | None = None
+    """What the model reads of it: a document's text within the budget (cut marked), a transcript."""
+    pages: int | None = None
+    note: str | None = None
+    """Why its content is not available (too large, could not be downloaded, ...), in a few words."""
+
+    def history_view(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "name": self.name, "size": self.size,
+                "content_type": self.content_type, "note": self.note}
 
 
 class MessageSource(BaseModel):
@@ -20,6 +49,9 @@ class MessageSource(BaseModel):
     reply_to: str | None = None
     """Platform id of the message the user replied to (typed ReplyTo.message_id)."""
     turn_id: str | None = None
+    attachments: tuple[AttachmentRef, ...] = Field(default=(), exclude_if=lambda refs: not refs)
+    """What the user sent along with the text (user_input), or what a compaction summary stands for. Left out
+    of the stored JSON when empty (most messages have none)."""
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -72,4 +104,5 @@ class ChatMessage(BaseModel):
             "tool_calls": [tc.model_dump() for tc in self.tool_calls],
             "tool_call_id": self.tool_call_id,
             "turn_id": self.source.turn_id,
+            "attachments": [a.history_view() for a in self.source.attachments],
         }

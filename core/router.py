@@ -67,7 +67,7 @@ class AdmissionError(RuntimeError):
 class IngressRouter:
     def __init__(self, *, store: Store, sessions: SessionManager, plain: PlainSender,
                  presenter: TurnFailurePresenter, supervisor: TaskSupervisor, settings: CoreSettings,
-                 new_context: Callable[[str, Sequence[int]], Awaitable[None]],
+                 new_context: Callable[[str, Sequence[int], float], Awaitable[None]],
                  compact: Callable[[str], Awaitable[str]] | None = None) -> None:
         self._store = store
         self._sessions = sessions
@@ -76,6 +76,7 @@ class IngressRouter:
         self._supervisor = supervisor
         self._settings = settings
         self._new_context = new_context
+        """``/new``: (session key, the waiting inbound messages it ends, when ``/new`` was received)."""
         self._compact = compact
         self._closed = False
         self._admitting = 0
@@ -177,7 +178,7 @@ class IngressRouter:
             return True
 
     async def _new_conversation(self, envelope: InboundEnvelope, dropped: Sequence[Admitted]) -> None:
-        await self._new_context(envelope.key(), [inbound for _, inbound in dropped])
+        await self._new_context(envelope.key(), [inbound for _, inbound in dropped], envelope.received_at)
         await self._plain.send(envelope.target(), self._presenter.new_context(unanswered=len(dropped)))
 
     async def _command(self, command: str, envelope: InboundEnvelope) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.agent.approvals import ApprovalBroker
@@ -72,7 +73,7 @@ class TurnRunner:
     def __init__(self, provider: LLMProvider, builder: TurnInputBuilder, store: Store,
                  supervisor: TaskSupervisor, settings: CoreSettings, *, tools: ToolRegistry | None = None,
                  broker: ApprovalBroker | None = None, compactor: Compactor | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, images_rejected: Callable[[], None] | None = None) -> None:
         self._provider = provider
         self._builder = builder
         self._store = store
@@ -81,6 +82,7 @@ class TurnRunner:
         self._tools = tools or ToolRegistry()
         self._broker = broker or ApprovalBroker()
         self._compactor = compactor
+        self._images_rejected = images_rejected
         self._on_model_retry = metrics.model_retries.inc if metrics is not None else None
 
     async def run(self, prepared: PreparedTurnInput, controller: TurnController, cancel: CancelSignal,
@@ -89,7 +91,7 @@ class TurnRunner:
         loop = AgentLoop(provider=self._provider, tools=self._tools, broker=self._broker,
                          settings=self._settings, session_key=snap.session_key, turn_id=snap.turn_id,
                          requested_by=requested_by, emit=controller.apply, spawn=self._supervisor.spawn,
-                         on_model_retry=self._on_model_retry)
+                         on_model_retry=self._on_model_retry, images_rejected=self._images_rejected)
         compaction: list[Summary] = []
         work = self._supervisor.spawn(f"turn:{snap.turn_id}:loop",
                                       self._run_loop(loop, prepared, controller, compaction))

@@ -10,7 +10,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
+from pathlib import Path
 from typing import Literal
 
 from core.agent.approvals import ApprovalBroker
@@ -24,15 +25,19 @@ from core.events import EventBus, SessionTitleChanged, TurnCommitted
 from core.executor import ConversationExecutor
 from core.failures import TurnFailurePresenter
 from core.host import CoreHost
-from core.input_builder import RuntimeContext, Summary, TurnInputBuilder
+from core.input_builder import RuntimeContext, TurnInputBuilder, summary_of
 from core.llm.provider import LLMProvider, ProviderError
-from core.messages import ChatMessage
+from core.media.intake import AttachmentIntake
+from core.media.library import MediaLibrary, Refusal, display_name
+from core.media.transcribe import Transcriber
+from core.media.vision import VisionPolicy
+from core.messages import AttachmentRef, ChatMessage
 from core.metrics import Metrics
 from core.router import AdmissionError, IngressRouter, RouterClosedError, SubmitResult
 from core.runner import TurnRunner
 from core.session import Admitted, SessionManager
 from core.settings import CoreSettings
-from core.store import SessionRecord, StaleStateError, Store
+from core.store import AttachmentRecord, SessionRecord, StaleStateError, Store
 from core.supervisor import TaskSupervisor
 from core.text import sound_text
 from core.title import TitleService
@@ -45,7 +50,10 @@ __all__ = ["AdmissionError", "ChatCore", "RouterClosedError", "SubmitResult"]
 
 class ChatCore:
     def __init__(self, *, store: Store, provider: LLMProvider, settings: CoreSettings | None = None,
-                 presenter: TurnFailurePresenter | None = None, tools: ToolRegistry | None = None) -> None:
+                 presenter: TurnFailurePresenter | None = None, tools: ToolRegistry | None = None,
+                 media_dir: Path | None = None, transcriber: Transcriber | None = None) -> None:
+        """``media_dir``: where attachments are stored (None: they are only described to the model);
+        ``transcriber``: turns voice messages into text (None: they are described)."""
         self.settings = settings or CoreSettings()
         self.store = store
         self.provider = provider
@@ -59,19 +67,26 @@ class ChatCore:
         self.tools = tools or ToolRegistry()
         self.approvals = ApprovalBroker()
         self._deciders: dict[str, Deciders] = {}
-        builder = TurnInputBuilder(store, s)
+        self.vision = VisionPolicy(s.vision, provider.name, str(getattr(provider, "model", "")))
+        self.media = MediaLibrary(media_dir, store, s) if media_dir is not None else None
+        self._transcriber = transcriber
+        builder = TurnInputBuilder(store, s, images=self.media.model_image if self.media else None,
+                                   vision=self.vision.enabled)
         self._builder = builder
         self._compactor = Compactor(provider, builder, s)
         self._committer = TurnCommitter(store, self.events, self.presenter)
         self.executor = ConversationExecutor(
             store=store, builder=builder,
             runner=TurnRunner(provider, builder, store, self.supervisor, s, tools=self.tools,
-                              broker=self.approvals, compactor=self._compactor, metrics=self.metrics),
+                              broker=self.approvals, compactor=self._compactor, metrics=self.metrics,
+                              images_rejected=self.vision.rejected),
             committer=self._committer,
             delivery=TurnDeliveryService(self.channels, self.supervisor, s),
             plain=self._plain, presenter=self.presenter,
             titles=TitleService(store, provider, self.supervisor, self.events, s),
-            events=self.events, settings=s, metrics=self.metrics)
+            events=self.events, settings=s, metrics=self.metrics,
+            intake=AttachmentIntake(self.media, s, sources=self.channels.get, transcriber=transcriber)
+            if self.media is not None else None)
         self.sessions = SessionManager(store, self.executor, self.supervisor, s)
         self.metrics.watch(queue_depth=self.sessions.queued_count, active_sessions=lambda: self.sessions.active_count,
                            running_turns=self.sessions.running_count)
@@ -95,6 +110,9 @@ class ChatCore:
         than ``resume_max_age`` gets a notice instead of an answer."""
         await self.store.open()
         self._started = True
+        if self.media is not None:
+            await self.media.open()
+            self.supervisor.spawn("media:expiry", self._expire_media(self.media))
         for turn in await self.store.close_interrupted_turns():
             notice = self.presenter.interrupted_by_restart()
             await self._committer.commit_notice(turn.session_key, turn.turn_id, notice)
@@ -175,7 +193,7 @@ class ChatCore:
         except ProviderError as exc:
             log.warning("compaction of %s failed: %s", key, exc)
             return "The conversation could not be compacted right now; please try again later."
-        summary = Summary(text, messages[-1].seq)
+        summary = summary_of(text, prepared.summary, messages)
         try:
             result = await self.store.commit_turn(key, [summary_message(summary, None)],
                                                   expect_generation=record.generation,
@@ -203,8 +221,34 @@ class ChatCore:
         self.events.publish(SessionTitleChanged(key, title))
         return title
 
-    async def _new_context(self, key: str, drop_inbound: Sequence[int]) -> None:
+    async def _new_context(self, key: str, drop_inbound: Sequence[int], sent_at: float) -> None:
         await self.store.new_context(key, drop_inbound=drop_inbound)
+        if self.media is not None:  # uploads never sent before /new; attachments of messages stay
+            await self.media.forget_unclaimed(key, before=sent_at)
+
+    async def _expire_media(self, media: MediaLibrary) -> None:
+        while True:
+            try:
+                gone = await media.sweep()
+                if gone:
+                    log.info("deleted %d expired attachment files", gone)
+            except Exception as exc:  # the next pass tries again
+                log.warning("deleting expired attachments failed: %s", exc)
+            await asyncio.sleep(self.settings.media_sweep_interval)
+
+    # ---- attachments (the web chat's uploads and downloads) -------------------------------------------
+
+    async def upload(self, key: str, name: str | None, chunks: AsyncIterator[bytes]) -> AttachmentRef:
+        """Store a file sent for session ``key`` ahead of its message; raises Refusal (nothing kept)."""
+        if self.media is None:
+            raise Refusal("this bridge keeps no attachments")
+        return await self.media.save(key, display_name(name, "file"), chunks, claimed=False)
+
+    async def attachment(self, key: str, attachment_id: str) -> tuple[AttachmentRecord, Path] | None:
+        """The stored attachment ``attachment_id`` of session ``key`` and its file (None: not there)."""
+        if self.media is None:
+            return None
+        return await self.media.get(key, attachment_id)
 
     async def shutdown(self) -> list[str]:
         """Bounded shutdown: no new input, running turns end once, every task is reclaimed.
@@ -215,6 +259,8 @@ class ChatCore:
         stragglers = await self.supervisor.shutdown(total / 2)
         try:
             await self.provider.aclose()
+            if self._transcriber is not None:
+                await self._transcriber.aclose()
         finally:
             if self._started:
                 await self.store.close()

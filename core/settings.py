@@ -6,6 +6,7 @@ These defaults are the only ones: the operator config takes its defaults for the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from core.llm.provider import DEFAULT_REQUEST_TIMEOUT
 
@@ -42,3 +43,19 @@ class CoreSettings:
     titles: bool = True
     title_timeout: float = 30.0
     history_limit: int = 200
+    vision: Literal["auto"] | bool = "auto"
+    """Images to the model as image parts: "auto" follows the model's known capability (``core.media.vision``)."""
+    media_max_bytes: int = 20_000_000
+    """Per attachment; a larger one is refused (described to the model, the user told), never kept."""
+    media_max_files: int = 10
+    """Attachments read per message; the rest are described."""
+    media_keep_seconds: float = 168 * 3600.0
+    """Stored attachment files expire after this long."""
+    media_max_pixels: int = 50_000_000
+    """An image with more pixels is refused unopened (decompression bombs)."""
+    media_text_chars: int = 20_000
+    """Characters of document text (text files, PDFs) one message gives the model; a cut is marked."""
+    media_fetch_timeout: float = 120.0
+    """Seconds to download one attachment from its platform (or to transcribe it)."""
+    media_sweep_interval: float = 3600.0
+    """Seconds between two passes that delete expired attachment files."""

@@ -33,6 +33,7 @@ from core.sqlite.writer import Params, Row, Writer
 from core.sqlite.writes import Admission, SessionWrite
 from core.store import (
     DEFAULT_TITLE,
+    AttachmentRecord,
     CommitResult,
     InboundRecord,
     SessionRecord,
@@ -301,6 +302,28 @@ class SqliteStore:
         """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""
         found = await self._write("close_interrupted_turns", writes.CLOSE_INTERRUPTED_TURNS, (self._clock(),))
         return sorted((rows.turn_from_row(r) for r in found), key=lambda t: (t.started_at, t.turn_id))
+
+    # -- attachments
+
+    async def add_attachment(self, record: AttachmentRecord) -> None:
+        await self._write("add_attachment", writes.ADD_ATTACHMENT, rows.attachment_values(record))
+
+    async def get_attachment(self, attachment_id: str) -> AttachmentRecord | None:
+        found = await self._read("get_attachment",
+                                 f"SELECT {rows.ATTACHMENT_SELECT} FROM attachments WHERE id = ?", (attachment_id,))
+        return rows.attachment_from_row(found[0]) if found else None
+
+    async def claim_attachments(self, ids: Sequence[str]) -> None:
+        if ids:
+            await self._write("claim_attachments", writes.CLAIM_ATTACHMENTS, (json.dumps(list(ids)),))
+
+    async def drop_unclaimed_attachments(self, key: str, *, before: float) -> list[str]:
+        found = await self._write("drop_unclaimed_attachments", writes.DROP_UNCLAIMED_ATTACHMENTS, (key, before))
+        return [str(r[0]) for r in found]
+
+    async def drop_expired_attachments(self, before: float) -> list[str]:
+        found = await self._write("drop_expired_attachments", writes.DROP_EXPIRED_ATTACHMENTS, (before,))
+        return [str(r[0]) for r in found]
 
     # -- channel state
 

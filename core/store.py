@@ -73,6 +73,22 @@ class TurnRecord(BaseModel):
     ended_at: float | None
 
 
+class AttachmentRecord(BaseModel):
+    """A stored attachment file (``core.media``): whose it is and what it is. ``claimed`` once a message
+    refers to it (a web upload waits unclaimed until its message is sent)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    session_key: str
+    kind: str
+    name: str
+    content_type: str
+    size: int
+    created_at: float
+    claimed: bool = True
+
+
 class InboundRecord(BaseModel):
     """An accepted inbound message whose turn has not started yet (see ``Store.admit_inbound``)."""
 
@@ -188,6 +204,24 @@ class Store(Protocol):
 
     async def close_interrupted_turns(self) -> list[TurnRecord]:
         """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""
+        ...
+
+    # attachments
+    async def add_attachment(self, record: AttachmentRecord) -> None: ...
+
+    async def get_attachment(self, attachment_id: str) -> AttachmentRecord | None: ...
+
+    async def claim_attachments(self, ids: Sequence[str]) -> None:
+        """Mark attachments as referred to by a message (kept until they expire)."""
+        ...
+
+    async def drop_unclaimed_attachments(self, key: str, *, before: float) -> list[str]:
+        """Forget the attachments of ``key`` stored before ``before`` that no message refers to; returns their
+        ids (to delete the files)."""
+        ...
+
+    async def drop_expired_attachments(self, before: float) -> list[str]:
+        """Forget the attachments created before ``before``; returns their ids (to delete the files)."""
         ...
 
     # channel state

@@ -556,3 +556,34 @@ def test_slack_tokens_pasted_into_the_wrong_key_are_refused_without_echoing_them
         "channels.slack.app_token: expected an app-level token (Basic Information), which starts with 'xapp-'",
     ]
     assert not any("secret" in line.split(":", 1)[1] for line in found)
+
+
+def test_media_keys_reach_core_and_vision_takes_auto_true_or_false(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, '[llm]\nvision = "AUTO"\n[media]\nmax_bytes = 10000000\nmax_files = 3\n'
+                                      'keep_hours = 2\n'), env={})
+    core = cfg.core_settings()
+    assert (core.vision, core.media_max_bytes, core.media_max_files, core.media_keep_seconds) == (
+        "auto", 10_000_000, 3, 7200.0)
+    assert load_config(write(tmp_path, "[llm]\nvision = false\n"), env={}).core_settings().vision is False
+    assert problems(tmp_path, '[llm]\nvision = "sometimes"\n') == [
+        "llm.vision: expected \"auto\", true or false (got 'sometimes')"]
+    assert problems(tmp_path, "[media]\nmax_bytes = 0\n") == ["media.max_bytes: expected a value >= 1 (got 0)"]
+
+
+def test_transcription_needs_a_model_an_endpoint_and_a_key_off_this_machine_which_is_masked(tmp_path: Path) -> None:
+    assert problems(tmp_path, '[media.transcription]\nmodel = "whisper-1"\n') == [
+        'media.transcription.base_url: required when model is set (e.g. "https://api.openai.com/v1")']
+    assert problems(tmp_path, '[media.transcription]\nmodel = "whisper-1"\nbase_url = "https://api.openai.com/v1"\n'
+                    'api_key = "${WHISPER_KEY}"\n', env={}) == [
+        "media.transcription.api_key: environment variable WHISPER_KEY is not set"]
+    assert problems(tmp_path, '[media.transcription]\nbase_url = "http://127.0.0.1:9000/v1"\n') == [
+        'media.transcription.model: required to transcribe (e.g. "whisper-1"); without it base_url and api_key '
+        'are not used']
+    local = load_config(write(tmp_path, '[media.transcription]\nmodel = "base"\nbase_url = "http://127.0.0.1:9000/v1"\n'),
+                        env={})
+    assert local.media.transcription.enabled
+    key = "sk-whisper-SECRET-0123456789abcdef"
+    cfg = load_config(write(tmp_path, '[media.transcription]\nmodel = "whisper-1"\n'
+                                      'base_url = "https://api.openai.com/v1"\napi_key = "${K}"\n'), env={"K": key})
+    assert cfg.masked_dump()["media"]["transcription"]["api_key"] == "***"
+    assert key in cfg.secret_values()

@@ -1,5 +1,5 @@
 """No accepted message is lost in a crash: a real ``chatbridge run`` is SIGKILLed with messages queued
-behind a slow reply, and started again on the same data directory.
+behind a slow reply, and started again on the same data directory; a queued photo still reaches the model.
 
 Telegram is the platform that never delivers a message twice once its update was confirmed (the bridge
 stores the polling offset), so this is where a message accepted but only held in memory would vanish."""
@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.openai_server import FakeOpenAI, Function, Text, ToolCalls, last_user_text
+from tests.fakes.openai_server import FakeOpenAI, Function, Text, ToolCalls, image_parts, last_user_text
 from tests.fakes.telegram import FakeTelegram
+from tests.support.media import jpeg
 from tests.support.process import BridgeProcess
 
 CHAT = 555
@@ -103,6 +104,37 @@ async def test_sigkill_with_five_messages_queued_loses_none_and_answers_none_twi
     assert shown.count(INTERRUPTED) == 1
     assert [t for t in shown if t.startswith("echo: ")] == answers
     assert len(fake_openai.requests) == 6  # m0 once, then each queued message once
+
+
+async def test_sigkill_with_a_photo_queued_keeps_it_for_the_model_after_the_restart(
+        tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> None:
+    photo = jpeg(640, 480)
+    tg.add_file("big", photo, path="photos/file_1.jpg")
+    slow = asyncio.Event()
+    fake_openai.script(Text("The first answer takes its time", hold=slow, hold_after=9))
+    fake_openai.default = Function(lambda body: Text("echo: " + last_user_text(body).split("\n\n")[0]))
+    config = write_config(tmp_path, fake_openai, tg)
+    bridge = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        tg.user_message("m0")
+        await wait_for(lambda: len(fake_openai.requests) == 1, bridge)
+        update = tg.user_message(caption="what is in this photo?", photo=True)
+        await wait_for(lambda: fetched_past(tg, update["update_id"]), bridge)  # Telegram will not send it again
+        await bridge.kill()
+    finally:
+        await bridge.stop()
+    slow.set()
+    assert tg.downloads == []  # it waited behind m0: its turn, and its download, had not begun
+
+    again = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        await wait_for(lambda: "echo: what is in this photo?" in tg.visible(CHAT), again)
+    finally:
+        assert await again.stop() == 0
+    request = fake_openai.requests[-1]
+    assert last_user_text(request).startswith("what is in this photo?")
+    assert image_parts(request) == [("image/jpeg", photo)]  # downloaded after the restart, byte for byte
+    assert tg.downloads == ["photos/file_1.jpg"]
 
 
 RESTARTED = "⛔ Denied: the bridge restarted."

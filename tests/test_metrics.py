@@ -43,7 +43,9 @@ async def tg():
 async def test_a_turn_with_a_model_retry_a_429_and_a_fallback_is_counted(tmp_path, fake_openai, tg):
     hold = asyncio.Event()
     fake_openai.script(HttpError.server(503), Text(ANSWER, hold=hold, hold_after=30))
-    t = await telegram_harness(tmp_path, fake_openai, tg)
+    # the reply is held until the preview shows, which waits out the 429's second: the model's silence bound
+    # must outlast that, or the held reply times out and is retried (a second retry, another reply)
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"request_timeout": 30.0})
     try:
         tg.fail("sendChatAction", status=429, description="Too Many Requests: retry after 1", retry_after=1)
         tg.fail("editMessageText", description="Bad Request: message to edit not found",

@@ -814,16 +814,32 @@ async def test_a_streamed_message_the_user_deleted_is_replaced_by_one_fallback(t
         await t.close()
 
 
-async def test_a_shared_file_is_described_to_the_model(tmp_path, fake_openai, slack):
+@MODES
+async def test_a_shared_file_is_downloaded_with_the_bot_token_and_read_by_the_model(tmp_path, fake_openai, slack, mode):
+    fake_openai.script(Text("It says 42."))
+    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    try:
+        notes = slack.add_file("F0NOTES", "notes.txt", "text/plain", b"The secret number is 42.\n")
+        await t.deliver(slack.user_message("what does it say?", files=[notes], subtype="file_share"))
+        await t.settle()
+        sent = str(fake_openai.requests[0]["messages"][-1]["content"])
+        assert "what does it say?" in sent and "The secret number is 42." in sent
+        assert slack.downloads == [("F0NOTES", f"Bearer {slack.bot_token}")]
+        assert slack.visible("D0ALICE") == ["It says 42."]
+    finally:
+        await t.close()
+
+
+async def test_a_file_slack_does_not_hand_over_is_named_to_the_model_with_the_reason(tmp_path, fake_openai, slack):
     fake_openai.script(Text("I cannot open it."))
     t = await slack_harness(tmp_path, fake_openai, slack, "socket")
     try:
-        files = [{"id": "F0001", "name": "report.pdf", "mimetype": "application/pdf", "size": 2048}]
+        files = [{"id": "F0GONE", "name": "report.pdf", "mimetype": "application/pdf", "size": 2048}]
         await t.deliver(slack.user_message("see this", files=files, subtype="file_share"))
         await t.settle()
         sent = said(fake_openai.requests[0]["messages"][-1])
-        assert sent.startswith("see this\n\n[The user attached a document (report.pdf, application/pdf, 2048 bytes)")
-        assert slack.visible("D0ALICE") == ["I cannot open it."]
+        assert sent.startswith("see this") and "report.pdf" in sent and "could not be downloaded" in sent
+        assert slack.visible("D0ALICE")[-1] == "I cannot open it."
     finally:
         await t.close()
 

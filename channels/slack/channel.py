@@ -39,9 +39,10 @@ import json
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
@@ -51,6 +52,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.common.calls import Calls
+from channels.common.download import stream_url
 from channels.common.errors import PlatformError
 from channels.common.live_sink import LiveSettings
 from channels.common.splitter import split, utf16_len
@@ -72,6 +74,7 @@ from channels.slack.sink import Destination, PromptHandle, SlackOps, SlackPrompt
 from core.channel import ERROR, SinkError
 from core.envelope import InboundEnvelope, MediaItem, ThreadRef, TurnTarget
 from core.host import ChannelHost, Decider, DecideResult, ShuttingDownError
+from core.media.fetch import FetchError
 from core.router import COMMANDS
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,7 @@ NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can d
 GONE = "This request is no longer pending."
 RESTARTED = "⛔ Denied: the bridge restarted."
 OPEN_STATE = "open_approvals"
+FILES_HOST = "files.slack.com"
 CHANNEL_COMMAND_HINT = "In a channel, mention me in the reply's thread instead, e.g. <@{name}> {command}."
 _INVALID_AUTH = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked",
                            "not_allowed_token_type"})
@@ -123,18 +127,6 @@ class AllowList:
         self.everyone = "*" in items
         self.ids = {e for e in items if _USER_ID.match(e)}
         self.names = {e.lstrip("@").lower() for e in items if e != "*" and e not in self.ids}
-
-
-def describe_files(items: tuple[MediaItem, ...]) -> str:
-    lines = []
-    for item in items:
-        bits = [b for b in (item.file_name, item.mime_type) if b]
-        if item.size:
-            bits.append(f"{item.size} bytes")
-        detail = f" ({', '.join(bits)})" if bits else ""
-        lines.append(f"[The user attached a {item.kind}{detail}; the bridge does not download attachments, "
-                     "so its content is not available.]")
-    return "\n".join(lines)
 
 
 def command_text(text: str, *, addressed: bool) -> str:
@@ -370,6 +362,29 @@ class SlackChannel:
         if session is not None and not session.closed:
             await session.close()
 
+    # ---- attachments (core.media.fetch.AttachmentSource) ---------------------------------------------
+
+    async def fetch_attachment(self, item: MediaItem, target: TurnTarget) -> AsyncGenerator[bytes, None]:
+        """The bytes of a file shared in one of this channel's messages: ``files.info`` for its private download
+        URL, then that URL with the bot token (scope ``files:read``). The token is sent only to Slack's file
+        host, or to the host of ``api_base`` (a test server), never along a redirect elsewhere."""
+        client = self.api.client
+        try:
+            info = await self.api.call("files.info", lambda: client.files_info(file=item.file_id))
+        except PlatformError as exc:
+            raise FetchError(str(exc)) from None
+        file = info.get("file") or {}
+        url = str(file.get("url_private_download") or file.get("url_private") or "")
+        if not url:
+            raise FetchError("files.info answered without a download URL")
+        hosts = {FILES_HOST, urlsplit(str(client.base_url)).hostname or FILES_HOST}
+        session = client.session
+        if session is None or session.closed:
+            raise FetchError("the channel is closed")
+        async for chunk in stream_url(session, url, allowed_hosts=hosts,
+                                      headers={"Authorization": f"Bearer {client.token}"}):
+            yield chunk
+
     def routes(self, app: web.Application) -> None:
         app.router.add_post(EVENTS_PATH, self.http_events)
 
@@ -448,10 +463,7 @@ class SlackChannel:
     def _envelope(self, inbound: SlackInbound) -> InboundEnvelope | None:
         assert inbound.user is not None
         text = command_text(inbound.text, addressed=inbound.kind in ("dm", "mention"))
-        if inbound.files:
-            described = describe_files(inbound.files)
-            text = f"{text}\n\n{described}" if text.strip() else described
-        if not text.strip():
+        if not text.strip() and not inbound.files:
             return None
         thread = inbound.thread_id
         ctx = SlackContext(channel_type=inbound.channel_type, ts=inbound.ts, thread_ts=inbound.reply_thread_ts,

@@ -7,8 +7,9 @@
 - Groups follow ``group_policy``: ``mention`` answers only a message that mentions the bot (an @username
   mention entity, or a text mention of the bot) or replies to one of its messages, plus commands meant
   for it; ``all`` answers every message; ``off`` ignores groups.
-- Captions count as text; photos, documents, audio, video and voice notes become MediaItems and are
-  described to the model in words. This build does not download files.
+- Captions count as text; photos (the largest size Telegram offers), documents, audio, voice notes, video
+  and video notes become MediaItems, which core downloads in the turn (``TelegramChannel.fetch_attachment``).
+  A message with an attachment and no caption is answered too.
 - Edited messages are ignored: the original was answered already, and answering the edit would be a
   second reply to one message. (Their update_id still advances the polling offset.)
 - The envelope's event_id is "<chat_id>:<message_id>", so core's durable dedupe drops a re-delivered
@@ -96,25 +97,13 @@ def media_items(message: Message) -> list[MediaItem]:
     if message.photo:
         best = max(message.photo, key=lambda p: p.width * p.height)
         items.append(MediaItem(kind="photo", file_id=best.file_id, mime_type="image/jpeg", size=best.file_size,
-                               file_name=f"{best.width}x{best.height}", caption=caption))
+                               caption=caption))
     for kind, obj in (("document", message.document), ("audio", message.audio), ("video", message.video),
-                      ("audio", message.voice)):
+                      ("voice", message.voice), ("video", message.video_note)):
         if obj is not None:
             items.append(MediaItem(kind=kind, file_id=obj.file_id, mime_type=getattr(obj, "mime_type", None),
                                    file_name=getattr(obj, "file_name", None), size=obj.file_size, caption=caption))
     return items
-
-
-def describe_media(items: list[MediaItem]) -> str:
-    lines = []
-    for item in items:
-        bits = [b for b in (item.file_name, item.mime_type) if b]
-        if item.size:
-            bits.append(f"{item.size} bytes")
-        detail = f" ({', '.join(bits)})" if bits else ""
-        lines.append(f"[The user attached a {item.kind}{detail}; the bridge does not download attachments, "
-                     "so its content is not available.]")
-    return "\n".join(lines)
 
 
 def sender_name(user: User) -> str:
@@ -138,9 +127,7 @@ def normalize(message: Message, me: BotIdentity, *, allow: AllowList, group_poli
     if chat.type in GROUP_TYPES:
         text = _strip_mention(text, me)
     media = media_items(message)
-    if media:
-        text = f"{text}\n\n{describe_media(media)}" if text else describe_media(media)
-    if not text.strip():
+    if not text.strip() and not media:
         return None
     topic = message.message_thread_id if message.is_topic_message and message.message_thread_id else None
     thread = ThreadRef(thread_id=str(topic)) if topic else None

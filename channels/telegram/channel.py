@@ -11,6 +11,12 @@ on an approval button) goes to ``ApprovalButtons`` instead (see ``channels.teleg
 
 The polling loop is ours rather than aiogram's Dispatcher because the offset must be persisted only after
 an update was handed to core, and the Dispatcher keeps its offset in memory.
+
+Attachments: the channel is an ``AttachmentSource`` (``core.media.fetch``): core asks it, during the turn,
+for the bytes of a photo, document or voice note; it resolves the file with ``getFile`` and streams
+``<api_base>/file/bot<token>/<file_path>`` (a self-hosted Bot API server in ``--local`` mode keeps files on
+its own disk and serves no such URL: those are reported as not downloadable). Redirects are followed only
+on the Bot API server's host; the token never appears in an error.
 """
 
 from __future__ import annotations
@@ -19,12 +25,16 @@ import asyncio
 import contextlib
 import hmac
 import logging
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
+import aiohttp
 from aiogram import Bot
 from aiogram.methods import (
     DeleteWebhook,
+    GetFile,
     GetMe,
     GetUpdates,
     SendMessage,
@@ -35,6 +45,7 @@ from aiogram.types import BotCommand, Update
 from aiohttp import web
 
 from channels.common.calls import Calls
+from channels.common.download import stream_url
 from channels.common.errors import PlatformError
 from channels.common.live_sink import LiveSettings, LiveSink
 from channels.common.splitter import split_text
@@ -46,8 +57,9 @@ from channels.telegram.client import TelegramClient
 from channels.telegram.settings import WEBHOOK_PATH, TelegramConfig
 from channels.telegram.sink import Destination, TelegramOps, TelegramPrompts, entities
 from core.channel import ERROR, SinkError
-from core.envelope import TurnTarget
+from core.envelope import MediaItem, TurnTarget
 from core.host import AdmissionError, ChannelHost, ShuttingDownError
+from core.media.fetch import FetchError
 from core.router import COMMANDS
 
 log = logging.getLogger(__name__)
@@ -107,6 +119,7 @@ class TelegramChannel:
         self._poller: asyncio.Task[None] | None = None
         self._receiving = False
         self.ready = asyncio.Event()
+        self._downloads: aiohttp.ClientSession | None = None
 
     # ---- delivery ------------------------------------------------------------------------------
 
@@ -209,6 +222,27 @@ class TelegramChannel:
 
     async def close(self) -> None:
         await self.bot.session.close()
+        if self._downloads is not None:
+            await self._downloads.close()
+
+    # ---- attachments ---------------------------------------------------------------------------
+
+    async def fetch_attachment(self, item: MediaItem, target: TurnTarget) -> AsyncGenerator[bytes, None]:
+        """The bytes of a file of one of this channel's messages (``core.media.fetch.AttachmentSource``)."""
+        try:
+            file = await self.client.call(GetFile(file_id=item.file_id))
+        except PlatformError as exc:
+            raise FetchError(str(exc), too_large="too big" in str(exc).lower()) from None
+        if file is None or not file.file_path:
+            raise FetchError("getFile answered without a file_path")
+        if file.file_path.startswith("/"):
+            raise FetchError("the Bot API server keeps this file on its own disk (--local mode)")
+        url = self.bot.session.api.file_url(self.bot.token, file.file_path)
+        if self._downloads is None:
+            self._downloads = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(sock_connect=30, sock_read=60), trust_env=False)
+        async for chunk in stream_url(self._downloads, url, allowed_hosts={urlsplit(url).hostname or ""}):
+            yield chunk
 
     # ---- receiving -----------------------------------------------------------------------------
 

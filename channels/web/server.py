@@ -8,6 +8,14 @@ host and origin rules of :mod:`channels.web.guard`, then the token of :mod:`chan
 take ``application/json`` only (a foreign page can send ``text/plain`` without asking the browser first)
 and answer 400 to anything that is not a JSON object, however deeply nested.
 
+Attachments: ``POST /api/sessions/{id}/attachments`` takes one file as ``multipart/form-data`` (the only body
+that is not JSON, with the same origin rules) and streams it into core's media store under ``[media]
+max_bytes`` (413 past it, nothing kept); the message that carries it names it in ``attachments``. ``GET
+/api/sessions/{id}/attachments/{attachment id}`` serves a stored file to a client of that session only
+(another session's id is a 404): images of a type browsers show safely inline, everything else as a
+download (``Content-Disposition: attachment``, ``application/octet-stream``), always with ``nosniff`` and the
+chat's content security policy.
+
 Server-sent event streams are capped in total and per client (503 past the cap), and a stream whose
 client went away is let go within a second (:meth:`WebServer.reap_closed`): aiohttp does not cancel a
 handler when its client leaves, and a stream that only noticed at its next heartbeat kept its connection,
@@ -24,19 +32,21 @@ import math
 import re
 import secrets
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from channels.web.auth import COOKIE, COOKIE_MAX_AGE, GuessLimiter, TokenCheck, client_key
 from channels.web.context import CHANNEL, WebContext, session_id_of, session_key
 from channels.web.guard import RequestGuard, add_security_headers, is_chat_path
 from channels.web.sse import HEARTBEAT, Subscriber, encode_event
-from core.envelope import InboundEnvelope
-from core.host import AdmissionError, DecideResult, SessionHost, ShuttingDownError
+from core.envelope import InboundEnvelope, MediaItem
+from core.host import AdmissionError, AttachmentRefused, DecideResult, SessionHost, ShuttingDownError
+from core.media.sniff import IMAGE_TYPES
 from core.store import UnknownMessageError
 
 if TYPE_CHECKING:
@@ -54,6 +64,10 @@ HISTORY_PAGE = 200
 """Messages per history page unless ``limit`` says otherwise; ``HISTORY_MAX`` bounds ``limit``."""
 HISTORY_MAX = 1000
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ATTACHMENT_ID = re.compile(r"[0-9a-f]{32}")
+UPLOAD_CHUNK = 64 * 1024
+MULTIPART_OVERHEAD = 64 * 1024
+"""What a multipart body may carry besides the file itself (boundaries, part headers)."""
 HEARTBEAT_SECONDS = 15.0
 """A comment line on every idle SSE connection this often keeps proxies from closing it."""
 # Event ids are "<epoch>-<seq>"; anything longer, or with digits other than ASCII ones, is not ours.
@@ -74,6 +88,12 @@ LOGIN_PAGE = """<!doctype html>
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def content_disposition(name: str, *, inline: bool) -> str:
+    """``attachment`` (or ``inline``) with the file name: an ASCII fallback and the exact name (RFC 6266)."""
+    ascii_name = "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in name) or "file"
+    return f"{'inline' if inline else 'attachment'}; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(name, safe='')}"
 
 
 def _bad_request(message: str) -> web.HTTPBadRequest:
@@ -154,6 +174,8 @@ class WebServer:
         r.add_get("/api/events", self.feed)
         r.add_patch("/api/sessions/{id}", self.rename)
         r.add_post("/api/sessions/{id}/messages", self.post_message)
+        r.add_post("/api/sessions/{id}/attachments", self.upload)
+        r.add_get("/api/sessions/{id}/attachments/{attachment_id}", self.download)
         r.add_get("/api/sessions/{id}/history", self.history)
         r.add_get("/api/sessions/{id}/stream", self.stream)
         r.add_post("/api/sessions/{id}/stop", self.stop)
@@ -309,7 +331,10 @@ class WebServer:
         sid = self._session_id(request)
         body = await self._json(request)
         text = self._text_field(body, "text")
-        if not text.strip():
+        media = await self._attachments(sid, body.get("attachments", []))
+        if isinstance(media, web.Response):
+            return media
+        if not text.strip() and not media:
             return _error(400, "'text' is empty")
         if len(text) > MAX_TEXT:
             return _error(413, f"'text' is longer than {MAX_TEXT} characters")
@@ -320,7 +345,7 @@ class WebServer:
             return _error(503, "the bridge is shutting down; send the message again in a minute")
         envelope = InboundEnvelope(
             channel=CHANNEL, chat_id=sid, session_key=session_key(sid), sender_id=SENDER, content=text,
-            event_id=client_id, channel_context=WebContext(client_id=client_id).wrap())
+            media=media, event_id=client_id, channel_context=WebContext(client_id=client_id).wrap())
         try:
             result = await self.host.submit(envelope)
         except ShuttingDownError:
@@ -328,6 +353,67 @@ class WebServer:
         except AdmissionError:  # not stored, so its client_id is still free for the resend
             return _error(503, "the message could not be saved; send it again")
         return web.json_response({"status": result.value}, status=202)
+
+    async def _attachments(self, sid: str, ids: Any) -> tuple[MediaItem, ...] | web.Response:
+        """The uploads a message names, each checked to be a stored file of this session."""
+        limit = self.host.media_limits().max_files
+        if not isinstance(ids, list) or not all(isinstance(i, str) and _ATTACHMENT_ID.fullmatch(i) for i in ids):
+            return _error(400, "'attachments' must be a list of attachment ids")
+        if len(ids) > limit:
+            return _error(400, f"at most {limit} attachments per message")
+        items = []
+        for attachment_id in dict.fromkeys(ids):
+            found = await self.host.attachment(session_key(sid), attachment_id)
+            if found is None:
+                return _error(400, "an attachment is not (or no longer) stored for this conversation; attach it again")
+            record, _ = found
+            items.append(MediaItem(kind="photo" if record.kind == "image" else "document", file_id=record.id,
+                                   attachment_id=record.id, file_name=record.name, size=record.size,
+                                   mime_type=record.content_type))
+        return tuple(items)
+
+    async def upload(self, request: web.Request) -> web.StreamResponse:
+        """Store one file (the ``file`` field of a multipart form) for the message that will carry it."""
+        sid = self._session_id(request)
+        if request.content_type != "multipart/form-data":
+            return _error(415, "send the file as multipart/form-data (a 'file' field)")
+        max_bytes = self.host.media_limits().max_bytes
+        if request.content_length is not None and request.content_length > max_bytes + MULTIPART_OVERHEAD:
+            return _error(413, f"it is larger than the {max_bytes / 1_000_000:g} MB limit for attachments")
+        if not self.accepting:
+            return _error(503, "the bridge is shutting down; try again in a minute")
+        try:
+            reader = await request.multipart()
+            part = await reader.next()
+        except (ValueError, AssertionError, RuntimeError) as exc:  # no boundary, a garbled body
+            return _error(400, f"not a multipart form: {type(exc).__name__}")
+        if not isinstance(part, BodyPartReader) or part.name != "file":
+            return _error(400, "expected one 'file' field")
+        file = part
+
+        async def chunks() -> AsyncGenerator[bytes, None]:
+            while chunk := await file.read_chunk(UPLOAD_CHUNK):
+                yield chunk
+
+        try:
+            ref = await self.host.upload(session_key(sid), file.filename, chunks())
+        except AttachmentRefused as exc:
+            return _error(413, str(exc))
+        return web.json_response(ref.history_view(), status=201)
+
+    async def download(self, request: web.Request) -> web.StreamResponse:
+        sid = self._session_id(request)
+        attachment_id = request.match_info["attachment_id"]
+        found = await self.host.attachment(session_key(sid), attachment_id) \
+            if _ATTACHMENT_ID.fullmatch(attachment_id) else None
+        if found is None:
+            return _error(404, "no such attachment in this conversation (it may have expired)")
+        record, path = found
+        inline = record.content_type in IMAGE_TYPES
+        return web.FileResponse(path, headers={
+            "Content-Type": record.content_type if inline else "application/octet-stream",
+            "Content-Disposition": content_disposition(record.name, inline=inline),
+            "Cache-Control": "private, max-age=3600"})
 
     async def stop(self, request: web.Request) -> web.StreamResponse:
         sid = self._session_id(request)

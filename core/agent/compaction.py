@@ -11,17 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from core.agent.events import CompactionBegin, CompactionEnd, TokenUsage, TurnEvent
-from core.input_builder import PreparedTurnInput, Summary, TurnInputBuilder, estimate_tokens
+from core.input_builder import PreparedTurnInput, Summary, TurnInputBuilder, estimate_tokens, summary_of
 from core.llm.provider import LLMMessage, LLMProvider, LLMRequest, ProviderError, TextDelta, Usage
 from core.llm.retry import retry_policy
 from core.llm.silence import bounded
+from core.media.describe import mention
 from core.messages import ChatMessage, MessageSource, NewMessage
 from core.settings import CoreSettings
 
 SUMMARY_PROMPT = (
     "You compress conversations. Summarize the conversation below so that it can replace it as context: "
-    "keep facts, decisions, names, numbers, open questions and what the user wants. Write plain prose, "
-    "at most a few paragraphs; do not address the user.")
+    "keep facts, decisions, names, numbers, files the user attached, open questions and what the user wants. "
+    "Write plain prose, at most a few paragraphs; do not address the user.")
 
 
 class Compactor:
@@ -51,7 +52,7 @@ class Compactor:
             return prepared, None  # the builder's trimming still keeps the request inside the window
         if usage is not None:
             emit(TokenUsage(usage.prompt_tokens, usage.completion_tokens))
-        summary = Summary(text, older[-1].seq)
+        summary = summary_of(text, prepared.summary, older)
         emit(CompactionEnd("completed"))
         return await self._builder.with_summary(prepared, summary), summary
 
@@ -63,6 +64,8 @@ class Compactor:
             elif m.tool_calls:
                 calls = "; ".join(f"{tc.name}({tc.arguments})" for tc in m.tool_calls)
                 lines.append(f"{m.role}: {m.content}\n(called tools: {calls})")
+            elif m.source.attachments:
+                lines.append(f"{m.role}: {m.content}\n(attached: {mention(m.source.attachments)})")
             else:
                 lines.append(f"{m.role}: {m.content}")
         request = LLMRequest(messages=(LLMMessage("system", SUMMARY_PROMPT), LLMMessage("user", "\n\n".join(lines))),
@@ -83,7 +86,7 @@ class Compactor:
 
 def summary_message(summary: Summary, turn_id: str | None) -> NewMessage:
     return NewMessage(role="assistant", content=summary.text,
-                      source=MessageSource(kind="summary", turn_id=turn_id,
+                      source=MessageSource(kind="summary", turn_id=turn_id, attachments=summary.attachments,
                                            extra={"covers_through_seq": summary.covers_through_seq}))
 
 

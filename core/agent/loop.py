@@ -46,6 +46,8 @@ from core.llm.provider import (
     TextDelta,
     ToolCallDelta,
     Usage,
+    has_images,
+    without_images,
 )
 from core.llm.retry import retry_policy
 from core.llm.silence import bounded
@@ -115,7 +117,8 @@ class AgentLoop:
     def __init__(self, *, provider: LLMProvider, tools: ToolRegistry, broker: ApprovalBroker,
                  settings: CoreSettings, session_key: str, turn_id: str, requested_by: str | None,
                  emit: Callable[[TurnEvent], None], spawn: Spawn,
-                 on_model_retry: Callable[[], None] | None = None) -> None:
+                 on_model_retry: Callable[[], None] | None = None,
+                 images_rejected: Callable[[], None] | None = None) -> None:
         self._provider = provider
         self._tools = tools
         self._broker = broker
@@ -125,6 +128,7 @@ class AgentLoop:
         self._requested_by = requested_by
         self._emit = emit
         self._spawn = spawn
+        self._images_rejected = images_rejected
         self._on_model_retry = on_model_retry
         self.rounds: list[Round] = []
         self.notice: str | None = None
@@ -133,8 +137,12 @@ class AgentLoop:
     async def run(self, base: tuple[LLMMessage, ...],
                   recover: Callable[[], Awaitable[tuple[LLMMessage, ...]]] | None = None) -> None:
         """Run requests until the model answers without tool calls (or max_turns). ProviderError propagates
-        (after at most one overflow recovery through ``recover``, which rebuilds the base context)."""
+        (after at most one overflow recovery through ``recover``, which rebuilds the base context).
+
+        A request with images that the model refuses (a 400: a model without vision) is made once more with
+        every image described in words; when that one is taken, ``images_rejected`` is told (vision policy)."""
         recovered = False
+        described = False
         while True:
             request_no = len(self.rounds) + 1
             messages = base + tuple(m for r in self.rounds for m in r.messages())
@@ -147,6 +155,15 @@ class AgentLoop:
                     recovered = True
                     log.info("context overflow in %s; rebuilding the input once", self._key)
                     base = await recover()
+                    if described:
+                        base = without_images(base)
+                    continue
+                if exc.kind is ProviderErrorKind.BAD_REQUEST and not described and has_images(messages) \
+                        and not rnd.calls and not rnd.text:
+                    described = True
+                    log.info("the model refused a request with images in %s (%s); asking again with the images "
+                             "described", self._key, exc)
+                    base = without_images(base)
                     continue
                 if rnd.calls or rnd.text:
                     self.rounds.append(rnd)
@@ -156,6 +173,9 @@ class AgentLoop:
                     self.rounds.append(rnd)  # abort: what was committed enters the next context
                 raise
             self.rounds.append(rnd)
+            if described and self._images_rejected is not None:
+                self._images_rejected()  # the same request without images was taken: they were the problem
+                self._images_rejected = None
             if not rnd.calls:
                 return
             if request_no >= self._settings.max_turns:

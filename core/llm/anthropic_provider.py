@@ -17,6 +17,7 @@ Two things about the SDK (2.x) shape the client set-up:
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -33,6 +34,7 @@ from core.llm.http_errors import Redactor, refused, retry_after, sdk_error
 from core.llm.provider import (
     DEFAULT_MAX_OUTPUT_TOKENS,
     DEFAULT_REQUEST_TIMEOUT,
+    LLMImage,
     LLMMessage,
     LLMRequest,
     LLMToolCall,
@@ -342,7 +344,9 @@ def _messages_param(messages: tuple[LLMMessage, ...]) -> tuple[str, list[dict[st
             role, blocks = "user", [result]
         else:
             role = message.role
-            blocks = [{"type": "text", "text": message.content}] if message.content else []
+            # images before the text that asks about them, as Anthropic's guide recommends
+            blocks = [_image_block(image) for image in message.images]
+            blocks += [{"type": "text", "text": message.content}] if message.content else []
             if message.role == "assistant":
                 blocks += [_tool_use(call) for call in message.tool_calls]
         if not blocks:
@@ -356,6 +360,11 @@ def _messages_param(messages: tuple[LLMMessage, ...]) -> tuple[str, list[dict[st
         if len(content) == 1 and content[0]["type"] == "text":
             turn["content"] = content[0]["text"]
     return "\n\n".join(system), turns
+
+
+def _image_block(image: LLMImage) -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "base64", "media_type": image.media_type,
+                                        "data": base64.b64encode(image.data).decode("ascii")}}
 
 
 def _tool_use(call: LLMToolCall) -> dict[str, Any]:

@@ -64,9 +64,10 @@ def bundled_model_path() -> Path | None:
 
 
 def _message(m: LLMMessage) -> dict[str, str]:
-    # Tool calls are not offered to the local model; tool results are shown to it as plain text.
+    # Tool calls are not offered to the local model; tool results are shown to it as plain text, and images
+    # (it has no vision) as their descriptions.
     role = m.role if m.role in ("system", "user", "assistant") else "user"
-    return {"role": role, "content": m.content}
+    return {"role": role, "content": m.described().content}
 
 
 class _Stop(Exception):

@@ -8,6 +8,7 @@ has the API key removed.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from openai.types.chat import (
 from core.llm.http_errors import Redactor, refused, retry_after, sdk_error
 from core.llm.provider import (
     DEFAULT_REQUEST_TIMEOUT,
+    LLMImage,
     LLMMessage,
     LLMRequest,
     ProviderError,
@@ -273,7 +275,16 @@ def _message_param(message: LLMMessage) -> dict[str, Any]:
                 for c in message.tool_calls
             ],
         }
+    if message.images:
+        # OpenAI's content parts: the text, then each image as a data URL (base64 of the stored bytes)
+        parts: list[dict[str, Any]] = [{"type": "text", "text": message.content}] if message.content else []
+        parts += [{"type": "image_url", "image_url": {"url": data_url(image)}} for image in message.images]
+        return {"role": message.role, "content": parts}
     return {"role": message.role, "content": message.content}
+
+
+def data_url(image: LLMImage) -> str:
+    return f"data:{image.media_type};base64,{base64.b64encode(image.data).decode('ascii')}"
 
 
 # ---- error helpers -------------------------------------------------------------------------------

@@ -36,11 +36,44 @@ class LLMToolCall:
 
 
 @dataclass(frozen=True, slots=True)
+class LLMImage:
+    """An image for the model (a user message's attachment), and the words that stand for it where images
+    cannot go (a provider or model without vision, a rejected request)."""
+
+    media_type: str
+    """One of ``core.media.sniff.IMAGE_TYPES``."""
+    data: bytes
+    description: str
+
+    def __repr__(self) -> str:  # never a megabyte of bytes in a log line
+        return f"LLMImage({self.media_type}, {len(self.data)} bytes, {self.description!r})"
+
+
+@dataclass(frozen=True, slots=True)
 class LLMMessage:
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     tool_calls: tuple[LLMToolCall, ...] = ()
     tool_call_id: str | None = None
+    images: tuple[LLMImage, ...] = ()
+    """Shown to the model after ``content`` (user messages only)."""
+
+    def described(self) -> LLMMessage:
+        """This message with its images replaced by their descriptions (appended to the text)."""
+        if not self.images:
+            return self
+        words = "\n".join(image.description for image in self.images)
+        return LLMMessage(self.role, f"{self.content}\n\n{words}" if self.content else words, self.tool_calls,
+                          self.tool_call_id)
+
+
+def has_images(messages: tuple[LLMMessage, ...]) -> bool:
+    return any(m.images for m in messages)
+
+
+def without_images(messages: tuple[LLMMessage, ...]) -> tuple[LLMMessage, ...]:
+    """``messages`` with every image replaced by its description."""
+    return tuple(m.described() for m in messages)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,14 +14,18 @@ from typing import Any, get_args
 
 from pydantic import TypeAdapter
 
-from core.messages import ChatMessage, MessageSource, NewMessage, Role, SourceKind, ToolCall
+from core.messages import AttachmentRef, ChatMessage, MessageSource, NewMessage, Role, SourceKind, ToolCall
 from core.sqlite.writes import MESSAGE_COLUMNS, SESSION_COLUMNS
-from core.store import SessionRecord, StoreError, TurnRecord
+from core.store import AttachmentRecord, SessionRecord, StoreError, TurnRecord
 
 SESSION_SELECT = ", ".join(SESSION_COLUMNS)
 MESSAGE_SELECT = ", ".join(MESSAGE_COLUMNS)
 
+ATTACHMENT_COLUMNS = ("id", "session_key", "kind", "name", "content_type", "size", "created_at", "claimed")
+ATTACHMENT_SELECT = ", ".join(ATTACHMENT_COLUMNS)
+
 _TOOL_CALLS: TypeAdapter[tuple[ToolCall, ...]] = TypeAdapter(tuple[ToolCall, ...])
+_ATTACHMENTS: TypeAdapter[tuple[AttachmentRef, ...]] = TypeAdapter(tuple[AttachmentRef, ...])
 _SOURCE_KINDS = frozenset(get_args(SourceKind))
 _ROLES = frozenset(get_args(Role))
 
@@ -44,9 +48,32 @@ def message_from_row(row: Sequence[Any]) -> ChatMessage:
         return ChatMessage.model_construct(
             id=row[0], session_key=row[1], seq=row[2], role=row[3], content=row[4],
             tool_calls=tuple(ToolCall.model_construct(**c) for c in calls), tool_call_id=row[6],
-            source=MessageSource.model_construct(**source), received_at=row[8], created_at=row[9])
+            source=_source(source), received_at=row[8], created_at=row[9])
     except (TypeError, ValueError, KeyError, IndexError) as exc:
         raise StoreError(f"sqlite store: read a malformed message row ({type(exc).__name__})") from None
+
+
+def _source(fields: dict[str, Any]) -> MessageSource:
+    """A stored source; its attachment references (few messages have any) are rebuilt as models, the only
+    part validated again: ``model_construct`` would leave them plain dicts."""
+    refs = fields.get("attachments")
+    if refs:
+        fields["attachments"] = _ATTACHMENTS.validate_python(refs)
+    elif refs is not None:
+        fields["attachments"] = ()
+    return MessageSource.model_construct(**fields)
+
+
+def attachment_from_row(row: Sequence[Any]) -> AttachmentRecord:
+    """An attachment from its columns in ``ATTACHMENT_COLUMNS`` order."""
+    return AttachmentRecord(id=row[0], session_key=row[1], kind=row[2], name=row[3], content_type=row[4],
+                            size=row[5], created_at=row[6], claimed=bool(row[7]))
+
+
+def attachment_values(record: AttachmentRecord) -> tuple[Any, ...]:
+    """The values ``core.sqlite.writes.ADD_ATTACHMENT`` binds (``ATTACHMENT_COLUMNS`` order)."""
+    return (record.id, record.session_key, record.kind, record.name, record.content_type, record.size,
+            record.created_at, int(record.claimed))
 
 
 def message_values(messages: Sequence[NewMessage], ids: Sequence[str]) -> list[tuple[Any, ...]]:

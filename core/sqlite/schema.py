@@ -128,6 +128,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         "DROP TABLE processed_events",
     ),
+    # 5: stored attachment files (core.media): the file is <data_dir>/media/<id>; messages keep references.
+    # ``claimed`` is 0 for a web upload until a message refers to it.
+    (
+        """
+        CREATE TABLE attachments (
+            id           TEXT PRIMARY KEY,
+            session_key  TEXT NOT NULL,
+            kind         TEXT NOT NULL,
+            name         TEXT NOT NULL,
+            content_type TEXT NOT NULL,
+            size         INTEGER NOT NULL,
+            created_at   REAL NOT NULL,
+            claimed      INTEGER NOT NULL DEFAULT 1
+        )
+        """,
+        "CREATE INDEX attachments_created_at ON attachments (created_at)",
+        "CREATE INDEX attachments_unclaimed ON attachments (session_key, created_at) WHERE claimed = 0",
+    ),
 )
 
 

@@ -318,6 +318,18 @@ SET_CHANNEL_STATE = """
 INSERT INTO channel_state (channel, name, value, updated_at) VALUES (?, ?, ?, ?)
 ON CONFLICT (channel, name) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at"""
 
+ADD_ATTACHMENT = """
+INSERT INTO attachments (id, session_key, kind, name, content_type, size, created_at, claimed)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)"""
+
+CLAIM_ATTACHMENTS = "UPDATE attachments SET claimed = 1 WHERE id IN (SELECT value FROM json_each(?))"
+
+DROP_UNCLAIMED_ATTACHMENTS = """
+DELETE FROM attachments WHERE session_key = ? AND claimed = 0 AND created_at < ?
+RETURNING id"""
+
+DROP_EXPIRED_ATTACHMENTS = "DELETE FROM attachments WHERE created_at < ? RETURNING id"
+
 APPEND_TRACES = """
 INSERT INTO traces (session_key, turn_id, seq, kind, payload, created_at)
 SELECT :key, :turn_id, base.seq + t.key + 1, json_extract(t.value, '$[0]'), json_extract(t.value, '$[1]'), :now

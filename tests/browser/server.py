@@ -82,7 +82,8 @@ async def start_web_chat(tmp_path: Path, fake: FakeOpenAI, *, auth_token: str = 
     s = dataclasses.replace(FAST, **settings)
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key="sk-test",
                               request_timeout=s.request_timeout)
-    core = ChatCore(store=store or SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools)
+    core = ChatCore(store=store or SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools,
+                    media_dir=tmp_path / "media")
     app = web.Application()
     if access is None:
         access = WebAccess(auth_token=auth_token)

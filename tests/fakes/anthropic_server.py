@@ -16,11 +16,15 @@ Tests script replies in order::
 
 Like the real API under the ``anthropic-version`` the SDK pins, a body with ``temperature``, ``top_p`` or
 ``top_k`` gets a 400. Every waiting reply (``Hang``, ``Text(hold=...)``) also wakes up when the server stops.
+Image blocks are checked as the API checks them (base64 source, one of the four image types, at most 5 MB of
+base64: otherwise a 400); ``image_blocks(body)`` decodes them for assertions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import inspect
 import itertools
 import json
@@ -164,6 +168,22 @@ def last_user_text(body: dict[str, Any]) -> str:
             if isinstance(content, list):
                 return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
     return ""
+
+
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def image_blocks(body: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """(media type, bytes) of every ``image`` block in the request's messages, in order."""
+    found = []
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict) and block.get("type") == "image":
+                    source = block.get("source") or {}
+                    found.append((str(source.get("media_type")), base64.b64decode(str(source.get("data")))))
+    return found
 
 
 def _pieces(text: str, size: int) -> list[str]:
@@ -488,6 +508,27 @@ def _validate(body: dict[str, Any]) -> str | None:
     for i, message in enumerate(body["messages"]):
         if message.get("role") not in ("user", "assistant"):
             return f"messages.{i}.role: Input should be 'user' or 'assistant'"
+        content = message.get("content")
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if isinstance(block, dict) and block.get("type") == "image":
+                problem = _image_problem(block.get("source"))
+                if problem:
+                    return f"messages.{i}.content.{j}.image.source.base64: {problem}"
+    return None
+
+
+def _image_problem(source: Any) -> str | None:
+    """What the API says of an image block's source, as far as this fake checks it."""
+    if not isinstance(source, dict) or source.get("type") != "base64":
+        return "source.type: Input should be 'base64'"
+    if source.get("media_type") not in IMAGE_MEDIA_TYPES:
+        return f"media_type: Input should be {', '.join(repr(t) for t in IMAGE_MEDIA_TYPES)}"
+    try:
+        data = base64.b64decode(str(source.get("data") or ""), validate=True)
+    except binascii.Error:
+        return "data: invalid base64 data"
+    if len(base64.b64encode(data)) > 5 * 1024 * 1024:
+        return "image exceeds 5 MB maximum"
     return None
 
 

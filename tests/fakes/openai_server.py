@@ -13,11 +13,22 @@ Tests script replies in order::
 
 Every waiting reply (``Hang``, ``Text(hold=...)``) also wakes up when the server stops, so a frozen reply
 never blocks shutdown; a client that disconnects cancels its handler.
+
+Images: user messages may carry OpenAI's content parts; ``image_url`` parts must be base64 data URLs of a
+PNG, JPEG, GIF or WebP image (otherwise 400, as the API answers), and ``image_parts(body)`` decodes them for
+assertions. With ``reject_images`` set the server plays a model without vision: any request carrying an image
+gets the 400 OpenAI gives for that, without consuming a scripted reply.
+
+Transcriptions: ``POST /v1/audio/transcriptions`` (multipart: ``file``, ``model``, ``response_format``)
+records each upload in ``transcriptions`` and answers ``{"text": fake.transcript}``, or ``transcription_error``
+(an ``HttpError``) when set.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import inspect
 import itertools
 import json
@@ -176,6 +187,46 @@ def last_user_text(body: dict[str, Any]) -> str:
     return ""
 
 
+IMAGE_MEDIA_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+_NO_VISION = ("Invalid content type. image_url is only supported by certain models.")
+
+
+def image_parts(body: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """(media type, bytes) of every ``image_url`` part in the request's messages, in order."""
+    found = []
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                found.append(_decode_data_url(str((part.get("image_url") or {}).get("url") or "")))
+    return found
+
+
+def _decode_data_url(url: str) -> tuple[str, bytes]:
+    head, _, data = url.partition(",")
+    if not head.startswith("data:") or not head.endswith(";base64"):
+        raise ValueError("not a base64 data URL")
+    media_type = head[5:-7]
+    if media_type not in IMAGE_MEDIA_TYPES:
+        raise ValueError(f"unsupported image type {media_type!r}")
+    try:
+        return media_type, base64.b64decode(data, validate=True)
+    except binascii.Error as exc:
+        raise ValueError("invalid base64") from exc
+
+
+@dataclass
+class Transcribed:
+    """One upload to the transcription endpoint."""
+
+    model: str
+    filename: str
+    content_type: str
+    data: bytes
+
+
 def _pieces(text: str, size: int) -> list[str]:
     size = max(1, size)
     return [text[i : i + size] for i in range(0, len(text), size)]
@@ -197,6 +248,11 @@ class FakeOpenAI:
         """Exceptions raised by ``Function`` callbacks (the client got a 500)."""
         self.base_url = ""
         self.port = 0
+        self.reject_images = False
+        """Play a model without vision (400 for any request carrying an image)."""
+        self.transcript = "transcribed speech"
+        self.transcription_error: HttpError | None = None
+        self.transcriptions: list[Transcribed] = []
         self._queue: deque[Reply] = deque()
         self._runner: web.AppRunner | None = None
         self._closing = asyncio.Event()
@@ -208,6 +264,7 @@ class FakeOpenAI:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/audio/transcriptions", self._transcribe)
         self._closing = asyncio.Event()
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
@@ -241,6 +298,29 @@ class FakeOpenAI:
 
     # -- handlers --
 
+    async def _transcribe(self, request: web.Request) -> web.Response:
+        if not request.content_type.startswith("multipart/"):
+            return web.json_response(_error_body("Expected multipart/form-data.", "invalid_request_error", None),
+                                     status=400)
+        fields: dict[str, str] = {}
+        upload: tuple[str, str, bytes] | None = None
+        reader = await request.multipart()
+        async for part in reader:
+            if not hasattr(part, "name"):  # a nested multipart: not what the API takes
+                continue
+            if part.filename:  # type: ignore[union-attr]
+                upload = (part.filename, part.headers.get("Content-Type", ""),  # type: ignore[union-attr]
+                          bytes(await part.read()))  # type: ignore[union-attr]
+            else:
+                fields[str(part.name)] = await part.text()  # type: ignore[union-attr]
+        if upload is None or not fields.get("model"):
+            return web.json_response(_error_body("'file' and 'model' are required.", "invalid_request_error", None),
+                                     status=400)
+        self.transcriptions.append(Transcribed(fields["model"], upload[0], upload[1], upload[2]))
+        if self.transcription_error is not None:
+            return self._http_error(self.transcription_error, "")
+        return web.json_response({"text": self.transcript})
+
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
@@ -260,9 +340,16 @@ class FakeOpenAI:
         self.requests.append(body)
         request_no = len(self.requests)
         key = auth.removeprefix("Bearer ").strip()
+        try:
+            images = image_parts(body)
+        except ValueError as exc:
+            return web.json_response(_error_body(f"Invalid image_url: {exc}", "invalid_request_error",
+                                                 "invalid_image_url"), status=400)
 
         if self.api_key is not None and key != self.api_key:
             reply: Reply | None = HttpError.auth()
+        elif images and self.reject_images:
+            reply = HttpError(400, _error_body(_NO_VISION, "invalid_request_error", None))
         elif self._queue:
             reply = self._queue.popleft()
         else:

@@ -229,7 +229,8 @@
     sessions: [],
     session: null,
     live: null,            // the running (or just finished, not yet committed) turn
-    pending: new Map(),    // client_id → text of a sent message not yet in history
+    pending: new Map(),    // client_id → {text, files} of a sent message not yet in history
+    outgoing: [],          // files attached to the next message: {key, name, ref (once uploaded), failed}
     notices: [],           // {text, after: id of the last history message when it arrived}
     held: [],              // deltas that arrived while a full fetch was on its way
     decisions: new Map(),  // tool call id → "allow" | "deny" clicked on this page (its buttons stay disabled)
@@ -366,7 +367,7 @@
   function dropCommittedPending(messages) {
     for (const m of messages) {
       if (m.role !== "user") continue;
-      for (const [cid, text] of app.pending) { if (text === m.content) { app.pending.delete(cid); break; } }
+      for (const [cid, p] of app.pending) { if (p.text === m.content) { app.pending.delete(cid); break; } }
     }
   }
 
@@ -479,9 +480,37 @@
         for (const c of m.tool_calls) { const li = document.createElement("li"); li.textContent = c.name + " " + argsText(c.arguments); ul.appendChild(li); }
         div.appendChild(ul);
       }
-    } else div.textContent = m.content;
+    } else {
+      div.textContent = m.content;
+      if (m.attachments && m.attachments.length) div.appendChild(attachmentsEl(m.attachments));
+    }
     return div;
   }
+  // The files of a user message: images as previews, other files as download links, unread ones named.
+  function attachmentsEl(refs) {
+    const box = document.createElement("div");
+    box.className = "attachments";
+    for (const a of refs) {
+      const name = a.name || "file";
+      if (!a.id) {
+        const s = document.createElement("span"); s.className = "unread";
+        s.textContent = "📎 " + name + (a.note ? " (not read: " + a.note + ")" : ""); box.appendChild(s); continue;
+      }
+      const url = "/api/sessions/" + encodeURIComponent(app.session) + "/attachments/" + encodeURIComponent(a.id);
+      const link = document.createElement("a"); link.href = url;
+      if (a.kind === "image" && /^image\/(png|jpeg|gif|webp)$/.test(a.content_type || "")) {
+        link.target = "_blank"; link.rel = "noopener";
+        const img = document.createElement("img"); img.className = "preview"; img.src = url; img.alt = name; img.loading = "lazy";
+        img.addEventListener("error", () => { link.replaceChildren(document.createTextNode("🖼 " + name + " (no longer available)")); }, { once: true });
+        link.appendChild(img);
+      } else {
+        link.className = "file"; link.download = name; link.textContent = "📎 " + name + (a.size != null ? " (" + sizeText(a.size) + ")" : "");
+      }
+      box.appendChild(link);
+    }
+    return box;
+  }
+  function sizeText(n) { return n < 1000 ? n + " bytes" : n < 1e6 ? Math.round(n / 1000) + " KB" : (n / 1e6).toFixed(1) + " MB"; }
   function argsText(raw) {
     let s = String(raw || "");
     try { const v = JSON.parse(s); s = v && typeof v === "object" && !Array.isArray(v) ? Object.keys(v).map((k) => k + "=" + JSON.stringify(v[k])).join(", ") : JSON.stringify(v); } catch (_) { /* shown as sent */ }
@@ -537,8 +566,10 @@
       for (const n of byAfter.get(m.id) || []) frag.appendChild(noticeEl(n.text));
     }
     app.rendered = rendered;
-    for (const [cid, text] of app.pending) {
-      const d = document.createElement("div"); d.className = "msg user pending"; d.dataset.clientId = cid; d.textContent = text; frag.appendChild(d);
+    for (const [cid, p] of app.pending) {
+      const d = document.createElement("div"); d.className = "msg user pending"; d.dataset.clientId = cid; d.textContent = p.text;
+      if (p.files.length) d.appendChild(attachmentsEl(p.files));
+      frag.appendChild(d);
     }
     let liveBox = $("live"); // kept (with the live reply in it) across rebuilds
     if (!liveBox) { liveBox = document.createElement("div"); liveBox.id = "live"; }
@@ -646,14 +677,59 @@
     }
   }
 
+  // attaching: each file is uploaded at once (the server checks the caps); the next message carries them
+  let outgoingKeys = 0;
+  function attach(files) {
+    if (!app.session) return;
+    for (const file of files) {
+      const item = { key: ++outgoingKeys, name: file.name, ref: null, session: app.session };
+      app.outgoing.push(item);
+      upload(item, file);
+    }
+    renderOutgoing();
+  }
+  async function upload(item, file) {
+    const form = new FormData();
+    form.append("file", file, file.name);
+    try {
+      const resp = await fetch("/api/sessions/" + item.session + "/attachments", { method: "POST", body: form, credentials: "same-origin" });
+      let data = null;
+      try { data = await resp.json(); } catch (_) { data = null; }
+      if (!resp.ok) throw new Error((data && data.error) || ("HTTP " + resp.status));
+      item.ref = data;
+    } catch (e) {
+      app.outgoing = app.outgoing.filter((o) => o !== item);
+      addNotice("⚠️ Not attached: " + item.name + ": " + e.message);
+    }
+    renderOutgoing();
+  }
+  function renderOutgoing() {
+    const box = $("outgoing");
+    const items = app.outgoing.filter((o) => o.session === app.session);
+    box.hidden = !items.length;
+    box.replaceChildren(...items.map((o) => {
+      const chip = document.createElement("span"); chip.className = "chip" + (o.ref ? "" : " uploading");
+      chip.textContent = "📎 " + o.name + (o.ref ? "" : " …");
+      const remove = document.createElement("button"); remove.type = "button"; remove.textContent = "×"; remove.title = "Remove";
+      remove.addEventListener("click", () => { app.outgoing = app.outgoing.filter((x) => x !== o); renderOutgoing(); });
+      chip.appendChild(remove);
+      return chip;
+    }));
+  }
+
   // sending
   async function send(text) {
-    if (!app.session || !text.trim()) return;
+    const files = app.outgoing.filter((o) => o.session === app.session);
+    if (!app.session || (!text.trim() && !files.length)) return;
+    if (files.some((o) => !o.ref)) { addNotice("⏳ Wait until the attachments are uploaded."); $("input").value = text; return; }
+    const refs = files.map((o) => o.ref);
+    app.outgoing = app.outgoing.filter((o) => o.session !== app.session);
+    renderOutgoing();
     const cid = newClientId();
-    if (!text.trim().startsWith("/")) app.pending.set(cid, text);
+    if (!text.trim().startsWith("/")) app.pending.set(cid, { text, files: refs });
     renderHistory(); scrollDown(true);
     try {
-      await api("POST", "/api/sessions/" + app.session + "/messages", { text, client_id: cid });
+      await api("POST", "/api/sessions/" + app.session + "/messages", { text, client_id: cid, attachments: refs.map((r) => r.id) });
     } catch (e) {
       app.pending.delete(cid);
       addNotice("⚠️ Not sent: " + e.message);
@@ -668,6 +744,7 @@
     app.mirror.loadFull(id, null, [], false);
     app.mirror.revision = null;
     renderHistory();
+    renderOutgoing();
     connect(id);
     return fullFetch();
   }
@@ -692,6 +769,12 @@
     $("rename").addEventListener("click", startRename);
     $("toggle-sidebar").addEventListener("click", () => $("app").classList.toggle("show-sidebar"));
     $("messages").addEventListener("scroll", maybeLoadOlder, { passive: true });
+    $("files").addEventListener("change", (e) => { attach(Array.from(e.target.files || [])); e.target.value = ""; });
+    const chat = $("chat");
+    const dragging = (e) => e.dataTransfer && Array.from(e.dataTransfer.types || []).includes("Files");
+    chat.addEventListener("dragover", (e) => { if (dragging(e)) { e.preventDefault(); chat.classList.add("dropping"); } });
+    chat.addEventListener("dragleave", (e) => { if (e.target === chat || !chat.contains(e.relatedTarget)) chat.classList.remove("dropping"); });
+    chat.addEventListener("drop", (e) => { if (!dragging(e)) return; e.preventDefault(); chat.classList.remove("dropping"); attach(Array.from(e.dataTransfer.files || [])); });
     try {
       await loadSessions();
       const wanted = location.hash.slice(1);

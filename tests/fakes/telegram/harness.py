@@ -14,6 +14,7 @@ from channels.common.calls import CallPolicy, Calls
 from channels.common.throttle import Clock, Throttle
 from channels.telegram.channel import TelegramChannel, TelegramSettings
 from channels.telegram.factory import make_bot
+from core.media.transcribe import Transcriber
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram.server import FakeTelegram
 from tests.support.harness import Harness, make_harness
@@ -63,8 +64,8 @@ class TelegramHarness:
 async def telegram_harness(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, *,
                            clock: Clock | None = None, core: dict[str, Any] | None = None,
                            start: bool = True, limit: int = 4096, call_timeout: float | None = 5.0,
-                           **settings: Any) -> TelegramHarness:
-    h = await make_harness(tmp_path, fake_openai, start=False, **(core or {}))
+                           transcriber: Transcriber | None = None, **settings: Any) -> TelegramHarness:
+    h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber, **(core or {}))
     s = dataclasses.replace(TEST_SETTINGS, **settings)
     bot = make_bot(tg.token, tg.base_url)
     calls = Calls(Throttle(clock=clock), CallPolicy(initial_wait=0.01, max_wait=0.05, timeout=call_timeout))

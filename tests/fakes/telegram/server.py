@@ -13,6 +13,12 @@ offset semantics (updates below the offset are confirmed and forgotten) and long
 It keeps what every chat shows (``Shown`` messages by id, with text, entities and the inline keyboard,
 deleted ones marked), the answers to callback queries (``callback_answers``),
 every call (``calls``, with a monotonic timestamp), and per-method, per-call faults (``fail``).
+
+Files: ``add_file(file_id, data)`` makes a file known; ``getFile`` answers its ``file_path`` (or Telegram's
+"file is too big" past the Bot API's 20 MB download limit) and ``GET /file/bot<token>/<file_path>`` serves
+its bytes in chunks, as api.telegram.org does. ``file_redirect`` makes the file URL answer a redirect to
+another address instead (the client must not follow it off the Bot API host); ``downloads`` records the
+paths fetched.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from typing import Any
 from aiohttp import web
 
 LIMIT = 4096
+DOWNLOAD_LIMIT = 20 * 1024 * 1024
+"""The official Bot API hands out files up to 20 MB (getFile fails beyond)."""
 _INT_FIELDS = {"chat_id", "message_id", "message_thread_id", "offset", "limit", "timeout", "draft_id",
                "max_connections"}
 _JSON_FIELDS = {"entities", "reply_parameters", "commands", "allowed_updates", "reply_markup",
@@ -100,6 +108,11 @@ class FakeTelegram:
     base_url: str = ""
     updates: list[dict[str, Any]] = field(default_factory=list)
     callback_answers: list[dict[str, Any]] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+    file_paths: dict[str, str] = field(default_factory=dict)
+    downloads: list[str] = field(default_factory=list)
+    file_redirect: str | None = None
+    download_limit: int = DOWNLOAD_LIMIT
     _open_queries: set[str] = field(default_factory=set)
     _query_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(9001))
     _update_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1001))
@@ -113,6 +126,7 @@ class FakeTelegram:
     async def start(self) -> FakeTelegram:
         app = web.Application()
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._file)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -145,6 +159,7 @@ class FakeTelegram:
                      username: str | None = "alice", chat_type: str = "private", thread_id: int | None = None,
                      entities: list[dict[str, Any]] | None = None, reply_to: dict[str, Any] | None = None,
                      caption: str | None = None, photo: bool = False, document: dict[str, Any] | None = None,
+                     voice: dict[str, Any] | None = None,
                      edited: bool = False, message_id: int | None = None, is_forum: bool = False,
                      enqueue: bool = True) -> dict[str, Any]:
         """Build (and by default queue for getUpdates) an update carrying a user's message."""
@@ -172,6 +187,8 @@ class FakeTelegram:
                 {"file_id": "big", "file_unique_id": "b", "width": 1280, "height": 960, "file_size": 90000}]
         if document:
             message["document"] = {"file_unique_id": "d", **document}
+        if voice:
+            message["voice"] = {"file_unique_id": "v", "duration": 3, "mime_type": "audio/ogg", **voice}
         if thread_id is not None:
             message["message_thread_id"] = thread_id
             message["is_topic_message"] = True
@@ -182,6 +199,11 @@ class FakeTelegram:
             self.updates.append(update)
             self._new_update.set()
         return update
+
+    def add_file(self, file_id: str, data: bytes, *, path: str | None = None) -> None:
+        """Make a file known by ``file_id`` (its ``file_path`` defaults to one like Telegram's)."""
+        self.files[file_id] = data
+        self.file_paths[file_id] = path or f"documents/file_{len(self.files)}"
 
     def press(self, chat_id: int, message_id: int, button: str, *, user_id: int = 777,
               username: str | None = "alice", data: str | None = None, enqueue: bool = True) -> dict[str, Any]:
@@ -304,7 +326,36 @@ class FakeTelegram:
                 return fault
         return None
 
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        if request.match_info["token"] != self.token:
+            return web.Response(status=404)
+        path = request.match_info["path"]
+        self.downloads.append(path)
+        if self.file_redirect is not None:
+            raise web.HTTPFound(self.file_redirect)
+        file_id = next((fid for fid, p in self.file_paths.items() if p == path), None)
+        if file_id is None:
+            return web.Response(status=404)
+        data = self.files[file_id]
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
+                                               "Content-Length": str(len(data))})
+        await response.prepare(request)
+        for start in range(0, len(data), 256 * 1024):
+            await response.write(data[start:start + 256 * 1024])
+        await response.write_eof()
+        return response
+
     # ---- methods -----------------------------------------------------------------------------------
+
+    async def _m_getFile(self, p: dict[str, Any]) -> dict[str, Any]:
+        file_id = str(p.get("file_id") or "")
+        if file_id not in self.files:
+            raise _ApiError(400, "Bad Request: invalid file_id")
+        size = len(self.files[file_id])
+        if size > self.download_limit:
+            raise _ApiError(400, "Bad Request: file is too big")
+        return {"file_id": file_id, "file_unique_id": f"u{file_id}", "file_size": size,
+                "file_path": self.file_paths[file_id]}
 
     async def _m_getMe(self, p: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.bot_id, "is_bot": True, "first_name": "Bot", "username": self.username,

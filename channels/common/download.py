@@ -1,0 +1,47 @@
+"""Downloading a platform's file over HTTP for ``core.media.fetch``: streamed, redirects kept on the platform.
+
+A channel's ``fetch_attachment`` resolves the file with its API (Telegram ``getFile``, Slack ``files.info``,
+Feishu's message resources) and hands the URL to :func:`stream_url`, which yields the body in chunks. A
+redirect is followed only to one of ``allowed_hosts`` (the platform's own), at most ``MAX_REDIRECTS`` times,
+so a file URL can never send the bot token, or the download, to another host. Any answer but 200 is a
+``FetchError``; no error text carries the URL (it may hold a token).
+
+aiohttp's own redirect handling would follow any host; this loop exists to refuse the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Collection, Mapping
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+
+from core.media.fetch import FetchError
+
+CHUNK = 64 * 1024
+MAX_REDIRECTS = 3
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+async def stream_url(session: aiohttp.ClientSession, url: str, *, allowed_hosts: Collection[str],
+                     headers: Mapping[str, str] | None = None) -> AsyncGenerator[bytes, None]:
+    """The body of ``url`` in chunks (an async generator: close it to abandon the download)."""
+    hosts = {h.lower() for h in allowed_hosts}
+    for _ in range(MAX_REDIRECTS + 1):
+        host = (urlsplit(url).hostname or "").lower()
+        if host not in hosts:
+            raise FetchError(f"refused to download from {host or 'a URL without a host'}: not the platform's host")
+        try:
+            async with session.get(url, headers=dict(headers or {}), allow_redirects=False) as response:
+                if response.status in _REDIRECTS:
+                    url = urljoin(url, response.headers.get("Location", ""))
+                    continue
+                if response.status != 200:
+                    raise FetchError(f"the file download answered HTTP {response.status}",
+                                     too_large=response.status == 413)
+                async for chunk in response.content.iter_chunked(CHUNK):
+                    yield chunk
+                return
+        except aiohttp.ClientError as exc:
+            raise FetchError(f"the file download failed: {type(exc).__name__}") from None
+    raise FetchError(f"more than {MAX_REDIRECTS} redirects")

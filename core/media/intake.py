@@ -1,0 +1,173 @@
+"""AttachmentIntake: a message's attachments, from its channel to stored, readable references.
+
+This is the first step of a turn (``core.executor``), after the message was admitted, so a slow download
+never holds up the channel's acknowledgement. For each ``MediaItem`` of the envelope, at most
+``[media] max_files``:
+
+- a web upload (``attachment_id``) is already stored: it is checked to belong to this session and claimed;
+- anything else is downloaded through the channel's ``AttachmentSource`` (``core.media.fetch``) into the
+  library, bounded by ``max_bytes`` (a size the platform declares beyond it is refused without downloading)
+  and by the fetch timeout;
+- then read for the model: an image gets its scaled copy if it needs one, a text file or PDF its text within
+  the message's character budget, voice and audio their transcript when ``[media.transcription]`` is set.
+
+Whatever cannot be fetched or read becomes a reference with a ``note`` (the model is told in one line) and,
+where the user can do something about it, a short note for the user. Nothing here raises for a bad file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.envelope import InboundEnvelope, MediaItem, TurnTarget
+from core.media import digest
+from core.media.fetch import AttachmentSource, FetchError
+from core.media.library import MediaLibrary, Refusal, display_name
+from core.media.transcribe import Transcriber, TranscriptionError
+from core.messages import AttachmentKind, AttachmentRef
+from core.settings import CoreSettings
+
+log = logging.getLogger(__name__)
+
+_FALLBACK_NAMES = {"photo": "photo", "document": "file", "audio": "audio", "voice": "voice message",
+                   "video": "video"}
+_KINDS: dict[str, AttachmentKind] = {"photo": "image", "audio": "audio", "voice": "audio", "video": "video"}
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    refs: tuple[AttachmentRef, ...] = ()
+    notes: tuple[str, ...] = ()
+    """One line per attachment the user should hear about (refused, could not be downloaded)."""
+
+    def note_text(self) -> str | None:
+        return "\n".join(self.notes) if self.notes else None
+
+
+class AttachmentIntake:
+    def __init__(self, library: MediaLibrary, settings: CoreSettings, *,
+                 sources: Callable[[str], object | None], transcriber: Transcriber | None = None) -> None:
+        self._library = library
+        self._settings = settings
+        self._sources = sources
+        self._transcriber = transcriber
+
+    async def take(self, envelope: InboundEnvelope) -> Intake:
+        """Fetch, store and read the attachments of ``envelope`` (never raises for a bad file)."""
+        if not envelope.media:
+            return Intake()
+        key, target = envelope.key(), envelope.target()
+        limit = self._settings.media_max_files
+        refs: list[AttachmentRef] = []
+        notes: list[str] = []
+        for index, item in enumerate(envelope.media):
+            name = display_name(item.file_name, _FALLBACK_NAMES.get(item.kind, "file"))
+            if index >= limit:
+                refs.append(unread(item, name=name, note=f"only {limit} attachments of a message are read"))
+                continue
+            ref, note = await self._fetch(item, name, key, target, envelope.channel)
+            refs.append(ref)
+            if note:
+                notes.append(f"⚠️ {name}: {note}.")
+        documents = sum(1 for r in refs if r.id is not None and r.kind in ("text", "pdf") and not r.note)
+        budget = max(1000, self._text_budget() // max(documents, 1))
+        read = []
+        for ref in refs:
+            done = await self._read(ref, budget)
+            if ref.id is not None and done.id is None:  # refused once opened (a PDF that unpacks too far)
+                notes.append(f"⚠️ {ref.name}: {done.note}.")
+            read.append(done)
+        if len(envelope.media) > limit:
+            left = len(envelope.media) - limit
+            notes.append(f"⚠️ Only the first {limit} attachments of a message are read; {left} "
+                         f"{'was' if left == 1 else 'were'} left out.")
+        return Intake(tuple(read), tuple(notes))
+
+    def _text_budget(self) -> int:
+        # about a quarter of the context window (four characters to a token), and never more than configured
+        return min(self._settings.media_text_chars, self._settings.context_window)
+
+    async def _fetch(self, item: MediaItem, name: str, key: str, target: TurnTarget,
+                     channel: str) -> tuple[AttachmentRef, str | None]:
+        """(the stored reference, or one with a note; a note for the user, if any)."""
+        if item.attachment_id is not None:
+            found = await self._library.get(key, item.attachment_id)
+            if found is None:
+                return unread(item, name=name, note="it is no longer available"), "it is no longer available"
+            record, _ = found
+            await self._library.claim([record.id])
+            return AttachmentRef.model_validate({
+                "id": record.id, "kind": record.kind, "name": record.name, "size": record.size,
+                "content_type": record.content_type}), None
+        cap = self._settings.media_max_bytes
+        if item.size is not None and item.size > cap:
+            reason = f"it is larger than the {cap / 1_000_000:g} MB limit for attachments"
+            return unread(item, name=name, note=reason), reason
+        source = self._sources(channel)
+        if not isinstance(source, AttachmentSource):
+            return unread(item, name=name, note="this chat's files cannot be downloaded"), None
+        chunks = source.fetch_attachment(item, target)
+        try:
+            async with contextlib.aclosing(chunks), asyncio.timeout(self._settings.media_fetch_timeout):
+                ref = await self._library.save(key, name, chunks, claimed=True)
+        except Refusal as exc:
+            return unread(item, name=name, note=str(exc)), str(exc)
+        except FetchError as exc:
+            log.warning("an attachment from %s could not be downloaded: %s", channel, exc)
+            reason = (f"it is larger than {channel} lets bots download" if exc.too_large
+                      else "it could not be downloaded")
+            return unread(item, name=name, note=reason), reason
+        except TimeoutError:
+            return unread(item, name=name, note="it took too long to download"), "it took too long to download"
+        except Exception as exc:  # a channel's bug must not cost the user the answer to their caption
+            log.warning("downloading an attachment from %s failed: %s", channel, type(exc).__name__)
+            return unread(item, name=name, note="it could not be downloaded"), "it could not be downloaded"
+        return ref, None
+
+    async def _read(self, ref: AttachmentRef, budget: int) -> AttachmentRef:
+        """What the model can read of a stored attachment (its text, a transcript, a scaled image)."""
+        if ref.id is None or ref.note:
+            return ref
+        path = self._library.files.path(ref.id)
+        try:
+            if ref.kind == "image":
+                return await self._library.prepare_image(ref)
+            if ref.kind == "text":
+                text = await asyncio.to_thread(digest.text_excerpt, path, budget)
+                return ref.model_copy(update={"text": text})
+            if ref.kind == "pdf":
+                text, pages = await asyncio.to_thread(digest.pdf_excerpt, path, budget)
+                return ref.model_copy(update={"text": text, "pages": pages})
+            if ref.kind == "audio" and self._transcriber is not None:
+                return await self._transcribe(ref, path)
+        except digest.Refused as exc:
+            await asyncio.to_thread(self._library.files.remove, ref.id)
+            return ref.model_copy(update={"id": None, "note": str(exc)})
+        except digest.Unreadable as exc:
+            return ref.model_copy(update={"note": str(exc)})
+        except OSError as exc:
+            log.warning("an attachment could not be read: %s", type(exc).__name__)
+            return ref.model_copy(update={"note": "it could not be read"})
+        return ref
+
+    async def _transcribe(self, ref: AttachmentRef, path: Path) -> AttachmentRef:
+        assert self._transcriber is not None
+        try:
+            async with asyncio.timeout(self._settings.media_fetch_timeout):
+                text = await self._transcriber.transcribe(path, ref.content_type or "audio/ogg")
+        except (TranscriptionError, TimeoutError) as exc:
+            log.warning("transcription failed: %s", exc)
+            return ref.model_copy(update={"note": "it could not be transcribed"})
+        return ref.model_copy(update={"text": text})
+
+
+def unread(item: MediaItem, note: str, name: str | None = None) -> AttachmentRef:
+    """A reference to an attachment that was not kept: what the platform said about it, and why."""
+    kind = _KINDS.get(item.kind, "file")
+    name = name or display_name(item.file_name, _FALLBACK_NAMES.get(item.kind, "file"))
+    return AttachmentRef(id=None, kind=kind, name=name, size=item.size, content_type=None, note=note)
