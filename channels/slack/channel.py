@@ -28,6 +28,9 @@ channel state, so it survives a restart) under ``mention``, every message under 
 ``off``. ``allow_from`` (user ids or usernames) is checked first. Commands are message text: ``/stop`` (or
 just ``stop``) in a DM, ``@bot stop`` in a thread; the four commands also work as Slack slash commands in
 a DM when the app registers them.
+
+Files shared with a message travel as ``MediaItem``s; core downloads them during the turn through
+``fetch_attachment`` (``core.media.fetch.AttachmentSource``).
 """
 
 from __future__ import annotations
