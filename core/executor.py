@@ -134,6 +134,7 @@ class ConversationExecutor:
 
         # 5. wait for the sink; fall back to one plain message if the terminal content is not visible
         await self._deliver_terminal(target, handle, outcome, terminal)
+        await self._mark_delivered(turn_id)  # from here a crash no longer leaves the chat without it
         if committed.result is None:  # the commit (and the trace with it) did not land: try the trace alone
             await self._write_trace(key, turn_id, trace)
 
@@ -165,6 +166,12 @@ class ConversationExecutor:
         except Exception:  # a bug or a failing store: the words of the message are still answered
             log.exception("the attachments of a message in %s could not be taken", envelope.key())
             return Intake(tuple(unread(item, "it could not be read") for item in envelope.media))
+
+    async def _mark_delivered(self, turn_id: str) -> None:
+        try:
+            await self._store.mark_delivered(turn_id)
+        except Exception as exc:  # the worst case is the answer sent once more after a restart
+            log.warning("could not record the delivery of turn %s: %s", turn_id, exc)
 
     async def _forget(self, inbound: int | None) -> None:
         """The user is told to send the message again: it must not count as seen (its event id stays free),

@@ -104,7 +104,8 @@ class ChatCore:
         return CoreHost(self, channel)
 
     async def start(self) -> None:
-        """Open the store, close turns a previous process left running (each one's notice goes into its
+        """Open the store, send again the terminal message of turns a crash cut off between their commit and
+        their delivery, close turns a previous process left running (each one's notice goes into its
         session's history, where a page that reconnects after the restart finds it, then its chat is told
         once) and queue the messages it had accepted but not begun to answer, in arrival order; one older
         than ``resume_max_age`` gets a notice instead of an answer."""
@@ -113,6 +114,7 @@ class ChatCore:
         if self.media is not None:
             await self.media.open()
             self.supervisor.spawn("media:expiry", self._expire_media(self.media))
+        await self._redeliver()
         for turn in await self.store.close_interrupted_turns():
             notice = self.presenter.interrupted_by_restart()
             await self._committer.commit_notice(turn.session_key, turn.turn_id, notice)
@@ -123,6 +125,25 @@ class ChatCore:
                 continue
             await self._plain.send(target, notice)
         await self._resume()
+
+    async def _redeliver(self) -> None:
+        """Turns a crash cut off between their commit and their delivery: the chat may show nothing of the
+        answer, or a preview of part of it, and nothing would ever finish it. Each gets its terminal message
+        (the answer, or the notice of a turn without one) once, as an ordinary message, in the order they
+        ended; those older than ``resume_max_age`` are left, like the messages that old."""
+        for item in await self.store.undelivered_turns(time.time() - self.settings.resume_max_age):
+            try:
+                target = TurnTarget.model_validate_json(item.turn.target_json)
+            except ValueError:
+                log.warning("undelivered turn %s has an unreadable target", item.turn.turn_id)
+            else:
+                channel = self.channels.get(target.channel)
+                # a channel whose clients read the history (the web chat) already shows the committed answer
+                if item.text and not getattr(channel, "shows_history", False):
+                    log.info("sending the %s turn %s again: a restart came before its delivery",
+                             item.turn.state, item.turn.turn_id)
+                    await self._plain.send(target, item.text)
+            await self.store.mark_delivered(item.turn.turn_id)
 
     async def _resume(self) -> None:
         now = time.time()

@@ -41,6 +41,7 @@ from core.store import (
     StoreError,
     TurnRecord,
     TurnState,
+    UndeliveredTurn,
     UnknownMessageError,
 )
 
@@ -297,6 +298,13 @@ class SqliteStore:
     async def end_turn(self, turn_id: str, state: TurnState) -> None:
         """Record a running turn's final state; a turn that already ended keeps its first final state."""
         await self._write("end_turn", writes.END_TURN, (state, self._clock(), turn_id))
+
+    async def mark_delivered(self, turn_id: str) -> None:
+        await self._write("mark_delivered", writes.MARK_DELIVERED, (turn_id, self._clock()))
+
+    async def undelivered_turns(self, since: float) -> list[UndeliveredTurn]:
+        found = await self._read("undelivered_turns", writes.UNDELIVERED_TURNS, (since,))
+        return [UndeliveredTurn(turn=rows.turn_from_row(r), text=r[6]) for r in found]
 
     async def close_interrupted_turns(self) -> list[TurnRecord]:
         """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""

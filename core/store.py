@@ -73,6 +73,16 @@ class TurnRecord(BaseModel):
     ended_at: float | None
 
 
+class UndeliveredTurn(BaseModel):
+    """A turn that ended (committed) but whose terminal state may never have reached its chat."""
+
+    model_config = ConfigDict(frozen=True)
+
+    turn: TurnRecord
+    text: str | None
+    """Its terminal message as history keeps it: the answer, or the notice of a turn without one."""
+
+
 class AttachmentRecord(BaseModel):
     """A stored attachment file (``core.media``): whose it is and what it is. ``claimed`` once a message
     refers to it (a web upload waits unclaimed until its message is sent)."""
@@ -201,6 +211,15 @@ class Store(Protocol):
 
     # turns (opened by append_message, closed by commit_turn or end_turn)
     async def end_turn(self, turn_id: str, state: TurnState) -> None: ...
+
+    async def mark_delivered(self, turn_id: str) -> None:
+        """The turn's terminal state reached its chat (or its one plain fallback was tried)."""
+        ...
+
+    async def undelivered_turns(self, since: float) -> list[UndeliveredTurn]:
+        """Turns that ended after ``since`` (completed, failed or cancelled) and were never marked delivered:
+        a crash came between their commit and their delivery (read at start-up), oldest first."""
+        ...
 
     async def close_interrupted_turns(self) -> list[TurnRecord]:
         """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""

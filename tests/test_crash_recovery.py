@@ -181,3 +181,36 @@ async def test_an_approval_left_waiting_by_a_crash_shows_the_restart_and_its_but
         assert await again.stop() == 0
     assert len(fake_openai.requests) == 1  # the tool never ran: nothing asked the model again
     assert [m.text for m in tg.messages(CHAT) if not m.deleted].count(INTERRUPTED) == 1
+
+
+async def test_an_answer_committed_but_never_shown_in_full_is_sent_once_after_the_restart(
+        tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> None:
+    answer = "The capital of France is **Paris**, a city on the Seine."
+    shown = "The capital of France is Paris, a city on the Seine."
+    hold = asyncio.Event()
+    fake_openai.script(Text(answer, hold=hold, hold_after=20))
+    config = write_config(tmp_path, fake_openai, tg)
+    config.write_text(config.read_text() + 'stream_transport = "edit"\n')  # a preview message, then edits
+    bridge = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        tg.fail("editMessageText", hang=60, when=lambda p: bool(p.get("entities")))  # the final edit never lands
+        tg.user_message("capital of France?")
+        await wait_for(lambda: tg.messages(CHAT), bridge)  # a preview of the first words
+        hold.set()
+        # the final edit is under way: the answer was committed before it
+        await wait_for(lambda: any(c.method == "editMessageText" and c.params.get("entities") for c in tg.calls),
+                       bridge)
+        await bridge.kill()
+    finally:
+        await bridge.stop()
+    assert shown not in tg.visible(CHAT)  # the chat shows only the preview's first words
+
+    again = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        await wait_for(lambda: shown in tg.visible(CHAT), again)
+        await asyncio.sleep(1.0)  # anything sent twice would show by now
+    finally:
+        assert await again.stop() == 0
+    assert tg.visible(CHAT).count(shown) == 1
+    assert INTERRUPTED not in tg.visible(CHAT)  # it was answered, not interrupted
+    assert len(fake_openai.requests) == 1

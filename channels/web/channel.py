@@ -103,6 +103,8 @@ class WebChannel:
     """The ``Channel`` named "web", the fan-out of core events to the session streams, and the HTTP API."""
 
     name = CHANNEL
+    shows_history = True
+    """Its pages show the stored history: a committed answer needs no second delivery after a restart."""
 
     def __init__(self, host: SessionHost, *, access: WebAccess | None = None, hub: StreamHub | None = None,
                  update_interval: float = UPDATE_INTERVAL, heartbeat: float = HEARTBEAT_SECONDS,

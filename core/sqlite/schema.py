@@ -146,6 +146,22 @@ MIGRATIONS: tuple[Migration, ...] = (
         "CREATE INDEX attachments_created_at ON attachments (created_at)",
         "CREATE INDEX attachments_unclaimed ON attachments (session_key, created_at) WHERE claimed = 0",
     ),
+    # 6: turns whose terminal state reached their chat (or its one fallback was tried). A turn that ended
+    # (committed) without a row here was cut off by a crash between its commit and its delivery; the turns
+    # that ended before this table existed count as delivered.
+    (
+        """
+        CREATE TABLE deliveries (
+            turn_id      TEXT PRIMARY KEY,
+            delivered_at REAL NOT NULL
+        ) WITHOUT ROWID
+        """,
+        """
+        INSERT INTO deliveries (turn_id, delivered_at)
+        SELECT turn_id, COALESCE(ended_at, started_at) FROM turns WHERE state != 'running'
+        """,
+        "CREATE INDEX turns_ended_at ON turns (ended_at)",
+    ),
 )
 
 

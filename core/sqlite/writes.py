@@ -310,6 +310,20 @@ FORGET_INBOUND = "DELETE FROM inbound WHERE seq = ?"
 
 END_TURN = "UPDATE turns SET state = ?, ended_at = ? WHERE turn_id = ? AND state = 'running'"
 
+MARK_DELIVERED = "INSERT INTO deliveries (turn_id, delivered_at) VALUES (?, ?) ON CONFLICT (turn_id) DO NOTHING"
+
+# The terminal message of each turn that ended after ``?`` and was not delivered: its answer, or its notice.
+UNDELIVERED_TURNS = """
+SELECT t.turn_id, t.session_key, t.state, t.target_json, t.started_at, t.ended_at,
+       (SELECT m.content FROM messages m
+         WHERE m.session_key = t.session_key AND json_extract(m.source, '$.turn_id') = t.turn_id
+           AND m.role = 'assistant' AND m.content != ''
+         ORDER BY m.seq DESC LIMIT 1)
+FROM turns t
+WHERE t.ended_at > ? AND t.state IN ('completed', 'failed', 'cancelled')
+  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.turn_id = t.turn_id)
+ORDER BY t.ended_at"""
+
 CLOSE_INTERRUPTED_TURNS = """
 UPDATE turns SET state = 'interrupted', ended_at = ? WHERE state = 'running'
 RETURNING turn_id, session_key, state, target_json, started_at, ended_at"""
