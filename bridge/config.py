@@ -71,7 +71,7 @@ from channels.feishu.settings import FeishuConfig
 from channels.slack.settings import SlackConfig
 from channels.telegram.settings import TelegramConfig
 from channels.web.settings import WebConfig
-from core.settings import CoreSettings
+from core.settings import CoreSettings, SubagentProfile, SubagentSettings
 from core.tools.base import DEFAULT_APPROVAL
 from core.tools.builtin import FetchUrl
 from core.tools.mcp import DEFAULT_CALL_TIMEOUT, DEFAULT_STARTUP_TIMEOUT, NAME_PATTERN
@@ -201,6 +201,36 @@ class FetchUrlConfig(Section):
     timeout_seconds: PositiveFloat = FetchUrl.TIMEOUT_SECONDS
 
 
+def _tool_name(value: Any) -> Any:
+    if isinstance(value, str) and not NAME_PATTERN.match(value):
+        raise PydanticCustomError("tool_name", "expected a tool name: letters, digits, '_' or '-'")
+    return value
+
+
+class SubagentProfileEntry(Section):
+    """One ``[[agent.subagents.profiles]]`` entry: how a child session with this profile runs."""
+
+    name: Annotated[str, BeforeValidator(_tool_name)]
+    system_prompt: Annotated[str | None, BeforeValidator(_empty_to_none)] = None
+    tools: list[Annotated[str, BeforeValidator(_tool_name)]] | None = None
+    max_turns: Annotated[Int, Field(ge=1)] | None = None
+    model: Annotated[str | None, BeforeValidator(_empty_to_none)] = None
+
+
+class SubagentsConfig(Section):
+    enabled: bool = False
+    max_depth: Annotated[Int, Field(ge=1, le=3)] = CORE.subagents.max_depth
+    max_concurrent: Annotated[Int, Field(ge=1)] = CORE.subagents.max_concurrent
+    profiles: list[SubagentProfileEntry] = Field(default_factory=list)
+
+    def settings(self) -> SubagentSettings:
+        return SubagentSettings(
+            enabled=self.enabled, max_depth=self.max_depth, max_concurrent=self.max_concurrent,
+            profiles=tuple(SubagentProfile(name=p.name, system_prompt=p.system_prompt,
+                                           tools=tuple(p.tools) if p.tools is not None else None,
+                                           max_turns=p.max_turns, model=p.model) for p in self.profiles))
+
+
 class AgentConfig(Section):
     system_prompt: str = CORE.system_prompt
     max_turns: Annotated[Int, Field(ge=1)] = CORE.max_turns
@@ -213,6 +243,7 @@ class AgentConfig(Section):
     tool_approval: dict[str, Literal["ask", "auto", "deny"]] = Field(default_factory=dict)
     fetch_url: FetchUrlConfig = Field(default_factory=lambda: FetchUrlConfig())
     mcp_servers: list[McpServerEntry] = Field(default_factory=list)
+    subagents: SubagentsConfig = Field(default_factory=lambda: SubagentsConfig())
 
 
 class ChannelsConfig(Section):
@@ -283,6 +314,7 @@ class AppConfig(Section):
             media_max_bytes=self.media.max_bytes,
             media_max_files=self.media.max_files,
             media_keep_seconds=float(self.media.keep_hours) * 3600.0,
+            subagents=self.agent.subagents.settings(),
         )
 
 
@@ -393,6 +425,7 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
 
     rest = Checks((), missing, from_env)
     _check_mcp_servers(cfg, missing, from_env, rest.add)
+    _check_subagents(cfg, rest.add)
     if not cfg.web.enabled and not cfg.enabled_channels():
         rest.add(("web", "enabled"), "nothing would run: the web chat and every channel are disabled")
     secrets = cfg.secret_values()
@@ -424,6 +457,19 @@ def _check_mcp_servers(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str
             for key in ("args", "env"):
                 if getattr(server, key):
                     add((*at, key), "only used with command (a stdio server); this one has url")
+
+
+def _check_subagents(cfg: AppConfig, add: Callable[[Loc, str], None]) -> None:
+    sub = cfg.agent.subagents
+    seen: dict[str, int] = {}
+    for i, profile in enumerate(sub.profiles):
+        at: Loc = ("agent", "subagents", "profiles", i)
+        if profile.name in seen:
+            add((*at, "name"), f"duplicate name {profile.name!r} (also agent.subagents.profiles[{seen[profile.name]}])")
+        seen.setdefault(profile.name, i)
+        if profile.tools is not None and "run_subagent" in profile.tools and sub.max_depth < 2:
+            add((*at, "tools"), "lists run_subagent, but max_depth = 1 lets no subagent start another "
+                                "(raise agent.subagents.max_depth or remove it)")
 
 
 def _url_host(value: str) -> str | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.agent.compaction import summary_message
+from core.agent.events import SubagentEnded
 from core.events import EventBus, TurnCommitted
 from core.failures import TurnFailure, TurnFailureKind, TurnFailurePresenter
 from core.messages import MessageSource, NewMessage, ToolCall
@@ -127,7 +128,8 @@ def turn_messages(outcome: TurnRunOutcome, turn_id: str) -> list[NewMessage]:
                 tool_calls=tuple(ToolCall(id=c.call_id, name=c.name, arguments=c.arguments) for c in rnd.calls),
                 source=MessageSource(kind="assistant", turn_id=turn_id)))
             msgs.extend(NewMessage(role="tool", content=rnd.output_for(c.call_id), tool_call_id=c.call_id,
-                                   source=MessageSource(kind="tool", turn_id=turn_id, extra={"name": c.name}))
+                                   source=MessageSource(kind="tool", turn_id=turn_id,
+                                                        extra=_tool_extra(c.name, rnd.subagents.get(c.call_id))))
                         for c in rnd.calls)
         elif rnd.text or (completed and i == len(outcome.rounds) - 1):
             msgs.append(NewMessage(role="assistant", content=rnd.text, source=MessageSource(
@@ -135,6 +137,15 @@ def turn_messages(outcome: TurnRunOutcome, turn_id: str) -> list[NewMessage]:
     if isinstance(outcome, Completed) and outcome.notice:
         msgs.append(notice_message(outcome.notice, turn_id))
     return msgs
+
+
+def _tool_extra(name: str, child: SubagentEnded | None) -> dict[str, Any]:
+    """A tool result's extra facts: the tool's name, and for ``run_subagent`` the child session it ran (so a
+    client can show the child's own history)."""
+    if child is None:
+        return {"name": name}
+    return {"name": name, "subagent": {"session_key": child.session_key, "profile": child.profile,
+                                       "task": child.task, "outcome": child.outcome, "error": child.error}}
 
 
 def notice_message(text: str, turn_id: str | None) -> NewMessage:

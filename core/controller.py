@@ -28,14 +28,24 @@ from core.agent.events import (
     ApprovalDecided,
     ApprovalRequested,
     CompleteToolCall,
+    Forwarded,
     Notice,
     PartialText,
     RequestBegin,
     RequestEnd,
+    SessionMeta,
+    SubagentEnded,
     ToolOutput,
     TurnEvent,
 )
-from core.snapshot import ApprovalRequest, SnapshotState, ToolActivity, ToolStatus, TurnSnapshot
+from core.snapshot import (
+    ApprovalRequest,
+    ChildActivity,
+    SnapshotState,
+    ToolActivity,
+    ToolStatus,
+    TurnSnapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,8 @@ class TurnController:
         self._tools: tuple[ToolActivity, ...] = ()
         self._approvals: tuple[ApprovalRequest, ...] = ()
         self._error: str | None = None
+        self._children: dict[tuple[str, ...], ChildActivity] = {}
+        self._children_view: tuple[ChildActivity, ...] = ()
         self._waiters: list[asyncio.Future[None]] = []
         self._urgent: list[asyncio.Future[None]] = []
         self._listeners: list[EventListener] = []
@@ -62,7 +74,8 @@ class TurnController:
         self._separate = False  # the next request's first text starts after a blank line
         self._aborted = False
         self.trace: list[TurnEvent] = []
-        """Every complete (non-partial) event in stream order; written to the store after the turn."""
+        """Every complete (non-partial) event in stream order; written to the store after the turn. Events
+        forwarded from child sessions are not part of it (each child keeps its own trace)."""
 
     @property
     def snapshot(self) -> TurnSnapshot:
@@ -72,7 +85,7 @@ class TurnController:
             snap = self._snap = TurnSnapshot(
                 turn_id=snap.turn_id, session_key=snap.session_key, version=self._version, state=self._state,
                 text=self.text, tools=self._tools, approvals=self._approvals, error=self._error,
-                text_epoch=self._epoch)
+                text_epoch=self._epoch, children=self._children_view)
         return snap
 
     @property
@@ -125,9 +138,12 @@ class TurnController:
         """One turn event, in stream order. Nothing follows an abort event."""
         if self._aborted or self.terminal:
             return
-        if not event.partial:
-            self.trace.append(event)
-        self._update(event)
+        if isinstance(event, Forwarded):
+            self._child_event(event.origin, event.event)
+        else:
+            if not event.partial:
+                self.trace.append(event)
+            self._update(event)
         if isinstance(event, Abort):
             self._aborted = True
         if self._listeners:
@@ -173,11 +189,67 @@ class TurnController:
                 self._append("\n\n")
             self._append(event.text)
             self._changed()
+        elif isinstance(event, SubagentEnded):
+            self._child_ended((event.session_key,), event)
         elif isinstance(event, Abort):
             self._tools = tuple(dataclasses.replace(t, status="failed", summary="stopped")
                                 if t.status in ("running", "awaiting_approval") else t for t in self._tools)
             self._approvals = ()
+            for origin, child in self._children.items():
+                if child.state == "running":
+                    self._children[origin] = dataclasses.replace(child, state="cancelled", step="stopped")
+            self._children_view = tuple(self._children.values())
             self._changed(urgent=True)
+
+    # ---- child sessions ------------------------------------------------------------------------
+
+    def _child_event(self, origin: tuple[str, ...], event: TurnEvent) -> None:
+        """An event of the child session ``origin[-1]``: its status line and its pending approvals (which
+        are decided in this chat). Its text never becomes this turn's text."""
+        if isinstance(event, SessionMeta):
+            self._set_child(origin, ChildActivity(origin, event.call_id, event.profile, event.task))
+            return
+        child = self._children.get(origin)
+        if child is None:
+            return
+        if isinstance(event, PartialText):
+            if event.phase == "delta" and child.step != "writing":
+                self._set_child(origin, dataclasses.replace(child, step="writing"))
+        elif isinstance(event, RequestBegin):
+            self._set_child(origin, dataclasses.replace(child, step="thinking"))
+        elif isinstance(event, CompleteToolCall):
+            self._set_child(origin, dataclasses.replace(child, step=event.name))
+        elif isinstance(event, ApprovalRequested):
+            self._approvals = (*self._approvals, ApprovalRequest(
+                event.call_id, event.tool_name, event.arguments_summary, event.requested_by, event.arguments,
+                origin, child.label))
+            self._set_child(origin, dataclasses.replace(child, step=f"waiting for approval: {event.tool_name}"),
+                            urgent=True)
+        elif isinstance(event, ApprovalDecided):
+            self._approvals = tuple(a for a in self._approvals
+                                    if not (a.origin == origin and a.call_id == event.call_id))
+            self._changed(urgent=True)
+        elif isinstance(event, SubagentEnded):
+            self._child_ended((*origin, event.session_key), event)
+        elif isinstance(event, Abort):  # the child was stopped, and every child it had started with it
+            self._approvals = tuple(a for a in self._approvals if a.origin[:len(origin)] != origin)
+            for key, other in self._children.items():
+                if key[:len(origin)] == origin and other.state == "running":
+                    self._children[key] = dataclasses.replace(other, state="cancelled", step="stopped")
+            self._children_view = tuple(self._children.values())
+            self._changed(urgent=True)
+
+    def _child_ended(self, origin: tuple[str, ...], event: SubagentEnded) -> None:
+        child = self._children.get(origin)
+        if child is None:  # its session_meta never reached this turn (defensive: every child sends one first)
+            child = ChildActivity(origin, event.call_id, event.profile, event.task)
+        self._approvals = tuple(a for a in self._approvals if a.origin[:len(origin)] != origin)
+        self._set_child(origin, dataclasses.replace(child, state=event.outcome, step=event.outcome), urgent=True)
+
+    def _set_child(self, origin: tuple[str, ...], child: ChildActivity, *, urgent: bool = False) -> None:
+        self._children[origin] = child
+        self._children_view = tuple(self._children.values())
+        self._changed(urgent=urgent)
 
     def _append(self, text: str) -> None:
         self._pieces.append(text)

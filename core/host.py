@@ -37,7 +37,7 @@ marks a refused message as seen, so the redelivery is accepted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
@@ -89,9 +89,11 @@ class ChannelHost(Protocol):
         ...
 
     def decide(self, session_key: str, tool_call_id: str, decision: Decision,
-               decided_by: Decider | str | None) -> DecideResult:
+               decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
         """Answer a pending approval on behalf of ``decided_by`` (a bare string is a user id): DECIDED,
-        REFUSED (this user may not decide it; it stays pending) or NOT_PENDING (decided, timed out, over)."""
+        REFUSED (this user may not decide it; it stays pending) or NOT_PENDING (decided, timed out, over).
+        ``origin``: the request's own (``ApprovalRequest.origin``) when a child session of ``session_key``
+        asks (``run_subagent``)."""
         ...
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -117,7 +119,9 @@ class ChannelHost(Protocol):
 class SessionHost(ChannelHost, Protocol):
     """A channel whose users browse their sessions themselves (the web chat). Keys are this channel's."""
 
-    async def list_sessions(self) -> list[SessionRecord]: ...
+    async def list_sessions(self) -> list[SessionRecord]:
+        """This channel's conversations, most recent first (subagent sessions are shown in their parents)."""
+        ...
 
     async def create_session(self, key: str) -> SessionRecord: ...
 
@@ -190,8 +194,9 @@ class CoreHost:
         self._core.set_deciders(self._channel, allow_from)
 
     def decide(self, session_key: str, tool_call_id: str, decision: Decision,
-               decided_by: Decider | str | None) -> DecideResult:
-        return self._core.decide(self._own(session_key), tool_call_id, decision, decided_by, channel=self._channel)
+               decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
+        return self._core.decide(self._own(session_key), tool_call_id, decision, decided_by, channel=self._channel,
+                                 origin=origin)
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         return self._core.supervisor.spawn(name, coro)
@@ -212,7 +217,7 @@ class CoreHost:
     # ---- SessionHost -------------------------------------------------------------------------------
 
     async def list_sessions(self) -> list[SessionRecord]:
-        return await self._core.list_sessions(prefix=self._prefix)
+        return await self._core.list_sessions(prefix=self._prefix, subagents=False)
 
     async def create_session(self, key: str) -> SessionRecord:
         return await self._core.create_session(self._own(key))

@@ -105,4 +105,5 @@ class ChatMessage(BaseModel):
             "tool_call_id": self.tool_call_id,
             "turn_id": self.source.turn_id,
             "attachments": [a.history_view() for a in self.source.attachments],
+            **({"subagent": self.source.extra["subagent"]} if "subagent" in self.source.extra else {}),
         }

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor
-from core.agent.events import Abort, ApprovalDecided
+from core.agent.events import Abort, ApprovalDecided, Forwarded
 from core.agent.loop import AgentLoop, Round
 from core.cancel_signal import CancelSignal
 from core.controller import TurnController
@@ -86,12 +86,14 @@ class TurnRunner:
         self._on_model_retry = metrics.model_retries.inc if metrics is not None else None
 
     async def run(self, prepared: PreparedTurnInput, controller: TurnController, cancel: CancelSignal,
-                  *, requested_by: str | None = None) -> TurnRunOutcome:
+                  *, requested_by: str | None = None, depth: int = 0) -> TurnRunOutcome:
+        """``depth``: 0 for a conversation's own turn, one more per ``run_subagent`` level."""
         snap = controller.snapshot
         loop = AgentLoop(provider=self._provider, tools=self._tools, broker=self._broker,
                          settings=self._settings, session_key=snap.session_key, turn_id=snap.turn_id,
                          requested_by=requested_by, emit=controller.apply, spawn=self._supervisor.spawn,
-                         on_model_retry=self._on_model_retry, images_rejected=self._images_rejected)
+                         depth=depth, on_model_retry=self._on_model_retry,
+                         images_rejected=self._images_rejected)
         compaction: list[Summary] = []
         work = self._supervisor.spawn(f"turn:{snap.turn_id}:loop",
                                       self._run_loop(loop, prepared, controller, compaction))
@@ -112,7 +114,8 @@ class TurnRunner:
     @staticmethod
     def _abort(controller: TurnController) -> None:
         for pending in controller.snapshot.approvals:
-            controller.apply(ApprovalDecided(pending.call_id, "deny", "abort"))
+            denied = ApprovalDecided(pending.call_id, "deny", "abort")
+            controller.apply(Forwarded(pending.origin, denied) if pending.origin else denied)
         controller.apply(Abort("stop"))
 
     async def _run_loop(self, loop: AgentLoop, prepared: PreparedTurnInput, controller: TurnController,

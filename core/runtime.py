@@ -17,6 +17,7 @@ from typing import Literal
 from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor, summary_message
 from core.agent.deciders import NOBODY_ELSE, Decider, DecideResult, Deciders
+from core.agent.subagents import CHILD_GLOB, SubagentTool, descends, is_child_key
 from core.channel import Channel, ChannelRegistry
 from core.committer import TurnCommitter
 from core.delivery import PlainSender, TurnDeliveryService
@@ -75,6 +76,10 @@ class ChatCore:
         self._builder = builder
         self._compactor = Compactor(provider, builder, s)
         self._committer = TurnCommitter(store, self.events, self.presenter)
+        if s.subagents.enabled:
+            self.tools.add(SubagentTool(settings=s, store=store, provider=provider, supervisor=self.supervisor,
+                                        broker=self.approvals, tools=self.tools, committer=self._committer,
+                                        presenter=self.presenter, metrics=self.metrics))
         self.executor = ConversationExecutor(
             store=store, builder=builder,
             runner=TurnRunner(provider, builder, store, self.supervisor, s, tools=self.tools,
@@ -118,6 +123,8 @@ class ChatCore:
         for turn in await self.store.close_interrupted_turns():
             notice = self.presenter.interrupted_by_restart()
             await self._committer.commit_notice(turn.session_key, turn.turn_id, notice)
+            if is_child_key(turn.session_key):
+                continue  # a subagent's chat is its parent's, which is told once, by the parent's own turn
             try:
                 target = TurnTarget.model_validate_json(turn.target_json)
             except ValueError:
@@ -132,6 +139,9 @@ class ChatCore:
         (the answer, or the notice of a turn without one) once, as an ordinary message, in the order they
         ended; those older than ``resume_max_age`` are left, like the messages that old."""
         for item in await self.store.undelivered_turns(time.time() - self.settings.resume_max_age):
+            if is_child_key(item.turn.session_key):  # a subagent answers its parent, never a chat
+                await self.store.mark_delivered(item.turn.turn_id)
+                continue
             try:
                 target = TurnTarget.model_validate_json(item.turn.target_json)
             except ValueError:
@@ -187,16 +197,22 @@ class ChatCore:
         self._deciders[channel] = Deciders(allow_from)
 
     def decide(self, session_key: str, tool_call_id: str, decision: Literal["allow", "deny"],
-               decided_by: Decider | str | None, *, channel: str | None = None) -> DecideResult:
+               decided_by: Decider | str | None, *, channel: str | None = None,
+               origin: Sequence[str] = ()) -> DecideResult:
         """Answer a pending approval (snapshot.approvals) of ``session_key`` on behalf of ``decided_by``.
 
         Core decides who may: the sender of the turn's message, or a user the allow list of ``channel``
         (the session's channel) names; anyone else gets REFUSED and the approval stays pending. NOT_PENDING
-        when nothing is pending under that id (already decided, timed out, or the turn ended)."""
+        when nothing is pending under that id (already decided, timed out, or the turn ended). A call of a
+        child session (``run_subagent``) is decided in its parent's chat: ``origin`` is the request's
+        (the child keys, outermost first) and must descend from ``session_key``, else NOT_PENDING."""
         if decision not in ("allow", "deny"):
             raise ValueError(f"decision must be 'allow' or 'deny', not {decision!r}")
+        if origin and not descends(session_key, origin):
+            return DecideResult.NOT_PENDING
         deciders = self._deciders.get(channel, NOBODY_ELSE) if channel is not None else NOBODY_ELSE
-        return self.approvals.decide(session_key, tool_call_id, decision, decided_by, deciders)
+        target = origin[-1] if origin else session_key
+        return self.approvals.decide(target, tool_call_id, decision, decided_by, deciders)
 
     async def compact(self, key: str) -> str:
         """/compact: summarize the session's context now (not while a reply is being written)."""
@@ -229,8 +245,9 @@ class ChatCore:
         """See ``Store.history`` (``before`` pages backwards; UnknownMessageError for a foreign id)."""
         return await self.store.history(key, limit=limit, before=before)
 
-    async def list_sessions(self, *, prefix: str | None = None) -> list[SessionRecord]:
-        return await self.store.list_sessions(prefix=prefix)
+    async def list_sessions(self, *, prefix: str | None = None, subagents: bool = True) -> list[SessionRecord]:
+        """``subagents=False``: conversations only (a subagent is shown inside its parent)."""
+        return await self.store.list_sessions(prefix=prefix, exclude_glob=None if subagents else CHILD_GLOB)
 
     async def create_session(self, key: str) -> SessionRecord:
         return await self.store.get_or_create_session(key)

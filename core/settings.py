@@ -5,12 +5,37 @@ These defaults are the only ones: the operator config takes its defaults for the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from core.llm.provider import DEFAULT_REQUEST_TIMEOUT
 
 DEFAULT_RETRY_DELAYS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 30.0)
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentProfile:
+    """One ``[[agent.subagents.profiles]]`` entry: how a child session started with this profile runs."""
+
+    name: str
+    system_prompt: str | None = None
+    """None: the parent's system prompt."""
+    tools: tuple[str, ...] | None = None
+    """The tools the child may call (built-in and MCP names); None: every tool the parent has."""
+    max_turns: int | None = None
+    """Model requests of the child's turn; None: ``[agent] max_turns``."""
+    model: str | None = None
+    """The model the child's requests name; None: ``[llm] model``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentSettings:
+    enabled: bool = False
+    max_depth: int = 1
+    """How deep children may nest: 1 lets a conversation start children that cannot start their own."""
+    max_concurrent: int = 4
+    """``run_subagent`` calls running at once within one turn; one more is refused with a tool error."""
+    profiles: tuple[SubagentProfile, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,3 +84,7 @@ class CoreSettings:
     """Seconds to download one attachment from its platform (or to transcribe it)."""
     media_sweep_interval: float = 3600.0
     """Seconds between two passes that delete expired attachment files."""
+    model: str | None = None
+    """The model every request of these turns names; None: the provider's own (``[llm] model``). A
+    subagent profile's ``model`` sets it for its child sessions."""
+    subagents: SubagentSettings = field(default_factory=SubagentSettings)

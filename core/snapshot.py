@@ -42,6 +42,43 @@ class ApprovalRequest:
     """The sender of the turn's message; a channel may let only them (or admins) decide."""
     arguments: tuple[ShownArgument, ...] = ()
     """The same arguments one by one, key ones first, for a channel that has to fit a length limit."""
+    origin: tuple[str, ...] = ()
+    """Empty for the turn's own calls; for a call of a child session (``run_subagent``) the child session
+    keys from the outermost child to the one asking. A decision names it (``ChatCore.decide``)."""
+    label: str | None = None
+    """Who asks, for a child's call: its profile and task, short (channels show it with the request)."""
+
+
+ChildState = Literal["running", "completed", "failed", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChildActivity:
+    """One child session (``run_subagent``) of the turn, for a compact status line."""
+
+    origin: tuple[str, ...]
+    """The child session keys from the outermost child to this one (its own key last)."""
+    call_id: str
+    profile: str | None
+    task: str
+    state: ChildState = "running"
+    step: str = "starting"
+    """What it does now: ``starting``, ``thinking``, ``writing``, ``waiting for approval: <tool>`` or the
+    name of the tool it runs."""
+
+    @property
+    def label(self) -> str:
+        return subagent_label(self.profile, self.task)
+
+
+def subagent_label(profile: str | None, task: str, limit: int = 48) -> str:
+    """A child as people see it: its profile (if it has one) and the start of its task."""
+    task = " ".join(task.split())
+    if len(task) > limit:
+        task = task[: limit - 1] + "…"
+    if profile:
+        return f"{profile}: {task}" if task else profile
+    return task or "subagent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +96,8 @@ class TurnSnapshot:
     text_epoch: int = 0
     """Rises whenever the text was replaced rather than extended (a retried model request starts over). Two
     snapshots of one turn with the same epoch: the newer text starts with the older one."""
+    children: tuple[ChildActivity, ...] = ()
+    """The child sessions this turn started (``run_subagent``), nested ones included, in start order."""
 
     @property
     def terminal(self) -> bool:

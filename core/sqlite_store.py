@@ -130,15 +130,21 @@ class SqliteStore:
         found = await self._read("get_session", f"SELECT {SESSION_SELECT} FROM sessions WHERE key = ?", (key,))
         return rows.session_from_row(found[0]) if found else None
 
-    async def list_sessions(self, *, prefix: str | None = None, limit: int = 200) -> list[SessionRecord]:
-        """Sessions by most recent update first, optionally only keys starting with ``prefix``."""
-        if prefix is None:
-            found = await self._read("list_sessions", f"SELECT {SESSION_SELECT} FROM sessions"
-                                     " ORDER BY updated_at DESC, key LIMIT ?", (max(limit, 0),))
-        else:
-            found = await self._read("list_sessions", f"SELECT {SESSION_SELECT} FROM sessions"
-                                     " WHERE substr(key, 1, ?) = ? ORDER BY updated_at DESC, key LIMIT ?",
-                                     (len(prefix), prefix, max(limit, 0)))
+    async def list_sessions(self, *, prefix: str | None = None, limit: int = 200,
+                            exclude_glob: str | None = None) -> list[SessionRecord]:
+        """Sessions by most recent update first, optionally only keys starting with ``prefix`` and none
+        matching ``exclude_glob``."""
+        where: list[str] = []
+        params: list[object] = []
+        if prefix is not None:
+            where.append("substr(key, 1, ?) = ?")
+            params += [len(prefix), prefix]
+        if exclude_glob is not None:
+            where.append("key NOT GLOB ?")
+            params.append(exclude_glob)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        found = await self._read("list_sessions", f"SELECT {SESSION_SELECT} FROM sessions{clause}"
+                                 " ORDER BY updated_at DESC, key LIMIT ?", (*params, max(limit, 0)))
         return [rows.session_from_row(r) for r in found]
 
     async def bump_generation(self, key: str) -> int:

@@ -214,3 +214,45 @@ async def test_an_answer_committed_but_never_shown_in_full_is_sent_once_after_th
     assert tg.visible(CHAT).count(shown) == 1
     assert INTERRUPTED not in tg.visible(CHAT)  # it was answered, not interrupted
     assert len(fake_openai.requests) == 1
+
+
+async def test_sigkill_while_a_subagent_runs_ends_parent_and_child_with_one_notice(
+        tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> None:
+    from tests.support.db import rows
+
+    held = asyncio.Event()
+
+    def route(body: dict[str, Any]) -> Any:
+        if last_user_text(body).startswith("TASK"):
+            return Text("The child works slowly", hold=held, hold_after=9)
+        return ToolCalls([("run_subagent", '{"task": "TASK slow work"}')], ids=["call_S"])
+
+    fake_openai.default = Function(route)
+    config = write_config(tmp_path, fake_openai, tg)
+    config.write_text(config.read_text() + "\n[agent.subagents]\nenabled = true\n")
+    bridge = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        tg.user_message("delegate it")
+        await wait_for(lambda: len(fake_openai.requests) == 2, bridge)  # the child's request is streaming
+        await bridge.kill()
+    finally:
+        await bridge.stop()
+    held.set()
+
+    again = await BridgeProcess(config, tmp_path / "bridge.log").start()
+    try:
+        await wait_for(lambda: INTERRUPTED in tg.visible(CHAT), again)
+        await asyncio.sleep(1.0)  # a second notice would show by now
+    finally:
+        assert await again.stop() == 0
+    shown = [m.text for m in tg.messages(CHAT) if not m.deleted]
+    assert shown.count(INTERRUPTED) == 1
+    db = tmp_path / "data" / "chatbridge.db"
+    turns = rows(db, "SELECT session_key, state FROM turns ORDER BY started_at")
+    assert [state for _, state in turns] == ["interrupted", "interrupted"]
+    parent, child = (key for key, _ in turns)
+    assert child.startswith(f"{parent}-sub-")
+    for key in (parent, child):  # both conversations end with the notice, none is left running
+        last = rows(db, "SELECT content FROM messages WHERE session_key = ? ORDER BY seq DESC LIMIT 1", (key,))
+        assert last == [(INTERRUPTED,)]
+    assert len(fake_openai.requests) == 2

@@ -138,7 +138,9 @@ group_policy = "all"
                         if rng.random() < 0.2:  # a client retrying: never a second answer
                             async with http.post(f"{base}/api/sessions/{sid}/messages", json=body) as resp:
                                 assert (await resp.json())["status"] == "duplicate"
-                if rng.random() < 0.15:  # the platform misbehaves for a moment
+                # the platform misbehaves for a moment: one failed call at a time (a blip, not an outage,
+                # which the bounded retries are not meant to outlast)
+                if rng.random() < 0.15 and all(f.times == 0 for f in tg.faults):
                     method = rng.choice(["sendMessage", "editMessageText", "sendChatAction"])
                     if rng.random() < 0.5:
                         tg.fail(method, status=429, description="Too Many Requests: retry after 1", retry_after=1)
@@ -187,7 +189,12 @@ group_policy = "all"
         code = await bridge.stop()
     assert code == 0
     assert len(ends) == len(telegram_sent) + sum(map(len, web_sent.values())) > 20
-    assert {ident: kinds for ident, kinds in ends.items() if kinds != ["answer"]} == {}
+    wrong = {ident: kinds for ident, kinds in ends.items() if kinds != ["answer"]}
+    shown = [f"{chat} reply_to={m.reply_to} deleted={m.deleted}: {m.text[-60:]!r}" for chat in GROUPS
+             for m in tg.messages(chat) if m.reply_to in telegram_sent and telegram_sent[m.reply_to][1] in wrong]
+    sent_where = {ident: ("telegram" if any(i == ident for _, i in telegram_sent.values()) else "web")
+                  for ident in wrong}
+    assert wrong == {}, f"{sent_where}\n" + "\n".join(shown) + "\n" + bridge.log()[-3000:]
     assert "Traceback" not in bridge.log()
     print(f"soak: {len(ends)} messages in {SOAK_SECONDS:g}s; RSS {rss_start // 1024} MiB → {rss_end // 1024} MiB")
     assert rss_end < rss_start + 64 * 1024  # flat: no growth with traffic beyond caches' warm-up

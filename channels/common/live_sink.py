@@ -25,6 +25,9 @@ this is the rest of the ``TurnSink`` contract:
   the chat showing the formatted answer once (``channels.common.ledger``).
 - Approvals: a new pending approval is posted at once by the platform's prompts; one that ended without
   a press is marked with how it ended.
+- Subagents: while child sessions of the turn run, the last streamed message carries one status line per
+  running child (``channels.common.status``) where it fits; the final reply never does. A stream that
+  shows activity itself (the web chat's cards) gets none.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from channels.common.ops import (
 )
 from channels.common.reconciler import Reconciler
 from channels.common.splitter import Chunk, split
+from channels.common.status import status_lines
 from core.agent.approvals import DENIED_BY_TIMEOUT
 from core.channel import SinkError, TurnFeed
 from core.snapshot import ApprovalRequest, TurnSnapshot
@@ -82,8 +86,14 @@ def body(snapshot: TurnSnapshot) -> str:
     return text
 
 
-def ended_line(snapshot: TurnSnapshot, call_id: str) -> str:
-    """How an approval ended without a press on its prompt, from the tool's status in ``snapshot``."""
+def ended_line(snapshot: TurnSnapshot, call_id: str, origin: tuple[str, ...] = ()) -> str:
+    """How an approval ended without a press on its prompt, from the tool's status in ``snapshot`` (for a
+    subagent's call, from its child's state: its tools are not the turn's)."""
+    if origin:
+        child = next((c for c in snapshot.children if c.origin == origin), None)
+        if snapshot.state == "cancelled" or (child is not None and child.state == "cancelled"):
+            return "⏹ The reply was stopped before a decision."
+        return "⌛ Denied: nobody decided in time."
     tool = next((t for t in snapshot.tools if t.call_id == call_id), None)
     if tool is not None and tool.status == "denied" and tool.summary == DENIED_BY_TIMEOUT:
         return "⌛ Denied: nobody decided in time."
@@ -153,12 +163,14 @@ class LiveSink:
         self._incremental = True
         self._base, self._reopen, self._frozen, self._base_text = 0, "", 0, ""
         self._epoch = 0
-        self._flushed: tuple[int, int] | None = None  # (text_epoch, length) last shown
+        self._flushed: tuple[int, int, str] | None = None  # (text_epoch, length, status lines) last shown
+        self._streamed_status = ""
         self._flushed_version = 0
         self._streamed: tuple[int, int, int] | None = None  # (text_epoch, base, length) the stream shows
         self._approvals: tuple[ApprovalRequest, ...] = ()
         self._pushed_approvals: tuple[ApprovalRequest, ...] = ()
-        self._asked: dict[str, _Asked] = {}
+        self._asked: dict[tuple[tuple[str, ...], str], _Asked] = {}
+        """Posted prompts by (origin, call id): a subagent's call ids are its own, they may repeat the turn's."""
         self._paused_at_open = calls.throttle.paused_total(ops.scopes)
         self._final_cache: tuple[int, bool, list[Part]] | None = None
 
@@ -236,14 +248,15 @@ class LiveSink:
     def _news(self, snap: TurnSnapshot) -> bool:
         if self.stream is not None and self.stream.shows_activity:
             return snap.version != self._flushed_version
-        return self._flushed != (snap.text_epoch, len(snap.text))
+        return self._flushed != (snap.text_epoch, len(snap.text), status_lines(snap))
 
     def _ready_to_show(self, snap: TurnSnapshot, now: float) -> bool:
         """The first-message gate."""
         s = self.settings
         if now - self._opened < s.first_delay and len(snap.text) < s.first_chars:
             return False
-        return bool(snap.text.strip()) or (self.stream is not None and self.stream.shows_activity)
+        return bool(snap.text.strip()) or (self.stream is not None and self.stream.shows_activity) \
+            or bool(status_lines(snap))
 
     async def _doze(self, turn: TurnFeed, seconds: float, *, any_change: bool) -> None:
         """Sleep ``seconds``, or less if the turn changes urgently (or at all, with ``any_change``)."""
@@ -259,7 +272,7 @@ class LiveSink:
     async def _flush(self, snap: TurnSnapshot, *, urgent: bool = False) -> None:
         """Show ``snap`` with one step of platform calls (each taking its own slot; a stream that shows
         approvals shows a change of them at once)."""
-        self._flushed = (snap.text_epoch, len(snap.text))
+        self._flushed = (snap.text_epoch, len(snap.text), status_lines(snap))
         self._flushed_version = snap.version
         try:
             stream = self.stream
@@ -301,10 +314,24 @@ class LiveSink:
             self._frozen += finished
             self._base, self._reopen, self._base_text = chunks[finished].start, chunks[finished].reopen, snap.text
 
+    def _with_status(self, text: str, status: str) -> str:
+        """``text`` with the status lines under it, when they fit the message (else ``text``)."""
+        if not status:
+            return text
+        shown = f"{text}\n\n{status}" if text.strip() else status
+        return shown if self._limit is None or self._measure(shown) <= self._limit else text
+
     async def _flush_messages(self, snap: TurnSnapshot) -> None:
         chunks = self._tail(snap)
         desired = [e.part for e in self.ledger.entries[:self._frozen]]
-        desired += [self.render.stream_part(c.text) for c in chunks if c.text.strip()]
+        texts = [c.text for c in chunks if c.text.strip()]
+        status = status_lines(snap)
+        if status:
+            if texts:
+                texts[-1] = self._with_status(texts[-1], status)
+            else:
+                texts = [self._with_status("", status)]
+        desired += [self.render.stream_part(t) for t in texts]
         await self.reconciler.apply(desired, final=False)
         self._shown = self._shown or bool(self.ledger)
         self._advance(snap, chunks, len(chunks) - 1)
@@ -324,8 +351,12 @@ class LiveSink:
         text = chunks[-1].text
         shown = self._streamed
         state = (snap.text_epoch, self._base, len(text))
+        status = "" if stream.shows_activity else status_lines(snap)
         change: TextChange | None
-        if shown is None or shown[:2] != state[:2] or len(text) < shown[2]:
+        if status or self._streamed_status:  # the lines change as children move on: the whole text again
+            text = self._with_status(text, status)
+            change = TextChange(text, replace=True) if text.strip() else None
+        elif shown is None or shown[:2] != state[:2] or len(text) < shown[2]:
             change = TextChange(text, replace=True)
         elif len(text) > shown[2]:
             change = TextChange(text[shown[2]:])
@@ -336,6 +367,7 @@ class LiveSink:
         await self.calls.call(lambda: stream.push(snap, text, change), scopes=self.ops.scopes, retry=False,
                               paced=not urgent)
         self._streamed = state
+        self._streamed_status = status
         self._pushed_approvals = snap.approvals
         self._shown = True
 
@@ -410,17 +442,18 @@ class LiveSink:
             return
         self._approvals = snapshot.approvals
         prompts = self.prompts
-        pending = {a.call_id for a in snapshot.approvals}
+        pending = {(a.origin, a.call_id) for a in snapshot.approvals}
         for request in snapshot.approvals:
-            if request.call_id not in self._asked:
+            if (request.origin, request.call_id) not in self._asked:
                 asked = _Asked(None)
                 asked.posting = self._spawn(f"approval:{request.call_id}",
                                             self._post(prompts, asked, snapshot.session_key, request))
-                self._asked[request.call_id] = asked
-        for call_id, asked in self._asked.items():
-            if call_id not in pending and not asked.ended:
+                self._asked[(request.origin, request.call_id)] = asked
+        for (origin, call_id), asked in self._asked.items():
+            if (origin, call_id) not in pending and not asked.ended:
                 asked.ended = True
-                self._spawn(f"approval-ended:{call_id}", self._end(prompts, asked, ended_line(snapshot, call_id)))
+                self._spawn(f"approval-ended:{call_id}",
+                            self._end(prompts, asked, ended_line(snapshot, call_id, origin)))
 
     @staticmethod
     async def _post(prompts: ApprovalPrompts, asked: _Asked, session_key: str, request: ApprovalRequest) -> None:

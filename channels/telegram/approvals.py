@@ -74,10 +74,13 @@ class PendingApproval:
     """The request's message texts; the last one carries the keyboard and, after an edit, the outcome."""
     message_id: int | None = None
     outcome: str | None = None
+    origin: tuple[str, ...] = ()
+    """A subagent's request (``run_subagent``): the child sessions it came through; the press names them."""
     """"allowed" or "denied" after a press; "ended" when it ended otherwise (timed out, stopped, turn over)."""
 
 
-def request_parts(tool_name: str, arguments: Sequence[ShownArgument], limit: int = MESSAGE_LIMIT) -> list[str]:
+def request_parts(tool_name: str, arguments: Sequence[ShownArgument], limit: int = MESSAGE_LIMIT,
+                  label: str | None = None) -> list[str]:
     """The approval request as message texts, each within ``limit`` (the last with room for the outcome).
 
     Key arguments are never shortened; when the whole request does not fit one message, the others are
@@ -85,6 +88,8 @@ def request_parts(tool_name: str, arguments: Sequence[ShownArgument], limit: int
     not fit one message is split over several, nothing dropped."""
     budget = max(limit - OUTCOME_ROOM, 64)
     header = f"🔧 Approval needed: {tool_name}"
+    if label:  # a subagent asks: say which one (its profile and task), so the chat knows whose call it is
+        header += f"\n🤖 asked by subagent {label}"
     lines = [header, *(f"{a.name}={a.value}" for a in arguments if a.key)]
     others = [a for a in arguments if not a.key]
     full = [f"{a.name}={a.value}" for a in others]
@@ -196,9 +201,11 @@ class ApprovalButtons:
                 log.warning("could not record the open approval requests: %s", exc)
 
     def register(self, session_key: str, call_id: str, tool_name: str, arguments: Sequence[ShownArgument],
-                 requested_by: str | None, chat_id: int) -> PendingApproval:
+                 requested_by: str | None, chat_id: int, *, origin: tuple[str, ...] = (),
+                 label: str | None = None) -> PendingApproval:
         entry = PendingApproval(secrets.token_urlsafe(9), session_key, call_id, tool_name, requested_by, chat_id,
-                                tuple(request_parts(tool_name, arguments, self._channel.limit)))
+                                tuple(request_parts(tool_name, arguments, self._channel.limit, label)),
+                                origin=origin)
         self._by_ref[entry.ref] = entry
         while len(self._by_ref) > MAX_REMEMBERED:
             self._by_ref.popitem(last=False)
@@ -224,7 +231,8 @@ class ApprovalButtons:
             return
         user = query.from_user
         result = self._channel.host.decide(entry.session_key, entry.call_id, decision,
-                                           decided_by=Decider(str(user.id), (user.username,) if user.username else ()))
+                                           decided_by=Decider(str(user.id), (user.username,) if user.username else ()),
+                                           origin=entry.origin)
         if result is DecideResult.REFUSED:
             await self._answer(query, NOT_YOURS, alert=True)
             return

@@ -142,7 +142,7 @@ class TelegramPrompts:
         d = self._dest
         entry = self._channel.approval_buttons.register(
             session_key, request.call_id, request.tool_name, request.arguments,
-            request.requested_by or self._target.sender_id, d.chat_id)
+            request.requested_by or self._target.sender_id, d.chat_id, origin=request.origin, label=request.label)
         msg = None
         # A request longer than one message comes in parts; the keyboard goes under the last one only once
         # every part is shown, so nobody decides on half of the arguments.

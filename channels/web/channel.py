@@ -31,11 +31,13 @@ from channels.common.ledger import Part
 from channels.common.live_sink import LiveSettings, LiveSink
 from channels.common.ops import Capabilities, NativeStream, PlainRenderer, TextChange
 from channels.common.throttle import Scope, Throttle
-from channels.web.context import CHANNEL, WebContext, session_id_of
+from channels.web.context import CHANNEL, WebContext, message_view, page_id, session_id_of
 from channels.web.server import HEARTBEAT_SECONDS, WebAccess, WebServer
-from channels.web.sse import StreamHub, Subscriber, encode_event
+from channels.web.sse import StreamHub, Subscriber, child_event_view, encode_event
+from core.agent.events import Forwarded, SubagentEnded, TurnEvent
+from core.agent.subagents import is_child_key
 from core.envelope import TurnTarget
-from core.events import CoreEvent, SessionTitleChanged, TurnCommitted
+from core.events import CoreEvent, SessionTitleChanged, TurnCommitted, TurnStarted
 from core.host import SessionHost
 from core.snapshot import TurnSnapshot
 
@@ -185,20 +187,41 @@ class WebChannel:
     # ---- core events ----------------------------------------------------------------------------
 
     def on_core_event(self, event: CoreEvent) -> None:
-        if isinstance(event, TurnCommitted):
+        if isinstance(event, TurnStarted):
+            sid = session_id_of(event.session_key)
+            if sid is not None and not is_child_key(event.session_key):
+                self._follow_children(sid, event)
+        elif isinstance(event, TurnCommitted):
             sid = session_id_of(event.session_key)
             if sid is None:
                 return
             self.hub.stream(sid).append("turn_committed", {
                 "session_id": sid, "history_revision": event.history_revision,
-                "messages": [m.history_view() for m in event.messages]})
-            self.publish_feed("session_activity", {"session_id": sid, "history_revision": event.history_revision})
+                "messages": [message_view(m.history_view()) for m in event.messages]})
+            if not is_child_key(event.session_key):  # a subagent is shown inside its parent, not listed
+                self.publish_feed("session_activity",
+                                  {"session_id": sid, "history_revision": event.history_revision})
         elif isinstance(event, SessionTitleChanged):
             sid = session_id_of(event.session_key)
             if sid is None:
                 return
             self.hub.stream(sid).append("session_title", {"session_id": sid, "title": event.title})
             self.publish_feed("session_title", {"session_id": sid, "title": event.title})
+
+    def _follow_children(self, sid: str, started: TurnStarted) -> None:
+        """Forward the events of the turn's child sessions (``run_subagent``) to the session's stream as
+        they arrive, interleaved with its own ``turn`` events: the page draws one card per child."""
+        turn_id = started.turn_id
+
+        def on_event(event: TurnEvent) -> None:
+            if isinstance(event, Forwarded):
+                origin = [page_id(k) for k in event.origin]
+                self.hub.stream(sid).child_event(turn_id, origin, child_event_view(event.event, page_id))
+            elif isinstance(event, SubagentEnded):
+                self.hub.stream(sid).child_event(turn_id, [], child_event_view(event, page_id))
+
+        self.hub.stream(sid).id_of = page_id
+        started.controller.subscribe(on_event)
 
     # ---- the session-list feed ------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ a resend idempotent (the envelope's event_id) and lets the page match the reply'
 
 from __future__ import annotations
 
+from typing import Any
+
 from channels.common.context import TypedContext
 
 CHANNEL = "web"
@@ -18,6 +20,21 @@ def session_key(session_id: str) -> str:
 
 def session_id_of(key: str) -> str | None:
     return key[len(KEY_PREFIX):] if key.startswith(KEY_PREFIX) else None
+
+
+def page_id(key: str) -> str:
+    """The id the page knows a session by (a subagent's too); a key of another channel stays as it is."""
+    return session_id_of(key) or key
+
+
+def message_view(view: dict[str, Any]) -> dict[str, Any]:
+    """A history message for the page: the child session a ``run_subagent`` result names, by its id."""
+    child = view.get("subagent")
+    if isinstance(child, dict) and isinstance(child.get("session_key"), str):
+        child = dict(child)
+        child["session_id"] = page_id(child.pop("session_key"))
+        view = {**view, "subagent": child}
+    return view
 
 
 class WebContext(TypedContext):

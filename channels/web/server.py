@@ -41,9 +41,10 @@ from urllib.parse import quote
 from aiohttp import BodyPartReader, web
 
 from channels.web.auth import COOKIE, COOKIE_MAX_AGE, GuessLimiter, TokenCheck, client_key
-from channels.web.context import CHANNEL, WebContext, session_id_of, session_key
+from channels.web.context import CHANNEL, WebContext, message_view, session_id_of, session_key
 from channels.web.guard import RequestGuard, add_security_headers, is_chat_path
 from channels.web.sse import HEARTBEAT, Subscriber, encode_event
+from core.agent.subagents import is_child_key
 from core.envelope import InboundEnvelope, MediaItem
 from core.host import AdmissionError, AttachmentRefused, DecideResult, SessionHost, ShuttingDownError
 from core.media.sniff import IMAGE_TYPES
@@ -63,7 +64,8 @@ MAX_CALL_ID = 256
 HISTORY_PAGE = 200
 """Messages per history page unless ``limit`` says otherwise; ``HISTORY_MAX`` bounds ``limit``."""
 HISTORY_MAX = 1000
-_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")  # a subagent's id is its parent's with -sub-<12 hex> per level
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ATTACHMENT_ID = re.compile(r"[0-9a-f]{32}")
 UPLOAD_CHUNK = 64 * 1024
 MULTIPART_OVERHEAD = 64 * 1024
@@ -318,7 +320,7 @@ class WebServer:
         except UnknownMessageError:
             return _error(400, "'before' is not a message of this conversation")
         return web.json_response({"history_revision": revision, "has_more": len(messages) > limit,
-                                  "messages": [m.history_view() for m in messages[-limit:]]})
+                                  "messages": [message_view(m.history_view()) for m in messages[-limit:]]})
 
     @staticmethod
     def _text_field(body: dict[str, Any], name: str) -> str:
@@ -329,6 +331,8 @@ class WebServer:
 
     async def post_message(self, request: web.Request) -> web.StreamResponse:
         sid = self._session_id(request)
+        if is_child_key(session_key(sid)):
+            return _error(409, "this is a subagent's conversation: it is shown in its parent's and takes no messages")
         body = await self._json(request)
         text = self._text_field(body, "text")
         media = await self._attachments(sid, body.get("attachments", []))
@@ -339,7 +343,7 @@ class WebServer:
         if len(text) > MAX_TEXT:
             return _error(413, f"'text' is longer than {MAX_TEXT} characters")
         client_id = body.get("client_id")
-        if client_id is not None and (not isinstance(client_id, str) or not _ID.match(client_id)):
+        if client_id is not None and (not isinstance(client_id, str) or not _CLIENT_ID.match(client_id)):
             return _error(400, "'client_id' must be 1 to 64 letters, digits, '-' or '_'")
         if not self.accepting:
             return _error(503, "the bridge is shutting down; send the message again in a minute")
@@ -426,13 +430,21 @@ class WebServer:
         call_id = request.match_info["call_id"]
         if not call_id or len(call_id) > MAX_CALL_ID:
             return _error(400, "bad tool call id")
-        decision = (await self._json(request)).get("decision")
+        body = await self._json(request)
+        decision = body.get("decision")
         if decision not in ("allow", "deny"):
             return _error(400, "'decision' must be \"allow\" or \"deny\"")
+        # A subagent's call is decided here too, in its parent's conversation: the request's ``origin`` (the
+        # child session ids of its approval_request) says whose call it is; core checks it descends from sid.
+        origin = body.get("origin", [])
+        if not isinstance(origin, list) or len(origin) > 8 or not all(isinstance(o, str) and _ID.match(o)
+                                                                     for o in origin):
+            return _error(400, "'origin' must be the list of session ids of the approval request")
         # The web chat has no user identities: every client that passed the token check speaks as the one
         # SENDER its messages are submitted as, so core lets it decide the pending approvals of the session it
         # addresses, and no other session's (approvals are keyed by session).
-        result = self.host.decide(session_key(sid), call_id, decision, decided_by=SENDER)
+        result = self.host.decide(session_key(sid), call_id, decision, decided_by=SENDER,
+                                  origin=[session_key(o) for o in origin])
         if result is DecideResult.REFUSED:
             return _error(403, "this approval was requested by someone else")
         if result is not DecideResult.DECIDED:

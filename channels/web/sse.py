@@ -24,9 +24,10 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from core.agent.events import ChildEvent, SessionMeta, SubagentEnded, trace_payload
 from core.snapshot import TurnSnapshot
 
 
@@ -45,10 +46,72 @@ def tool_view(snapshot: TurnSnapshot) -> list[dict[str, str]]:
     return [{"call_id": t.call_id, "name": t.name, "status": t.status, "summary": t.summary} for t in snapshot.tools]
 
 
-def approvals_view(snapshot: TurnSnapshot) -> list[dict[str, Any]]:
-    # requested_by stays out: clients never see internal sender ids (as in history)
-    return [{"call_id": a.call_id, "tool_name": a.tool_name, "arguments": a.arguments_summary}
+def approvals_view(snapshot: TurnSnapshot, id_of: Callable[[str], str] = str) -> list[dict[str, Any]]:
+    # requested_by stays out: clients never see internal sender ids (as in history). A child session's
+    # request (run_subagent) also says whose it is: its origin (session ids, outermost first) and label.
+    return [{"call_id": a.call_id, "tool_name": a.tool_name, "arguments": a.arguments_summary,
+             **({"origin": [id_of(k) for k in a.origin], "label": a.label} if a.origin else {})}
             for a in snapshot.approvals]
+
+
+def child_event_view(event: ChildEvent, id_of: Callable[[str], str]) -> dict[str, Any]:
+    """A child session's event as the page gets it: its kind and fields, session keys as session ids,
+    without internal sender ids."""
+    if isinstance(event, SessionMeta):
+        return {"kind": event.kind, "session_id": id_of(event.session_key), "parent_id": id_of(event.parent_key),
+                "profile": event.profile, "task": event.task, "call_id": event.call_id}
+    if isinstance(event, SubagentEnded):
+        return {"kind": event.kind, "session_id": id_of(event.session_key), "call_id": event.call_id,
+                "profile": event.profile, "task": event.task, "outcome": event.outcome, "error": event.error}
+    view = {"kind": event.kind, **trace_payload(event)}
+    view.pop("requested_by", None)
+    if event.kind == "approval_request":
+        view.pop("arguments", None)  # the summary says it all; the decision goes through the parent's turn
+    return view
+
+
+@dataclass
+class ChildCard:
+    """What the page needs to draw one child session of the running turn after a reload (``task_state``),
+    kept from the ``subagent`` events the stream carried."""
+
+    origin: list[str]
+    call_id: str
+    profile: str | None
+    task: str
+    state: str = "running"
+    text: str = ""
+    tools: list[dict[str, str]] = field(default_factory=list)
+    error: str | None = None
+    new_request: bool = False
+
+    def view(self) -> dict[str, Any]:
+        return {"origin": self.origin, "session_id": self.origin[-1], "call_id": self.call_id,
+                "profile": self.profile, "task": self.task, "state": self.state, "text": self.text,
+                "tools": self.tools, "error": self.error}
+
+    def apply(self, ev: dict[str, Any]) -> None:
+        kind = ev["kind"]
+        if kind == "request_begin":
+            self.new_request = bool(self.text)
+        elif kind == "partial_text" and ev.get("phase") == "delta":
+            if self.new_request:
+                self.text += "\n\n"
+                self.new_request = False
+            self.text += ev.get("text", "")
+        elif kind == "tool_call":
+            self.tools.append({"call_id": ev["call_id"], "name": ev["name"], "status": "awaiting_approval"})
+        elif kind == "approval_decision":
+            self._tool(ev["call_id"], "running" if ev["decision"] == "allow" else "denied")
+        elif kind == "tool_call_output":
+            self._tool(ev["call_id"], ev["status"])
+        elif kind == "abort":
+            self.state = "cancelled"
+
+    def _tool(self, call_id: str, status: str) -> None:
+        for tool in self.tools:
+            if tool["call_id"] == call_id:
+                tool["status"] = status
 
 
 @dataclass
@@ -107,6 +170,11 @@ class SessionStream:
         self._max_bytes = max_bytes
         self.subscribers: set[Subscriber] = set()
         self.live: LiveTurn | None = None
+        self.children_turn: str | None = None
+        self.children: dict[tuple[str, ...], ChildCard] = {}
+        """The child sessions (``run_subagent``) of turn ``children_turn``, by origin."""
+        self.id_of: Callable[[str], str] = str
+        """Session key → the id the page knows it by (set by the channel)."""
         self._clock = clock
         self.last_activity = clock()
 
@@ -134,7 +202,7 @@ class SessionStream:
         """Append the increment from what clients were last told to ``snapshot``; False if nothing changed.
         ``appended``: what the text gained since then, when the caller knows (saves comparing the texts)."""
         live = self.live
-        tools, approvals = tool_view(snapshot), approvals_view(snapshot)
+        tools, approvals = tool_view(snapshot), approvals_view(snapshot, self.id_of)
         data: dict[str, Any] = {"turn_id": snapshot.turn_id, "version": snapshot.version, "state": snapshot.state}
         if live is None or live.turn_id != snapshot.turn_id:
             data["client_id"] = client_id
@@ -175,10 +243,30 @@ class SessionStream:
 
     def _announce(self, turn_id: str, approvals: list[dict[str, Any]], before: list[dict[str, Any]]) -> None:
         """One ``approval_request`` event per approval that was not pending in the previous ``turn`` event."""
-        known = {a["call_id"] for a in before}
+        known = {(tuple(a.get("origin", ())), a["call_id"]) for a in before}
         for a in approvals:
-            if a["call_id"] not in known:
+            if (tuple(a.get("origin", ())), a["call_id"]) not in known:
                 self.append("approval_request", {"session_id": self.session_id, "turn_id": turn_id, **a})
+
+    def child_event(self, turn_id: str, origin: list[str], event: dict[str, Any]) -> None:
+        """One event of a child session of turn ``turn_id`` (``origin``: its session ids, outermost first;
+        empty for the turn's own ``subagent`` pointer), appended as a ``subagent`` event and kept for
+        ``task_state``."""
+        if self.children_turn != turn_id:
+            self.children_turn, self.children = turn_id, {}
+        kind = event["kind"]
+        if kind == "session_meta":
+            self.children[tuple(origin)] = ChildCard(list(origin), event["call_id"], event["profile"], event["task"])
+        elif kind == "subagent":
+            card = self.children.get((*origin, event["session_id"]))
+            if card is not None:
+                card.state, card.error = event["outcome"], event["error"]
+        else:
+            card = self.children.get(tuple(origin))
+            if card is not None:
+                card.apply(event)
+        self.append("subagent", {"session_id": self.session_id, "turn_id": turn_id, "origin": origin,
+                                 "event": event})
 
     def has_terminal(self, turn_id: str) -> bool:
         return self.live is not None and self.live.turn_id == turn_id and self.live.state != "running"
@@ -190,6 +278,8 @@ class SessionStream:
         running = self.live if self.live is not None and self.live.state == "running" else None
         data: dict[str, Any] = {"session_id": self.session_id, "turn": running.view() if running else None,
                                 "approvals": list(running.approvals) if running else []}
+        if running is not None and self.children_turn == running.turn_id and self.children:
+            data["children"] = [c.view() for c in self.children.values()]
         if title is not None:
             data["title"] = title
         return encode_event("task_state", data, self.last_id())

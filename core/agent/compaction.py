@@ -69,7 +69,7 @@ class Compactor:
             else:
                 lines.append(f"{m.role}: {m.content}")
         request = LLMRequest(messages=(LLMMessage("system", SUMMARY_PROMPT), LLMMessage("user", "\n\n".join(lines))),
-                             max_tokens=self._settings.max_output_tokens)
+                             max_tokens=self._settings.max_output_tokens, model=self._settings.model)
         usage: Usage | None = None
         text = ""
         async for attempt in retry_policy(self._settings.retry_delays):

@@ -2,7 +2,9 @@
 
 Partial events (``partial = True``) are the streaming fragments of a message: each segment is strictly
 start → delta* → stop and is followed at once by its complete message. The trace keeps every complete
-message (and every event) in stream order and skips the partials.
+message (and every event) in stream order and skips the partials and the ``Forwarded`` events of child
+sessions (``run_subagent``): a child's stream order lives in the child's own trace, the parent keeps one
+``SubagentEnded`` pointer per child.
 """
 
 from __future__ import annotations
@@ -165,9 +167,56 @@ class Notice:
     text: str
 
 
-TurnEvent = (RequestBegin | PartialText | CompleteText | PartialReasoning | CompleteReasoning | PartialToolCall
-             | CompleteToolCall | ApprovalRequested | ApprovalDecided | PartialToolOutput | ToolOutput
-             | TokenUsage | RequestEnd | CompactionBegin | CompactionEnd | Abort | Notice)
+@dataclass(frozen=True, slots=True)
+class SessionMeta:
+    """The first event of a child session's stream (``run_subagent``): which session it is and why."""
+
+    kind: ClassVar[str] = "session_meta"
+    partial: ClassVar[bool] = False
+    session_key: str
+    parent_key: str
+    profile: str | None
+    task: str
+    call_id: str
+    """The parent's ``run_subagent`` call this child answers."""
+
+
+SubagentOutcome = Literal["completed", "failed", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentEnded:
+    """The parent's pointer to one child session (its trace keeps this, never the child's messages)."""
+
+    kind: ClassVar[str] = "subagent"
+    partial: ClassVar[bool] = False
+    call_id: str
+    session_key: str
+    profile: str | None
+    task: str
+    outcome: SubagentOutcome
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """An event of a child session, forwarded into its parent's stream. ``origin`` lists the child session
+    keys from the outermost child to the one that produced ``event``: each forwarding hop prepends its
+    child's key. The trace of a session never keeps forwarded events (each child has its own trace)."""
+
+    kind: ClassVar[str] = "forwarded"
+    partial: ClassVar[bool] = False
+    origin: tuple[str, ...]
+    event: ChildEvent
+
+
+ChildEvent = (RequestBegin | PartialText | CompleteText | PartialReasoning | CompleteReasoning | PartialToolCall
+              | CompleteToolCall | ApprovalRequested | ApprovalDecided | PartialToolOutput | ToolOutput
+              | TokenUsage | RequestEnd | CompactionBegin | CompactionEnd | Abort | Notice | SessionMeta
+              | SubagentEnded)
+"""What a session's stream carries of its own."""
+
+TurnEvent = ChildEvent | Forwarded
 
 
 def trace_payload(event: TurnEvent) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from core.agent.events import (
     CompleteReasoning,
     CompleteText,
     CompleteToolCall,
+    Forwarded,
     Notice,
     PartialReasoning,
     PartialText,
@@ -29,6 +30,8 @@ from core.agent.events import (
     RequestBegin,
     RequestEnd,
     RequestStatus,
+    SessionMeta,
+    SubagentEnded,
     TokenUsage,
     ToolOutput,
     TurnEvent,
@@ -83,6 +86,8 @@ class Round:
     outputs: dict[str, ToolOutput] = field(default_factory=dict)
     pieces: list[str] = field(default_factory=list)
     """The answer text of the current attempt, as streamed (joined on demand: linear in its length)."""
+    subagents: dict[str, SubagentEnded] = field(default_factory=dict)
+    """The child session each ``run_subagent`` call of this round ran, by call id (kept with its result)."""
 
     @property
     def text(self) -> str:
@@ -116,7 +121,7 @@ def request_status(err: ProviderError) -> RequestStatus:
 class AgentLoop:
     def __init__(self, *, provider: LLMProvider, tools: ToolRegistry, broker: ApprovalBroker,
                  settings: CoreSettings, session_key: str, turn_id: str, requested_by: str | None,
-                 emit: Callable[[TurnEvent], None], spawn: Spawn,
+                 emit: Callable[[TurnEvent], None], spawn: Spawn, depth: int = 0,
                  on_model_retry: Callable[[], None] | None = None,
                  images_rejected: Callable[[], None] | None = None) -> None:
         self._provider = provider
@@ -128,6 +133,7 @@ class AgentLoop:
         self._requested_by = requested_by
         self._emit = emit
         self._spawn = spawn
+        self._depth = depth
         self._images_rejected = images_rejected
         self._on_model_retry = on_model_retry
         self.rounds: list[Round] = []
@@ -192,6 +198,13 @@ class AgentLoop:
         def consume(event: TurnEvent) -> None:
             if isinstance(event, ToolOutput):
                 rnd.outputs[event.call_id] = event
+            elif isinstance(event, SubagentEnded):
+                rnd.subagents[event.call_id] = event
+            elif isinstance(event, Forwarded) and isinstance(event.event, SessionMeta) and len(event.origin) == 1:
+                # a child began: until it reports how it ended, a stop of this turn is how it ends
+                meta = event.event
+                rnd.subagents[meta.call_id] = SubagentEnded(meta.call_id, meta.session_key, meta.profile, meta.task,
+                                                            "cancelled", "stopped")
             emit(event)
 
         queue: MergeQueue[TurnEvent] = MergeQueue(consume, self._spawn)
@@ -203,7 +216,8 @@ class AgentLoop:
                             requested_by=self._requested_by, timeout=self._settings.approval_timeout,
                             start_tool=start_tool)
         request = LLMRequest(messages=messages, tools=self._tools.specs(),
-                             max_tokens=self._settings.max_output_tokens, temperature=self._settings.temperature)
+                             max_tokens=self._settings.max_output_tokens, temperature=self._settings.temperature,
+                             model=self._settings.model)
         queue.add_producer(f"turn:{self._turn_id}:model", self._drive(rnd, request, queue, gate))
         try:
             await queue.join()
@@ -265,7 +279,8 @@ class AgentLoop:
             args = json.loads(call.arguments) if call.arguments.strip() else {}
             if not isinstance(args, dict):
                 raise ValueError("arguments must be a JSON object")
-            text = await tool.run(args, ToolContext(self._key, self._turn_id, call.call_id))
+            text = await tool.run(args, ToolContext(self._key, self._turn_id, call.call_id, self._requested_by,
+                                                    self._depth, queue.push))
             text = normalize_output(str(text))
         except Exception as exc:
             status = "failed"

@@ -112,7 +112,7 @@ class AnthropicProvider:
     def _params(self, request: LLMRequest) -> dict[str, Any]:
         system, messages = _messages_param(request.messages)
         params: dict[str, Any] = {
-            "model": self.model,
+            "model": request.model or self.model,
             "max_tokens": request.max_tokens if request.max_tokens is not None else self.max_tokens_default,
             "messages": cast("list[MessageParam]", messages),
             "stream": True,

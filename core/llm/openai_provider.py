@@ -91,7 +91,7 @@ class OpenAIProvider:
             ],
         )
         body: dict[str, object] = {
-            "model": self.model,
+            "model": request.model or self.model,
             "messages": messages,
             "stream": True,
             "stream_options": {"include_usage": True},

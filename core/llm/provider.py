@@ -82,6 +82,9 @@ class LLMRequest:
     tools: tuple[LLMToolSpec, ...] = ()
     max_tokens: int | None = None
     temperature: float | None = None
+    model: str | None = None
+    """Overrides the provider's configured model for this request (a subagent profile's ``model``);
+    providers that run one fixed model in-process (``local``) ignore it."""
 
 
 # ---- stream events -------------------------------------------------------------------------------

@@ -8,12 +8,15 @@ is run or offered for approval (``core.tools.arguments``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from core.llm.provider import LLMToolSpec
 from core.tools.arguments import ArgumentChecker
+
+if TYPE_CHECKING:
+    from core.agent.events import TurnEvent
 
 ApprovalPolicy = Literal["auto", "ask", "deny"]
 DEFAULT_APPROVAL: ApprovalPolicy = "ask"
@@ -27,6 +30,13 @@ class ToolContext:
     session_key: str
     turn_id: str
     call_id: str
+    requested_by: str | None = None
+    """The sender of the turn's message (who may decide approvals a tool's own work asks for)."""
+    depth: int = 0
+    """0 in a conversation's own turn; a subagent's turn is one deeper than its parent's."""
+    emit: Callable[[TurnEvent], None] | None = None
+    """Pushes a turn event (``core.agent.events``) into the turn's stream, in arrival order with the rest:
+    how ``run_subagent`` forwards its child session's events. Only while ``run`` runs."""
 
 
 class Tool(Protocol):

@@ -233,7 +233,8 @@
     outgoing: [],          // files attached to the next message: {key, name, ref (once uploaded), failed}
     notices: [],           // {text, after: id of the last history message when it arrived}
     held: [],              // deltas that arrived while a full fetch was on its way
-    decisions: new Map(),  // tool call id → "allow" | "deny" clicked on this page (its buttons stay disabled)
+    decisions: new Map(),  // approval key (origin + call id) → "allow" | "deny" clicked here (buttons stay disabled)
+    cardOpen: new Map(),   // subagent session id → whether its card is open (kept across renders)
     stream: null,
     feed: null,
     loadingOlder: false,   // an older history page is on its way
@@ -389,15 +390,20 @@
     on("task_state", (d) => {
       app.live = d.turn ? Object.assign({ committed: false }, d.turn) : null;
       if (app.live && d.approvals) app.live.approvals = d.approvals;
+      if (app.live) app.live.children = new Map((d.children || []).map((c) => [childKey(c.origin), Object.assign({ newRequest: false }, c)]));
       renderLive();
     });
+    on("subagent", applySubagent);
     on("turn", applyTurn);
     on("approval_request", (d) => {
       // The turn event before it listed the approval already; this keeps a page that missed it right.
       const live = app.live;
       if (!live || live.turn_id !== d.turn_id || live.state !== "running") return;
-      if (!live.approvals.some((a) => a.call_id === d.call_id)) {
-        live.approvals = live.approvals.concat([{ call_id: d.call_id, tool_name: d.tool_name, arguments: d.arguments }]);
+      const key = approvalKey(d);
+      if (!live.approvals.some((a) => approvalKey(a) === key)) {
+        const a = { call_id: d.call_id, tool_name: d.tool_name, arguments: d.arguments };
+        if (d.origin) Object.assign(a, { origin: d.origin, label: d.label });
+        live.approvals = live.approvals.concat([a]);
         renderLive();
       }
     });
@@ -437,11 +443,103 @@
     renderHistory();
   }
 
-  function applyTurn(d) {
+  function liveTurn(turnId, d) {
     let live = app.live;
-    if (!live || live.turn_id !== d.turn_id) {
-      live = app.live = { turn_id: d.turn_id, client_id: d.client_id || null, text: "", state: d.state, tools: [], approvals: [], error: null, committed: false };
+    if (!live || live.turn_id !== turnId) {
+      live = app.live = { turn_id: turnId, client_id: d.client_id || null, text: "", state: d.state || "running", tools: [], approvals: [], error: null, committed: false, children: new Map() };
     }
+    return live;
+  }
+
+  // subagents: each child session of the live turn is a card, fed by the child's own events (its origin
+  // says which card; a card's own children have a longer origin)
+  function childKey(origin) { return (origin || []).join("/"); }
+  function approvalKey(a) { return childKey(a.origin) + "|" + a.call_id; }
+  function applySubagent(d) {
+    if (d.session_id !== app.session) return;
+    const live = liveTurn(d.turn_id, {});
+    if (live.committed) return;
+    const ev = d.event;
+    if (ev.kind === "session_meta") {
+      live.children.set(childKey(d.origin), { origin: d.origin, session_id: ev.session_id, profile: ev.profile, task: ev.task, state: "running", text: "", tools: [], error: null, newRequest: false });
+    } else if (ev.kind === "subagent") {
+      const c = live.children.get(childKey(d.origin.concat([ev.session_id])));
+      if (c) { c.state = ev.outcome; c.error = ev.error; }
+    } else {
+      const c = live.children.get(childKey(d.origin));
+      if (c) applyChildEvent(c, ev);
+    }
+    scheduleLive();
+  }
+  function applyChildEvent(c, ev) {
+    const tool = (id) => c.tools.find((t) => t.call_id === id);
+    if (ev.kind === "request_begin") c.newRequest = !!c.text;
+    else if (ev.kind === "partial_text" && ev.phase === "delta") {
+      if (c.newRequest) { c.text += "\n\n"; c.newRequest = false; }
+      c.text += ev.text || "";
+    } else if (ev.kind === "tool_call") c.tools.push({ call_id: ev.call_id, name: ev.name, status: "awaiting_approval" });
+    else if (ev.kind === "approval_decision") { const t = tool(ev.call_id); if (t) t.status = ev.decision === "allow" ? "running" : "denied"; }
+    else if (ev.kind === "tool_call_output") { const t = tool(ev.call_id); if (t) t.status = ev.status; }
+    else if (ev.kind === "abort") c.state = "cancelled";
+  }
+  function cardEl(c, approvals, running) {
+    const det = document.createElement("details");
+    det.className = "subagent " + c.state;
+    det.dataset.session = c.session_id;
+    det.dataset.depth = String(Math.min(c.origin.length, 3)); // a nested subagent is indented under its parent
+    det.open = app.cardOpen.has(c.session_id) ? app.cardOpen.get(c.session_id) : true;
+    det.addEventListener("toggle", () => app.cardOpen.set(c.session_id, det.open));
+    const sum = document.createElement("summary");
+    const name = document.createElement("strong"); name.textContent = c.profile || "subagent";
+    const state = document.createElement("span"); state.className = "state"; state.textContent = c.state;
+    sum.append("🤖 ", name, ": " + c.task + " ", state);
+    const body = document.createElement("div"); body.className = "body";
+    fillMarkdown(body, c.text);
+    det.append(sum, body);
+    if (c.tools.length) {
+      const ul = document.createElement("ul"); ul.className = "tools";
+      for (const t of c.tools) { const li = document.createElement("li"); li.className = t.status; li.textContent = t.name + " — " + t.status.replace("_", " "); ul.appendChild(li); }
+      det.appendChild(ul);
+    }
+    for (const a of (running && approvals) || []) det.appendChild(approvalEl(a));
+    if (c.error && c.state !== "completed") { const e = document.createElement("div"); e.className = "turn-error"; e.textContent = c.error; det.appendChild(e); }
+    return det;
+  }
+  // A finished subagent in history: its card (closed) with the answer its parent got; opening it loads
+  // the child's own conversation once.
+  function subagentHistoryEl(m) {
+    const s = m.subagent;
+    const det = document.createElement("details");
+    det.className = "subagent " + s.outcome;
+    det.dataset.id = m.id; det.dataset.session = s.session_id;
+    const sum = document.createElement("summary");
+    const name = document.createElement("strong"); name.textContent = s.profile || "subagent";
+    const state = document.createElement("span"); state.className = "state"; state.textContent = s.outcome;
+    sum.append("🤖 ", name, ": " + s.task + " ", state);
+    const body = document.createElement("div"); body.className = "body";
+    fillMarkdown(body, m.content);
+    const conv = document.createElement("div"); conv.className = "child-history";
+    det.append(sum, body, conv);
+    det.addEventListener("toggle", () => {
+      if (!det.open || conv.dataset.loaded) return;
+      conv.dataset.loaded = "1";
+      api("GET", "/api/sessions/" + encodeURIComponent(s.session_id) + "/history").then((h) => {
+        const names = new Map();
+        const els = [];
+        for (const cm of h.messages) {
+          if (cm.role === "assistant") for (const c of cm.tool_calls || []) names.set(c.id, c.name);
+          els.push(messageEl(cm, cm.role === "tool" ? names.get(cm.tool_call_id) || "" : ""));
+        }
+        conv.replaceChildren(...els);
+        body.hidden = els.length > 0; // the conversation ends with the same answer
+      }).catch((e) => { conv.textContent = "⚠️ " + e.message; delete conv.dataset.loaded; });
+    });
+    return det;
+  }
+
+  function applyTurn(d) {
+    const live = liveTurn(d.turn_id, d);
+    if (d.client_id && !live.client_id) live.client_id = d.client_id; // a subagent's event may have come first
     if (d.replace !== undefined) live.text = d.replace;
     if (d.append) live.text += d.append;
     if (d.tools) live.tools = d.tools;
@@ -465,7 +563,7 @@
 
   function messageEl(m, toolName) {
     if (m.kind === "notice") return noticeEl(m.content); // the bridge's words (failed, stopped, restarted)
-    if (m.role === "tool") return toolResultEl(m, toolName);
+    if (m.role === "tool") return m.subagent ? subagentHistoryEl(m) : toolResultEl(m, toolName);
     const div = document.createElement("div");
     div.className = "msg " + m.role + (m.kind === "partial" ? " partial" : "");
     div.dataset.id = m.id;
@@ -629,7 +727,19 @@
         for (const t of live.tools) { const li = document.createElement("li"); li.className = t.status; li.textContent = t.name + " — " + t.status.replace("_", " ") + (t.summary ? ": " + t.summary : ""); ul.appendChild(li); }
         parts.push(ul);
       }
-      for (const a of (running && live.approvals) || []) parts.push(approvalEl(a));
+      const children = [...(live.children || new Map()).values()];
+      const own = [];
+      const byChild = new Map();
+      for (const a of (running && live.approvals) || []) {
+        const k = childKey(a.origin);
+        if (a.origin && a.origin.length && (live.children || new Map()).has(k)) { if (!byChild.has(k)) byChild.set(k, []); byChild.get(k).push(a); } else own.push(a);
+      }
+      if (children.length) {
+        const box = document.createElement("div"); box.className = "subagents";
+        for (const c of children) box.appendChild(cardEl(c, byChild.get(childKey(c.origin)), running));
+        parts.push(box);
+      }
+      for (const a of own) parts.push(approvalEl(a));
       if (live.error) { const e = document.createElement("div"); e.className = "turn-error"; e.textContent = live.error; parts.push(e); }
       view.extra.replaceChildren(...parts);
     }
@@ -649,30 +759,34 @@
     const q = document.createElement("div"); q.className = "q";
     const name = document.createElement("strong"); name.textContent = a.tool_name;
     q.append("Run ", name, "?");
+    if (a.label) { const who = document.createElement("span"); who.className = "asker"; who.textContent = " (asked by subagent " + a.label + ")"; q.append(who); }
     box.appendChild(q);
     if (a.arguments) { const args = document.createElement("code"); args.className = "args"; args.textContent = a.arguments; box.appendChild(args); }
-    const chosen = app.decisions.get(a.call_id);
+    const chosen = app.decisions.get(approvalKey(a));
     const row = document.createElement("div"); row.className = "buttons";
     for (const [decision, label] of [["allow", "Allow"], ["deny", "Deny"]]) {
       const b = document.createElement("button");
       b.type = "button"; b.className = decision; b.textContent = label; b.disabled = !!chosen;
-      b.addEventListener("click", () => decide(a.call_id, decision));
+      b.addEventListener("click", () => decide(a, decision));
       row.appendChild(b);
     }
     if (chosen) { const s = document.createElement("span"); s.className = "chosen"; s.textContent = chosen === "allow" ? "Allowing…" : "Denying…"; row.appendChild(s); }
     box.appendChild(row);
     return box;
   }
-  async function decide(callId, decision) {
-    if (!app.session || app.decisions.has(callId)) return;
+  async function decide(a, decision) {
+    const key = approvalKey(a);
+    if (!app.session || app.decisions.has(key)) return;
     const sid = app.session;
-    app.decisions.set(callId, decision);
+    app.decisions.set(key, decision);
     renderLive();
+    // a subagent's call is decided here, in its parent's conversation, naming whose call it is
+    const body = a.origin && a.origin.length ? { decision, origin: a.origin } : { decision };
     try {
-      await api("POST", "/api/sessions/" + sid + "/approvals/" + encodeURIComponent(callId), { decision });
+      await api("POST", "/api/sessions/" + sid + "/approvals/" + encodeURIComponent(a.call_id), body);
     } catch (e) {
       if (app.session !== sid) return;
-      app.decisions.delete(callId);
+      app.decisions.delete(key);
       addNotice("⚠️ The " + decision + " was not recorded: " + e.message);
     }
   }
@@ -739,7 +853,7 @@
   function openSession(id) {
     app.session = id;
     history.replaceState(null, "", "#" + id);
-    app.live = null; app.pending.clear(); app.notices = []; app.held = []; app.decisions.clear();
+    app.live = null; app.pending.clear(); app.notices = []; app.held = []; app.decisions.clear(); app.cardOpen.clear();
     app.rendered = new Map(); app.loadingOlder = false;
     app.mirror.loadFull(id, null, [], false);
     app.mirror.revision = null;
