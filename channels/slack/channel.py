@@ -63,6 +63,7 @@ from channels.common.throttle import Throttle
 from channels.slack.approvals import (
     ACTION_ALLOW,
     ACTION_DENY,
+    ApprovalAction,
     ApprovalPress,
     approval_text,
     decided_blocks,
@@ -163,7 +164,7 @@ class SlackChannel:
         """The workspace refused chat.startStream: stream by updates from now on."""
         self.status_refused = False
         """Slack refused assistant.threads.setStatus: show "thinking" as a reaction from now on."""
-        self.prompts_by_call: OrderedDict[tuple[str, str], PromptHandle] = OrderedDict()
+        self.prompts_by_call: OrderedDict[ApprovalAction, PromptHandle] = OrderedDict()
         self.handler: AsyncSocketModeHandler | None = None
         self.ready = asyncio.Event()
         self._names: dict[str, tuple[str, ...]] = {}
@@ -487,8 +488,8 @@ class SlackChannel:
             return  # a redelivered press
         names = (press.user_name,) if press.user_name else ()
         result = self.host.decide(press.action.session_key, press.action.call_id, press.decision,
-                                  decided_by=Decider(press.user_id, names))
-        entry = self.prompts_by_call.get((press.action.session_key, press.action.call_id))
+                                  decided_by=Decider(press.user_id, names), origin=press.action.origin)
+        entry = self.prompts_by_call.get(press.action)
         if entry is None:
             entry = self._handle_for(press, body)
         if result is DecideResult.REFUSED:
@@ -500,18 +501,19 @@ class SlackChannel:
             if entry is not None and entry.outcome is None:
                 entry.outcome = "ended"
                 self._spawn("slack:approval-ended", self.show_decision(
-                    entry, decided_blocks(entry.tool_name, entry.arguments, "ended")))
+                    entry, decided_blocks(entry.tool_name, entry.arguments, "ended", label=entry.label)))
             return
         outcome: Literal["allowed", "denied"] = "allowed" if press.decision == "allow" else "denied"
         if entry is not None:
             entry.outcome = outcome
             self._spawn("slack:approval-decided", self.show_decision(
-                entry, decided_blocks(entry.tool_name, entry.arguments, outcome, by=press.user_id)))
+                entry, decided_blocks(entry.tool_name, entry.arguments, outcome, by=press.user_id,
+                                      label=entry.label)))
 
-    def remember_prompt(self, session_key: str, call_id: str, handle: PromptHandle) -> None:
-        """The approval messages this process posted, by session and tool call (call ids are the model's
-        and need not be unique across sessions)."""
-        self.prompts_by_call[(session_key, call_id)] = handle
+    def remember_prompt(self, action: ApprovalAction, handle: PromptHandle) -> None:
+        """The approval messages this process posted, by what they decide (call ids are the model's and need
+        not be unique across sessions, nor between a turn and its subagents)."""
+        self.prompts_by_call[action] = handle
         while len(self.prompts_by_call) > MAX_REMEMBERED:
             self.prompts_by_call.popitem(last=False)
 

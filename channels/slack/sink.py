@@ -288,6 +288,8 @@ class PromptHandle:
     ts: str | None = None
     outcome: str | None = None
     """"allowed" / "denied" after a press; "ended" when it ended otherwise."""
+    label: str | None = None
+    """A subagent's request: which one asks."""
 
 
 class SlackPrompts:
@@ -300,13 +302,14 @@ class SlackPrompts:
 
     async def post(self, session_key: str, request: ApprovalRequest) -> Any:
         d = self._dest
-        action = ApprovalAction(session_key, request.call_id, request.requested_by or self._target.sender_id)
-        handle = PromptHandle(d, action, request.tool_name, request.arguments_summary)
-        self._channel.remember_prompt(session_key, request.call_id, handle)
+        action = ApprovalAction(session_key, request.call_id, request.requested_by or self._target.sender_id,
+                                tuple(request.origin))
+        handle = PromptHandle(d, action, request.tool_name, request.arguments_summary, label=request.label)
+        self._channel.remember_prompt(action, handle)
         client = self._channel.api.client
         response = await self._channel.api.call("chat.postMessage", lambda: client.chat_postMessage(
             channel=d.channel, thread_ts=d.thread_ts, text=approval_text(request.tool_name),
-            blocks=approval_blocks(action, request.tool_name, request.arguments_summary)),
+            blocks=approval_blocks(action, request.tool_name, request.arguments_summary, request.label)),
             channel=d.channel, idempotent=False)
         handle.ts = str(response["ts"])
         await self._channel.prompt_posted()
@@ -317,4 +320,4 @@ class SlackPrompts:
         if entry.outcome is None:  # a press already showed its own outcome
             entry.outcome = "ended"
             await self._channel.show_decision(entry, decided_blocks(entry.tool_name, entry.arguments, "ended",
-                                                                    line=line))
+                                                                    line=line, label=entry.label))
