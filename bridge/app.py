@@ -20,6 +20,7 @@ from bridge.exit_codes import ExitCode
 from bridge.logs import configure_logging
 from bridge.mcp import start_mcp_servers
 from channels.common.errors import ChannelStartupError
+from channels.common.http import has_own_body_limit
 from core.channel import ERROR, Channel
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import DEFAULT_MAX_OUTPUT_TOKENS, LLMProvider
@@ -149,13 +150,46 @@ def build_channels(config: AppConfig, core: ChatCore, app: web.Application) -> l
     return channels
 
 
+MAX_BODY = 1024 * 1024
+"""The largest request body any route takes (a web message is at most 32,000 characters; a Telegram update
+is a few KB)."""
+
+
+@web.middleware
+async def body_cap(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                   ) -> web.StreamResponse:
+    """413 for a body over :data:`MAX_BODY`, on every route, before its handler runs.
+
+    aiohttp enforces ``client_max_size`` only where a handler reads the body, so a route that ignores its
+    body (new conversation, stop) would still act on an oversized request. A declared length is refused at
+    once; a body sent without one (chunked) is read here up to the cap (the handler gets it from aiohttp's
+    cache). A route marked with ``channels.common.http.streams_own_body`` (a file upload) enforces its own
+    limit; a multipart body elsewhere is left to its handler, which reads it under the same cap."""
+    if has_own_body_limit(request.match_info.handler):
+        return await handler(request)
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        return _too_large()
+    if request.body_exists and request.content_length is None and not request.content_type.startswith("multipart/"):
+        try:
+            await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _too_large()
+    return await handler(request)
+
+
+def _too_large() -> web.Response:
+    return web.json_response({"error": f"request body larger than {MAX_BODY} bytes"}, status=413,
+                             headers={"Connection": "close"})
+
+
 def build_http_app(channels: list[Channel], mcp: McpManager | None = None, *, metrics: Metrics | None = None,
                    metrics_token: str = "") -> web.Application:
     """The web server's application with ``/healthz`` and ``/metrics``; channels add their routes to it.
 
+    Every route takes bodies up to :data:`MAX_BODY` (:func:`body_cap`, the first middleware).
     ``/metrics`` is open to monitors like ``/healthz`` unless ``metrics_token`` is set (the web chat's
     ``auth_token``): then it needs ``Authorization: Bearer <token>``, which Prometheus can send."""
-    app = web.Application()
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[body_cap])
 
     async def healthz(_: web.Request) -> web.Response:
         states = {c.name: c.state() for c in channels}

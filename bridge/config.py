@@ -579,6 +579,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
             where, message = "", str(exc)
         prefix = f"{source}, {where}" if where else source
         raise ConfigError(f"{prefix}: invalid TOML: {message}", source=source) from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError(f"{source}: invalid TOML: arrays or inline tables nested too deeply",
+                          source=source) from None
 
 
 def _fill_env_defaults(data: dict[str, Any], resolver: _Resolver) -> None:
@@ -596,7 +599,9 @@ def _fill_env_defaults(data: dict[str, Any], resolver: _Resolver) -> None:
                     table[key] = resolver.resolve(f"${{{env_name}}}", ("channels", channel, key))
                     resolver.implicit.add(("channels", channel, key))
     llm = data.get("llm")
-    if isinstance(llm, dict) and "api_key" not in llm and llm.get("provider") in LLM_KEY_ENV:
+    provider = llm.get("provider") if isinstance(llm, dict) else None
+    # a provider of the wrong type (a list, a table) is reported by validation, not looked up here
+    if isinstance(llm, dict) and "api_key" not in llm and isinstance(provider, str) and provider in LLM_KEY_ENV:
         llm["api_key"] = resolver.resolve(f"${{{LLM_KEY_ENV[llm['provider']]}}}", ("llm", "api_key"))
         resolver.implicit.add(("llm", "api_key"))
 

@@ -24,6 +24,7 @@ same message can be pushed again under a new event id, and recommends deduplicat
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -133,9 +134,25 @@ def _str(value: Any) -> str | None:
     return str(value) if isinstance(value, str | int) and str(value) else None
 
 
+def _whole(value: Any) -> int | None:
+    """A whole number from a JSON number or a string of ASCII digits; None for anything else. Python's json
+    reads ``NaN``, ``Infinity`` and ``1e400`` as floats ``int`` refuses, and ``str.isdigit`` is true for
+    digits ``int`` refuses ("²")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) else None
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
 def _mentions(message: Mapping[str, Any]) -> list[_Mention]:
     found = []
-    for raw in message.get("mentions") or []:
+    raw_mentions = message.get("mentions")
+    for raw in raw_mentions if isinstance(raw_mentions, list) else []:
         if not isinstance(raw, Mapping):
             continue
         ids = _map(raw.get("id"))
@@ -172,7 +189,8 @@ def _post_text(content: Mapping[str, Any], attachments: list[Attachment]) -> str
     title = _str(body.get("title"))
     if title:
         lines.append(title)
-    for paragraph in body.get("content") or []:
+    paragraphs = body.get("content")
+    for paragraph in paragraphs if isinstance(paragraphs, list) else []:
         if not isinstance(paragraph, list):
             continue
         line = ""
@@ -233,9 +251,8 @@ def normalize(event: Mapping[str, Any], bot_open_id: str | None) -> FeishuMessag
         raw_text = ""
         key = _str(content.get("image_key") if message_type == "image" else content.get("file_key"))
         if key:
-            duration = content.get("duration")
             attachments.append(Attachment(message_type, key, _str(content.get("file_name")),
-                                          int(duration) if isinstance(duration, int | float) else None))
+                                          _whole(content.get("duration"))))
     else:
         return None  # cards, shares, system messages, …: nothing a model could answer
     mentions = _mentions(message)
@@ -248,4 +265,4 @@ def normalize(event: Mapping[str, Any], bot_open_id: str | None) -> FeishuMessag
         mentions_all="@_all" in raw_text,
         root_id=_str(message.get("root_id")), parent_id=_str(message.get("parent_id")),
         thread_id=_str(message.get("thread_id")), attachments=tuple(attachments),
-        create_time_ms=int(create_time) if isinstance(create_time, str) and create_time.isdigit() else None)
+        create_time_ms=_whole(create_time))

@@ -119,9 +119,13 @@ def readable(text: str, bot_user_id: str | None = None) -> str:
     return re.sub(r"[ \t]{2,}", " ", out).strip()
 
 
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _media(files: Any) -> tuple[MediaItem, ...]:
     items = []
-    for f in files or []:
+    for f in files if isinstance(files, list) else []:
         if not isinstance(f, Mapping):
             continue
         mime = str(f.get("mimetype") or "") or None
@@ -137,8 +141,11 @@ def _media(files: Any) -> tuple[MediaItem, ...]:
 
 
 def normalize(body: Mapping[str, Any], bot: BotIdentity) -> SlackInbound:
-    """What the ``event_callback`` ``body`` is (see the module docstring)."""
-    event: Mapping[str, Any] = body.get("event") or {}
+    """What the ``event_callback`` ``body`` is (see the module docstring). A body or event of the wrong shape
+    (not an object) is ignored as ``incomplete`` rather than raised on: a signed request is Slack's, but a
+    crash here would only make Slack send it again and again."""
+    body = _map(body)
+    event = _map(body.get("event"))
     etype = str(event.get("type") or "")
     channel = str(event.get("channel") or "")
     channel_type = str(event.get("channel_type") or _channel_type(channel))
@@ -171,7 +178,7 @@ def normalize(body: Mapping[str, Any], bot: BotIdentity) -> SlackInbound:
     if not user or not channel or not ts:
         return result(None, "incomplete")
     text = readable(raw_text, bot.user_id)
-    if not text and not event.get("files"):
+    if not text and not _media(event.get("files")):
         return result(None, "empty")
     if channel_type == "im":
         kind: Kind = "dm"

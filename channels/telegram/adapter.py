@@ -40,6 +40,18 @@ class BotIdentity:
     username: str
 
 
+_USERNAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{2,31}")
+
+
+def vouched_username(user: User) -> str | None:
+    """The user's @username when it has the form Telegram gives usernames (a letter, then letters, digits
+    and underscores), else None. Only such a name is one Telegram vouches is this user's alone; anything
+    else in the field (an update Telegram did not write) could be shaped like someone else's numeric id,
+    which an allow list names too."""
+    name = user.username
+    return name if name and _USERNAME.fullmatch(name) else None
+
+
 class AllowList:
     def __init__(self, entries: Iterable[str]) -> None:
         items = [str(e).strip() for e in entries]
@@ -52,14 +64,24 @@ class AllowList:
             return True
         if str(user.id) in self.ids:
             return True
-        return bool(user.username) and user.username.lower() in self.usernames  # type: ignore[union-attr]
+        username = vouched_username(user)
+        return username is not None and username.lower() in self.usernames
+
+
+def _entity_text(text: str, offset: int, length: int) -> str:
+    """The part of ``text`` an entity covers (offsets in UTF-16 code units). Written here rather than with
+    aiogram's ``MessageEntity.extract_from``, which raises on a lone surrogate in the text or on an entity
+    that ends inside a surrogate pair: an update must never crash the receiving loop."""
+    units = text.encode("utf-16-le", "surrogatepass")
+    start = max(0, offset) * 2
+    return units[start:start + max(0, length) * 2].decode("utf-16-le", "replace")
 
 
 def _mentions_bot(message: Message, me: BotIdentity) -> bool:
     text = message.text or message.caption or ""
     for ent in message.entities or message.caption_entities or []:
         if ent.type == "mention":
-            mention = ent.extract_from(text)
+            mention = _entity_text(text, ent.offset, ent.length)
             if mention.lstrip("@").lower() == me.username.lower():
                 return True
         elif ent.type == "text_mention" and ent.user is not None and ent.user.id == me.id:

@@ -38,7 +38,7 @@ from aiogram.types import CallbackQuery, InlineKeyboardButton, InlineKeyboardMar
 
 from channels.common.errors import PlatformError
 from channels.common.splitter import utf16_len
-from channels.telegram.adapter import sender_name
+from channels.telegram.adapter import sender_name, vouched_username
 from channels.telegram.render import MESSAGE_LIMIT
 from core.host import Decider, DecideResult
 from core.snapshot import ShownArgument
@@ -230,8 +230,9 @@ class ApprovalButtons:
                 await self._drop_keyboard(message.chat.id, message.message_id)
             return
         user = query.from_user
+        username = vouched_username(user)
         result = self._channel.host.decide(entry.session_key, entry.call_id, decision,
-                                           decided_by=Decider(str(user.id), (user.username,) if user.username else ()),
+                                           decided_by=Decider(str(user.id), (username,) if username else ()),
                                            origin=entry.origin)
         if result is DecideResult.REFUSED:
             await self._answer(query, NOT_YOURS, alert=True)

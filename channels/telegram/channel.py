@@ -311,6 +311,8 @@ class TelegramChannel:
         try:
             data: Any = await request.json()
             update = Update.model_validate(data, context={"bot": self.bot})
+        except web.HTTPRequestEntityTooLarge:
+            return web.Response(status=413)  # over the server's body limit: nothing was read into core
         except Exception:
             return web.Response(status=400)
         if update.callback_query is not None:  # a button press: answered in its own task

@@ -40,6 +40,7 @@ from urllib.parse import quote
 
 from aiohttp import BodyPartReader, web
 
+from channels.common.http import streams_own_body
 from channels.web.auth import COOKIE, COOKIE_MAX_AGE, GuessLimiter, TokenCheck, client_key
 from channels.web.context import CHANNEL, WebContext, message_view, session_id_of, session_key
 from channels.web.guard import RequestGuard, add_security_headers, is_chat_path
@@ -376,6 +377,7 @@ class WebServer:
                                    mime_type=record.content_type))
         return tuple(items)
 
+    @streams_own_body  # files up to [media] max_bytes, past the server's cap for other bodies
     async def upload(self, request: web.Request) -> web.StreamResponse:
         """Store one file (the ``file`` field of a multipart form) for the message that will carry it."""
         sid = self._session_id(request)

@@ -51,8 +51,12 @@ class FetchRefused(Exception):
 
 def is_public(address: str) -> bool:
     ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        # an IPv6 address that carries an IPv4 one is as public as that address: IPv4-mapped, and 6to4
+        # (2002::/16, which Python counts as global), whose relay delivers to the embedded address
+        embedded = ip.ipv4_mapped or ip.sixtofour
+        if embedded is not None:
+            ip = embedded
     return not (ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_multicast or ip.is_reserved
                 or ip.is_unspecified or not ip.is_global)
 
