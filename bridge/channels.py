@@ -24,6 +24,7 @@ ChannelFactory = Callable[[Any, CoreHost, web.Application], Channel]
 FACTORIES: dict[str, str] = {
     "web": "channels.web.factory:create",
     "telegram": "channels.telegram.factory:create",
+    "slack": "channels.slack.factory:create",
     "feishu": "channels.feishu.factory:create",
 }
 

@@ -76,7 +76,10 @@ async def test_run_without_the_local_extra_explains_how_to_install_it_or_use_an_
     assert "provider = 'local'" in err and 'pip install -e ".[local]"' in err and "base_url" in err
 
 
-async def test_run_refuses_enabled_channels_without_an_adapter(tmp_path, capsys, fake_openai):
+async def test_run_refuses_enabled_channels_without_an_adapter(tmp_path, capsys, fake_openai, monkeypatch):
+    from bridge.channels import FACTORIES
+
+    monkeypatch.delitem(FACTORIES, "slack")  # a build without the Slack adapter
     config = load_config(write_config(tmp_path, f"""
 [llm]
 provider = "openai"

@@ -172,7 +172,7 @@ def test_unset_env_in_a_typed_key_mentions_the_variable(tmp_path: Path) -> None:
 
 def test_mode_specific_secrets(tmp_path: Path) -> None:
     text = (
-        '[channels.slack]\nenabled = true\nbot_token = "b"\nmode = "http"\n'
+        '[channels.slack]\nenabled = true\nbot_token = "xoxb-b"\nmode = "http"\n'
         '[channels.feishu]\nenabled = true\napp_id = "a"\napp_secret = "s"\nmode = "webhook"\n'
     )
     found = problems(tmp_path, text)
@@ -572,6 +572,16 @@ def test_no_warning_for_a_fallback_the_operator_did_not_write(tmp_path: Path) ->
     text = '[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "http://localhost:11434/v1"\n'
     load_config(write(tmp_path, text), env={}, warnings=warnings)
     assert warnings == []
+
+
+def test_slack_tokens_pasted_into_the_wrong_key_are_refused_without_echoing_them(tmp_path: Path) -> None:
+    text = '[channels.slack]\nenabled = true\nbot_token = "xapp-1-A0-secret"\napp_token = "xoxb-2-secret"\n'
+    found = problems(tmp_path, text)
+    assert found == [
+        "channels.slack.bot_token: expected the Bot User OAuth Token (OAuth & Permissions), which starts with 'xoxb-'",
+        "channels.slack.app_token: expected an app-level token (Basic Information), which starts with 'xapp-'",
+    ]
+    assert not any("secret" in line.split(":", 1)[1] for line in found)
 
 
 def test_media_keys_reach_core_and_vision_takes_auto_true_or_false(tmp_path: Path) -> None:

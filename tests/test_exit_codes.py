@@ -83,7 +83,7 @@ async def test_run_exits_0_when_stopped_by_sigterm_after_a_clean_start(tmp_path,
     assert "shutting down" in err
 
 
-async def test_run_exits_3_when_the_port_is_taken_or_a_channel_has_no_adapter(tmp_path, fake_openai):
+async def test_run_exits_3_when_the_port_is_taken_or_a_channel_cannot_start(tmp_path, fake_openai):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -93,10 +93,9 @@ async def test_run_exits_3_when_the_port_is_taken_or_a_channel_has_no_adapter(tm
         code, err = await finished(await chatbridge(tmp_path, "run", "-c", str(path)))
     assert code == ExitCode.STARTUP and f"cannot listen on 127.0.0.1:{port}" in err
     path.write_text(config_text(tmp_path, fake_openai.base_url, free_port(),
-                                '[channels.slack]\nenabled = true\nbot_token = "xoxb-1-sl-secret"\n'
-                                'app_token = "xapp-1-sl-secret"\n'))
+                                '[channels.telegram]\nenabled = true\ntoken = "not-a-bot-token-tg-secret"\n'))
     code, err = await finished(await chatbridge(tmp_path, "run", "-c", str(path)))
-    assert code == ExitCode.STARTUP and "slack" in err and "sl-secret" not in err
+    assert code == ExitCode.STARTUP and "telegram" in err and "tg-secret" not in err
 
 
 async def test_run_exits_3_when_the_data_dir_cannot_hold_the_database(tmp_path, fake_openai):

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from aiogram.types import Update
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -54,6 +54,7 @@ slack_body = st.one_of(
 
 @FUZZ
 @given(slack_body)
+@example({"event": {"type": "message", "subtype": [None]}})  # a subtype that is not a string
 def test_slack_normalize_never_raises_and_hands_on_only_well_formed_messages(body: Any) -> None:
     if not isinstance(body, dict):
         body = {"event": body}

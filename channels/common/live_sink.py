@@ -12,7 +12,9 @@ this is the rest of the ``TurnSink`` contract:
 - Rendering at flush, in time linear in the reply: finished parts (every message but the last, once the
   reply outgrew one) are frozen, and only the unfinished tail is split and rendered again
   (``splitter.split`` from where the tail starts). A native stream gets only what was appended, or the
-  whole text when the snapshot's ``text_epoch`` says it was replaced.
+  whole text when the snapshot's ``text_epoch`` says it was replaced. A stream that lives in a chat
+  message (``ops.MessageStream``, Slack's) hands that message to the ledger when the reply outgrows it or
+  the stream ends early, so edits finish it.
 - The finish handshake is sequential by construction: ``follow`` returns once the turn is over (a call in
   flight lands first, so the ledger stays true), then core calls ``finish``, which closes a native stream
   and reconciles the formatted final rendering (plain text if the platform rejects the formatting).
@@ -40,7 +42,15 @@ from typing import Any
 from channels.common.calls import Calls
 from channels.common.errors import PlatformError
 from channels.common.ledger import Ledger, Part
-from channels.common.ops import MEASURES, ApprovalPrompts, MessageOps, NativeStream, Renderer, TextChange
+from channels.common.ops import (
+    MEASURES,
+    ApprovalPrompts,
+    MessageOps,
+    MessageStream,
+    NativeStream,
+    Renderer,
+    TextChange,
+)
 from channels.common.reconciler import Reconciler
 from channels.common.splitter import Chunk, split
 from channels.common.status import status_lines
@@ -61,6 +71,11 @@ class LiveSettings:
     """...or this many seconds have passed since the turn began."""
     typing_every: float = 4.0
     """How often the typing indicator is repeated while nothing is shown (Telegram's lasts about 5 s)."""
+
+
+def _leftover(stream: NativeStream) -> tuple[str, Part] | None:
+    """What a stream that failed or was given up leaves in the chat (``MessageStream.leftover``), if anything."""
+    return stream.leftover() if isinstance(stream, MessageStream) else None
 
 
 def body(snapshot: TurnSnapshot) -> str:
@@ -260,15 +275,17 @@ class LiveSink:
         self._flushed = (snap.text_epoch, len(snap.text), status_lines(snap))
         self._flushed_version = snap.version
         try:
-            if self.stream is not None:
+            stream = self.stream
+            if stream is not None:
                 try:
-                    await self._flush_stream(snap, self.stream, urgent=urgent)
+                    await self._flush_stream(snap, stream, urgent=urgent)
                     return
                 except PlatformError as exc:
                     if exc.kind != "unsupported":
                         raise
-                    log.info("native streaming refused here (%s); streaming by edits instead", exc)
+                    log.info("native streaming ended here (%s); streaming by edits instead", exc)
                     self.stream = None
+                    self._adopt(_leftover(stream))
             await self._flush_messages(snap)
         except PlatformError as exc:
             if exc.transient:
@@ -322,6 +339,11 @@ class LiveSink:
     async def _flush_stream(self, snap: TurnSnapshot, stream: NativeStream, *, urgent: bool = False) -> None:
         chunks = self._tail(snap)
         if len(chunks) > 1:  # finished parts become messages; the stream shows only the last one
+            if isinstance(stream, MessageStream) and self._streamed is not None:
+                # the stream's message becomes the first finished part (edited into it below)
+                handed = await self.calls.call(stream.handover, scopes=self.ops.scopes, retry=False)
+                self._streamed = None
+                self._adopt(handed)
             desired = [e.part for e in self.ledger.entries[:self._frozen]]
             desired += [self.render.stream_part(c.text) for c in chunks[:-1]]
             await self.reconciler.apply(desired, final=False, open_last=False)
@@ -379,9 +401,18 @@ class LiveSink:
         assert stream is not None
         index = len(self.ledger)
         part = parts[index] if index < len(parts) else None
-        message_id = await self.calls.call(lambda: stream.close(snapshot, part), scopes=self.ops.scopes)
+        try:
+            message_id = await self.calls.call(lambda: stream.close(snapshot, part), scopes=self.ops.scopes)
+        except PlatformError:
+            self._adopt(_leftover(stream))  # a stale preview now: removed before a fallback
+            raise
         if message_id is not None and part is not None:
             self.ledger.accepted_send(message_id, part)
+
+    def _adopt(self, handed: tuple[str, Part] | None) -> None:
+        """A stream's message joins the ledger as the next message (right after the frozen ones)."""
+        if handed is not None:
+            self.ledger.accepted_send(*handed)
 
     async def _remove_stale(self, parts: list[Part]) -> None:
         """The final could not be shown: delete every message that does not show its final part, so the

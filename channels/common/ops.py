@@ -15,7 +15,7 @@ buttons and marks one that ended without a press.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from channels.common.ledger import Part
 from channels.common.splitter import Measure, utf8_len, utf16_len
@@ -66,6 +66,24 @@ class NativeStream(Protocol):
         Returns the id of a message that now shows ``part`` (the ledger records it), or None when the
         stream leaves nothing behind (the part is then sent as a message)."""
         ...
+
+
+@runtime_checkable
+class MessageStream(Protocol):
+    """A native stream that lives in an ordinary message of the chat (Slack's ``chat.startStream``), unlike a
+    preview that vanishes once the reply is sent (Telegram's draft). The sink hands such a message over to its
+    ledger, so edits take it over and nothing it shows is lost or shown twice:
+
+    - ``handover``: when the reply outgrew one message, end the stream's message and return (its id, a part
+      for what it shows); the sink's next edit makes it show its finished part, and the next ``push`` starts a
+      new message for the rest;
+    - ``leftover``: after the stream failed or was given up (it expired; the text was rewritten), the message it
+      leaves and what it shows, or None; the sink edits it from then on (or deletes it before a fallback).
+    """
+
+    async def handover(self) -> tuple[str, Part] | None: ...
+
+    def leftover(self) -> tuple[str, Part] | None: ...
 
 
 class MessageOps(Protocol):

@@ -42,10 +42,14 @@ class ApprovalAction:
     session_key: str
     call_id: str
     requested_by: str | None = None
+    origin: tuple[str, ...] = ()
+    """A subagent's call (``run_subagent``): the child sessions it came through."""
 
     def encode(self) -> str:
-        value = json.dumps({"v": 1, "s": self.session_key, "c": self.call_id, "r": self.requested_by},
-                           separators=(",", ":"), ensure_ascii=False)
+        data: dict[str, Any] = {"v": 1, "s": self.session_key, "c": self.call_id, "r": self.requested_by}
+        if self.origin:
+            data["o"] = list(self.origin)
+        value = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
         if len(value) > _VALUE_LIMIT:
             raise ValueError("approval reference longer than Slack's 2,000-character button value")
         return value
@@ -58,14 +62,18 @@ class ApprovalAction:
             return None
         if not isinstance(data, dict) or data.get("v") != 1:
             return None
-        session, call, asker = data.get("s"), data.get("c"), data.get("r")
+        session, call, asker, origin = data.get("s"), data.get("c"), data.get("r"), data.get("o") or []
         if not isinstance(session, str) or not isinstance(call, str) or not (asker is None or isinstance(asker, str)):
             return None
-        return cls(session, call, asker)
+        if not isinstance(origin, list) or not all(isinstance(o, str) for o in origin):
+            return None
+        return cls(session, call, asker, tuple(origin))
 
 
-def _describe(tool_name: str, arguments: str) -> str:
+def _describe(tool_name: str, arguments: str, label: str | None = None) -> str:
     head = f"🔧 *Approval needed:* `{escape(tool_name)}`"
+    if label:  # a subagent asks: say which one (its profile and task), so the chat knows whose call it is
+        head += f"\n🤖 asked by subagent {escape(label)}"
     if not arguments.strip():
         return head
     room = _SECTION_LIMIT - len(head) - 8
@@ -80,10 +88,11 @@ def approval_text(tool_name: str) -> str:
     return f"Approval needed: {tool_name}"
 
 
-def approval_blocks(action: ApprovalAction, tool_name: str, arguments: str) -> list[dict[str, Any]]:
+def approval_blocks(action: ApprovalAction, tool_name: str, arguments: str,
+                    label: str | None = None) -> list[dict[str, Any]]:
     """The pending request: description, who asked, Allow / Deny."""
     value = action.encode()
-    blocks: list[Any] = [SectionBlock(text=MarkdownTextObject(text=_describe(tool_name, arguments)))]
+    blocks: list[Any] = [SectionBlock(text=MarkdownTextObject(text=_describe(tool_name, arguments, label)))]
     if action.requested_by:
         blocks.append(ContextBlock(elements=[MarkdownTextObject(text=f"Asked by <@{action.requested_by}>")]))
     blocks.append(ActionsBlock(block_id=BLOCK_ID, elements=[
@@ -93,10 +102,15 @@ def approval_blocks(action: ApprovalAction, tool_name: str, arguments: str) -> l
     return [b.to_dict() for b in blocks]
 
 
-def decided_blocks(tool_name: str, arguments: str, outcome: Outcome, by: str | None = None) -> list[dict[str, Any]]:
-    """The request as it ended: no buttons, and a line saying how (and by whom, for a press)."""
-    line = _OUTCOME_LINES[outcome] + (f" by <@{by}>" if by and outcome != "ended" else "")
-    return [b.to_dict() for b in (SectionBlock(text=MarkdownTextObject(text=_describe(tool_name, arguments))),
+def decided_blocks(tool_name: str, arguments: str, outcome: Outcome, by: str | None = None, *,
+                   line: str | None = None, label: str | None = None) -> list[dict[str, Any]]:
+    """The request as it ended: no buttons, and a line saying how (and by whom, for a press); ``line``, when
+    given, says how it ended instead (a timeout, a stopped reply)."""
+    if line is None:
+        line = _OUTCOME_LINES[outcome] + (f" by <@{by}>" if by and outcome != "ended" else "")
+    else:
+        line = escape(line)
+    return [b.to_dict() for b in (SectionBlock(text=MarkdownTextObject(text=_describe(tool_name, arguments, label))),
                                   ContextBlock(elements=[MarkdownTextObject(text=line)]))]
 
 

@@ -171,8 +171,8 @@ def normalize(body: Mapping[str, Any], bot: BotIdentity) -> SlackInbound:
         return result(None, "own_message")
     if event.get("bot_id") or subtype == "bot_message" or event.get("bot_profile"):
         return result(None, "bot_message")
-    if subtype and subtype not in USER_INPUT_SUBTYPES:
-        return result(None, f"subtype:{subtype}")
+    if subtype and (not isinstance(subtype, str) or subtype not in USER_INPUT_SUBTYPES):
+        return result(None, f"subtype:{str(subtype)[:40]}")  # a garbled one is not user input either
     if event.get("hidden"):
         return result(None, "hidden")
     if not user or not channel or not ts:

@@ -34,6 +34,7 @@ from typing import Any
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
+from channels.common.ledger import Part
 from channels.common.splitter import split_text, utf16_len
 
 TEXT_LIMIT = 4000
@@ -368,3 +369,44 @@ def stream_delta(shown: str, target: str) -> str | None:
     if not target.startswith(shown):
         return None
     return target[len(shown):]
+
+
+PART_LIMIT = 3500
+"""The Markdown source of one message part, in UTF-16 units: its mrkdwn rendering nearly always stays within
+``TEXT_LIMIT`` (escaping rarely adds 500), and ``SlackRenderer`` has a same-length fallback when it does not."""
+
+_LOOKALIKE = str.maketrans({"&": "＆", "<": "＜", ">": "＞"})
+
+
+def safe_mrkdwn(source: str) -> str:
+    """The mrkdwn rendering of ``source`` when it fits ``TEXT_LIMIT``; else the source itself with mrkdwn's three
+    control characters replaced by look-alikes, which keeps every word, never pings, and is no longer than the
+    source (a part's source is at most ``PART_LIMIT`` units)."""
+    rendered = to_mrkdwn(source)
+    if utf16_len(rendered) <= TEXT_LIMIT:
+        return rendered
+    return source.translate(_LOOKALIKE)
+
+
+class SlackRenderer:
+    """The live sink's ``Renderer`` for Slack (``channels.common.ops``): a part's ``text`` is mrkdwn; a final part
+    also carries a ``markdown`` block (``formatting``: ``(("markdown", text),)``) that Slack renders itself."""
+
+    def stream_part(self, source: str) -> Part:
+        return Part(text=safe_mrkdwn(source), source=source)
+
+    def final_part(self, source: str) -> Part:
+        return Part(text=safe_mrkdwn(source), source=source,
+                    formatting=(("markdown", defuse(tables_as_code(source))),))
+
+    def plain_part(self, source: str) -> Part:
+        return Part(text=safe_mrkdwn(source), source=source)
+
+
+def message_args(part: Part) -> dict[str, Any]:
+    """Keyword arguments for ``chat_postMessage`` / ``chat_update`` showing ``part`` (text alone also removes
+    the blocks an earlier version of the message had)."""
+    blocks = [{"type": "markdown", "text": value} for kind, value in part.formatting if kind == "markdown"]
+    if blocks:
+        return {"text": part.text, "blocks": blocks}
+    return {"text": part.text}

@@ -22,7 +22,10 @@ What it checks like Slack does (figures from Slack's method reference):
   is closed server-side, and appends/stops then fail with ``message_not_in_streaming_state`` (what a
   long-running agent sees from real Slack);
 - ``reactions.add`` twice → ``already_reacted``; ``reactions.remove`` of a missing one → ``no_reaction``;
-- ``message_not_found`` / ``cant_update_message`` / ``cant_delete_message`` / ``channel_not_found``.
+- ``message_not_found`` / ``cant_update_message`` / ``cant_delete_message`` / ``channel_not_found``;
+- files: ``files.info`` answers a file added with ``add_file`` (``file_not_found`` otherwise), and its
+  ``url_private_download`` serves the bytes only with the bot token as ``Authorization: Bearer`` (else 404, as
+  Slack answers an unauthenticated file URL with a login page rather than the file).
 
 It keeps what every channel shows (``Message`` by ts: text, blocks, thread, reactions, edit history, stream
 state), ephemeral messages, posts to ``response_url``, assistant statuses, and every call (``calls``).
@@ -61,7 +64,7 @@ TIERS: dict[str, int | None] = {
     "auth.test": None, "apps.connections.open": 1, "chat.postMessage": None, "chat.update": 3, "chat.delete": 3,
     "chat.postEphemeral": 4, "chat.startStream": 2, "chat.appendStream": 4, "chat.stopStream": 2,
     "reactions.add": 3, "reactions.remove": 2, "assistant.threads.setStatus": 3, "conversations.replies": 3,
-    "users.info": 4,
+    "users.info": 4, "files.info": 4,
 }
 PER_MINUTE = {1: 1, 2: 20, 3: 50, 4: 100}
 """The floor of each tier ("Tier 3: 50+ per minute")."""
@@ -220,6 +223,10 @@ class FakeSlack(UserActions):
         self.statuses: list[dict[str, Any]] = []
         """Every assistant.threads.setStatus call's parameters, in order."""
         self.warnings: list[str] = []
+        self.files: dict[str, tuple[dict[str, Any], bytes]] = {}
+        """Files users shared (``add_file``): their ``files.info`` object and bytes."""
+        self.downloads: list[tuple[str, str | None]] = []
+        """Every request for a file's bytes: (file id, the Authorization header sent)."""
         self.base = ""
         self.base_url = ""
         """What ``AsyncWebClient(base_url=...)`` takes: ``http://127.0.0.1:<port>/api/``."""
@@ -242,6 +249,7 @@ class FakeSlack(UserActions):
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle)
         app.router.add_post("/respond/{rid}", self._respond)
+        app.router.add_get("/files-pri/{file_id}/{name}", self._file_download)
         self.socket.mount(app)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
@@ -278,6 +286,23 @@ class FakeSlack(UserActions):
         """Register a conversation: ``im``, ``mpim``, ``channel`` (public) or ``group`` (private)."""
         self.channel_types[channel] = kind
         self.channels.setdefault(channel, {})
+
+    def add_file(self, file_id: str, name: str, mimetype: str, content: bytes) -> dict[str, Any]:
+        """A file a user shares: returns the file object a ``file_share`` message event carries."""
+        info = {"id": file_id, "name": name, "title": name, "mimetype": mimetype, "filetype": name.rsplit(".", 1)[-1],
+                "size": len(content), "url_private": f"{self.base}/files-pri/{file_id}/{name}",
+                "url_private_download": f"{self.base}/files-pri/{file_id}/{name}"}
+        self.files[file_id] = (info, content)
+        return dict(info)
+
+    async def _file_download(self, request: web.Request) -> web.Response:
+        file_id = request.match_info["file_id"]
+        auth = request.headers.get("Authorization")
+        self.downloads.append((file_id, auth))
+        if file_id not in self.files or auth != f"Bearer {self.bot_token}":
+            return web.Response(status=404, text="<html>Sign in to Slack</html>", content_type="text/html")
+        info, content = self.files[file_id]
+        return web.Response(body=content, content_type=str(info["mimetype"]))
 
     def fail(self, method: str, error: str = "internal_error", **kw: Any) -> Fault:
         """Make calls to ``method`` fail. ``status=429`` answers a rate limit (``retry_after`` seconds),
@@ -677,6 +702,12 @@ class FakeSlack(UserActions):
         thread = sorted((m for m in self.channels[channel].values()
                          if not m.deleted and (m.ts == root_ts or m.thread_ts == root_ts)), key=lambda m: m.ts)
         return {"messages": [m.as_event_message() for m in thread], "has_more": False}
+
+    def _m_files_info(self, p: dict[str, Any]) -> dict[str, Any]:
+        found = self.files.get(str(p.get("file") or ""))
+        if found is None:
+            raise SlackError("file_not_found")
+        return {"file": found[0]}
 
     def _m_users_info(self, p: dict[str, Any]) -> dict[str, Any]:
         user = self.users.get(str(p.get("user") or ""))

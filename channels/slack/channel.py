@@ -1,0 +1,570 @@
+"""SlackChannel: the Slack ``Channel`` (core.channel), working through its ``ChannelHost``.
+
+Receiving goes through slack-bolt's ``AsyncApp`` with our own ``AsyncWebClient`` (``base_url = api_base``,
+``retry_handlers=[]``: see ``channels.slack.client``), in one of two modes:
+
+- Socket Mode: the SDK's async Socket Mode handler (``app_token``), which reconnects by itself; we only
+  bound the first connection and watch ``is_connected`` for ``/healthz``;
+- HTTP: ``POST /slack/events`` on the [web] server through bolt's aiohttp adapter, for events, interactivity
+  (button presses) and slash commands alike. The SDK checks the signature and the 5-minute timestamp window
+  (401 otherwise) and answers ``url_verification``.
+
+Acknowledging: the app runs with ``process_before_response=True``, so an event is acknowledged (the Socket
+Mode envelope ack, the HTTP 200) only after its listener returned, and the listener returns once core has
+stored the message (``host.submit``, a local SQLite write, bounded well inside Slack's 3 seconds). The
+turn itself runs afterwards. A message core could not store (shutting down, a failed write) makes the
+listener fail, which answers 500 / leaves the envelope unacked, so Slack delivers it again. Button presses
+and slash commands are acked first thing, and their platform calls run as supervised tasks.
+
+Dedupe is durable and happens in core, atomically with storing the message: the envelope's ``event_id`` is
+the message's ``(channel, ts)``. Every Slack ``event_id`` belongs to exactly one ``(channel, ts)``, so this
+one key drops an HTTP retry (``X-Slack-Retry-Num``, same event_id), a Socket Mode redelivery, and the second
+event of a channel mention (``app_mention`` and ``message`` carry different event_ids for the same message),
+also after a restart. A press is remembered with ``host.mark_seen`` so a redelivered press is ignored.
+
+What reaches core (``channels.slack.inbound`` says what an event is): DMs; in channels (``group_policy``)
+an @mention, answered in a thread rooted at it, and later messages of a thread the bot has joined (kept as
+channel state, so it survives a restart) under ``mention``, every message under ``all``, nothing under
+``off``. ``allow_from`` (user ids or usernames) is checked first. Commands are message text: ``/stop`` (or
+just ``stop``) in a DM, ``@bot stop`` in a thread; the four commands also work as Slack slash commands in
+a DM when the app registers them.
+
+Files shared with a message travel as ``MediaItem``s; core downloads them during the turn through
+``fetch_attachment`` (``core.media.fetch.AttachmentSource``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.common.calls import Calls
+from channels.common.download import stream_url
+from channels.common.errors import PlatformError
+from channels.common.live_sink import LiveSettings
+from channels.common.splitter import split, utf16_len
+from channels.common.throttle import Throttle
+from channels.slack.approvals import (
+    ACTION_ALLOW,
+    ACTION_DENY,
+    ApprovalAction,
+    ApprovalPress,
+    approval_text,
+    decided_blocks,
+    parse_press,
+)
+from channels.slack.client import SlackApi, error_code
+from channels.slack.context import SlackContext
+from channels.slack.inbound import CHANNEL, BotIdentity, SlackInbound, normalize
+from channels.slack.render import PART_LIMIT, SlackRenderer, message_args
+from channels.slack.settings import EVENTS_PATH, SlackConfig
+from channels.slack.sink import Destination, PromptHandle, SlackOps, SlackPrompts, SlackSink
+from core.channel import ERROR, SinkError
+from core.envelope import InboundEnvelope, MediaItem, ThreadRef, TurnTarget
+from core.host import ChannelHost, Decider, DecideResult, ShuttingDownError
+from core.media.fetch import FetchError
+from core.router import COMMANDS
+
+log = logging.getLogger(__name__)
+
+_OPERATOR = SlackConfig()
+NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can decide this."
+GONE = "This request is no longer pending."
+RESTARTED = "⛔ Denied: the bridge restarted."
+OPEN_STATE = "open_approvals"
+FILES_HOST = "files.slack.com"
+CHANNEL_COMMAND_HINT = "In a channel, mention me in the reply's thread instead, e.g. <@{name}> {command}."
+_INVALID_AUTH = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked",
+                           "not_allowed_token_type"})
+_USER_ID = re.compile(r"^[UW][A-Z0-9]{2,}$")
+MAX_REMEMBERED = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SlackSettings:
+    """What the channel runs with: the operator's ``[channels.slack]`` (defaults from its model) and the pacing
+    of the first post and of reconnecting, which are not operator keys."""
+
+    mode: Literal["socket", "http"] = _OPERATOR.mode
+    allow_from: tuple[str, ...] = tuple(_OPERATOR.allow_from)
+    group_policy: str = _OPERATOR.group_policy
+    stream_transport: Literal["auto", "update", "native"] = _OPERATOR.stream_transport
+    chat_interval: float = _OPERATOR.update_interval_ms / 1000
+    workspace_interval: float = 60.0 / _OPERATOR.workspace_updates_per_minute
+    first_chars: int = 24
+    first_delay: float = 1.0
+    submit_timeout: float = 2.5
+    """Bound on storing one event, inside Slack's 3-second ack window."""
+    connect_timeout: float = 10.0
+    ping_interval: float = 10.0
+    health_every: float = 2.0
+    backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+    @classmethod
+    def of(cls, config: SlackConfig) -> SlackSettings:
+        return cls(mode=config.mode, allow_from=tuple(config.allow_from), group_policy=config.group_policy,
+                   stream_transport=config.stream_transport, chat_interval=config.update_interval_ms / 1000,
+                   workspace_interval=60.0 / config.workspace_updates_per_minute)
+
+
+class AllowList:
+    """``allow_from``: Slack user ids (U…/W…), usernames (with or without "@"), "*" for everyone."""
+
+    def __init__(self, entries: Iterable[str]) -> None:
+        items = [str(e).strip() for e in entries]
+        self.everyone = "*" in items
+        self.ids = {e for e in items if _USER_ID.match(e)}
+        self.names = {e.lstrip("@").lower() for e in items if e != "*" and e not in self.ids}
+
+
+def command_text(text: str, *, addressed: bool) -> str:
+    """``/stop`` stays a command; a message that is just a command word (``stop``, ``help``) is one too when it
+    was addressed to the bot (a DM, or ``@bot stop``): Slack's composer treats a leading "/" as a slash
+    command, so people write the bare word."""
+    word = text.strip()
+    if addressed and word.lstrip("/").lower() in COMMANDS and " " not in word:
+        return "/" + word.lstrip("/").lower()
+    return text
+
+
+class SlackChannel:
+    name = CHANNEL
+
+    def __init__(self, host: ChannelHost, client: AsyncWebClient, settings: SlackSettings, *, app_token: str = "",
+                 signing_secret: str = "", calls: Calls | None = None) -> None:
+        self.host = host
+        self.settings = settings
+        self.calls = calls or Calls(Throttle())
+        if self.calls.observe is None:
+            self.calls.observe = host.count_call  # every Web API attempt shows in /metrics
+        self.api = SlackApi(client, self.calls, chat_interval=settings.chat_interval,
+                            workspace_interval=settings.workspace_interval)
+        self.renderer = SlackRenderer()
+        self.live = LiveSettings(first_chars=settings.first_chars, first_delay=settings.first_delay)
+        self.allow = AllowList(settings.allow_from)
+        self.app_token = app_token
+        self.me: BotIdentity | None = None
+        self.stream_refused = False
+        """The workspace refused chat.startStream: stream by updates from now on."""
+        self.status_refused = False
+        """Slack refused assistant.threads.setStatus: show "thinking" as a reaction from now on."""
+        self.prompts_by_call: OrderedDict[ApprovalAction, PromptHandle] = OrderedDict()
+        self.handler: AsyncSocketModeHandler | None = None
+        self.ready = asyncio.Event()
+        self._names: dict[str, tuple[str, ...]] = {}
+        self._state = "stopped"
+        self._receiving = False
+        self._task: asyncio.Task[None] | None = None
+        self._saving = asyncio.Lock()
+        host.set_deciders(settings.allow_from)
+        self.app = AsyncApp(client=client, signing_secret=signing_secret,
+                            request_verification_enabled=settings.mode == "http",
+                            process_before_response=True, logger=logging.getLogger("chatbridge.slack.bolt"))
+        self.app.event("message")(self._on_event)
+        self.app.event("app_mention")(self._on_event)
+        self.app.action(ACTION_ALLOW)(self._on_press)
+        self.app.action(ACTION_DENY)(self._on_press)
+        self.app.command(re.compile(r"^/(" + "|".join(COMMANDS) + r")$"))(self._on_command)
+
+    # ---- delivery ------------------------------------------------------------------------------
+
+    def _destination(self, target: TurnTarget) -> Destination:
+        return Destination.of(target, thread_dm=self.settings.stream_transport == "native")
+
+    async def open_sink(self, target: TurnTarget) -> SlackSink:
+        dest = self._destination(target)
+        native = (self.settings.stream_transport != "update" and not self.stream_refused
+                  and dest.thread_ts is not None)
+        ops = SlackOps(self, dest, native=native)
+        sink = SlackSink(ops, self.renderer, self.calls, settings=self.live,
+                         prompts=SlackPrompts(self, target, dest), spawn=self.host.spawn)
+        try:
+            await sink.typing()
+        except PlatformError as exc:
+            if not exc.transient:  # not in the channel, archived, no access: live delivery cannot work here
+                raise
+        return sink
+
+    async def send_plain(self, target: TurnTarget, text: str) -> None:
+        """One ordinary message (split if long, Markdown rendered, plain mrkdwn if the block is refused). Each
+        part is one paced call under the call policy, which waits out a 429 pause however long."""
+        dest = self._destination(target)
+        client = self.api.client
+        chunks = [c.text for c in split(text, PART_LIMIT, utf16_len) if c.text.strip()] if text.strip() else []
+        for chunk in chunks:
+            try:
+                for part in (self.renderer.final_part(chunk), self.renderer.plain_part(chunk)):
+                    try:
+                        await self.api.call("chat.postMessage", functools.partial(
+                            client.chat_postMessage, channel=dest.channel, thread_ts=dest.thread_ts,
+                            unfurl_links=False, unfurl_media=False, **message_args(part)),
+                            channel=dest.channel, idempotent=False)
+                        break
+                    except PlatformError as exc:
+                        if exc.kind != "format" or not part.formatting:
+                            raise
+            except PlatformError as exc:
+                raise SinkError(str(exc)) from None
+
+    async def show_decision(self, entry: PromptHandle, blocks: list[dict[str, Any]]) -> None:
+        """Update an approval message to show how it ended (no buttons). It answers a press, so it goes at once
+        (honouring a 429 pause, without waiting for a pace slot)."""
+        if entry.ts is None:
+            return
+        await self._update_approval(entry.dest.channel, entry.ts, entry.tool_name, blocks)
+        await self._save_open()
+
+    async def _update_approval(self, channel: str, ts: str, tool_name: str, blocks: list[dict[str, Any]]) -> None:
+        client = self.api.client
+        try:
+            await self.api.call("chat.update", lambda: client.chat_update(
+                channel=channel, ts=ts, text=approval_text(tool_name), blocks=blocks),
+                channel=channel, paced=False)
+        except PlatformError as exc:
+            log.info("could not show the approval outcome in %s: %s", channel, exc)
+
+    # ---- approvals a restart must close --------------------------------------------------------
+    # Approvals do not outlive the process (a restart ends the turn that waited for them), but their buttons
+    # would: every posted request that has not ended is kept in the channel's durable state, and the next
+    # start updates each one to say the restart denied it.
+
+    async def prompt_posted(self) -> None:
+        await self._save_open()
+
+    async def _save_open(self) -> None:
+        async with self._saving:  # one writer at a time, each writing the newest state
+            open_now = [{"channel": e.dest.channel, "ts": e.ts, "tool": e.tool_name, "arguments": e.arguments}
+                        for e in self.prompts_by_call.values() if e.outcome is None and e.ts is not None]
+            try:
+                await self.host.set_state(OPEN_STATE, json.dumps(open_now))
+            except Exception as exc:
+                log.warning("could not record the open approval requests: %s", exc)
+
+    async def _close_left_over(self) -> None:
+        try:
+            raw = await self.host.get_state(OPEN_STATE)
+            left = json.loads(raw) if raw else []
+        except Exception as exc:  # unreadable state must not keep the channel from starting
+            log.warning("could not read the approvals left open by the last run: %s", exc)
+            return
+        for item in left if isinstance(left, list) else []:
+            try:
+                channel, ts, tool, arguments = (str(item["channel"]), str(item["ts"]), str(item["tool"]),
+                                                str(item.get("arguments") or ""))
+            except (KeyError, TypeError):
+                continue
+            await self._update_approval(channel, ts, tool, decided_blocks(tool, arguments, "ended", line=RESTARTED))
+        if left:
+            log.info("closed %d approval request(s) left open by the last run", len(left))
+            await self._save_open()
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def state(self) -> str:
+        return self._state
+
+    async def start(self) -> None:
+        """Begin receiving. Set-up that fails for a reason that may pass (Slack unreachable) is retried in the
+        background, so the rest of the bridge starts regardless; /healthz shows "error" meanwhile. A token
+        Slack rejects is reported the same way (the operator may fix the app without a restart)."""
+        self._receiving = True
+        self._state = "starting"
+        self._task = self.host.spawn("slack:receive", self._receive())
+
+    async def _identify(self) -> None:
+        client = self.api.client
+        auth = await self.api.call("auth.test", lambda: client.auth_test())
+        self.me = BotIdentity(user_id=str(auth["user_id"]), bot_id=auth.get("bot_id"), team_id=auth.get("team_id"))
+        self.api.team_id = str(auth.get("team_id") or "")
+
+    async def _receive(self) -> None:
+        failures = 0
+        while self._receiving and self.me is None:
+            try:
+                await self._identify()
+            except PlatformError as exc:
+                delay = self._delay(failures)
+                failures += 1
+                self._state = ERROR
+                hint = " (check [channels.slack] bot_token)" if error_code(exc) in _INVALID_AUTH else ""
+                log.error("Slack auth.test failed (%s)%s; retrying in %.0fs", exc, hint, delay)
+                await asyncio.sleep(delay)
+        await self._close_left_over()
+        if self.settings.mode == "http":
+            self._state = "serving"
+            self.ready.set()
+            return
+        failures = 0
+        while self._receiving:
+            try:
+                if self.handler is None:  # made inside the running loop: the SDK starts tasks as it is built
+                    self.handler = AsyncSocketModeHandler(self.app, self.app_token,
+                                                          ping_interval=self.settings.ping_interval)
+                async with asyncio.timeout(self.settings.connect_timeout):
+                    await self.handler.connect_async()  # type: ignore[no-untyped-call]
+                break
+            except Exception as exc:  # the SDK raises what aiohttp and the Web API raise
+                delay = self._delay(failures)
+                failures += 1
+                self._state = ERROR
+                log.error("Slack Socket Mode connection failed (%s); retrying in %.0fs", type(exc).__name__, delay)
+                await self._close_handler()
+                await asyncio.sleep(delay)
+        self._state = "connected"
+        self.ready.set()
+        await self._watch()
+
+    async def _watch(self) -> None:
+        """/healthz: the SDK reconnects by itself; a socket down for several checks in a row is an error."""
+        down = 0
+        while self._receiving and self.handler is not None:
+            await asyncio.sleep(self.settings.health_every)
+            if not self._receiving or self.handler is None:
+                return
+            connected = await self.handler.client.is_connected()
+            down = 0 if connected else down + 1
+            self._state = "connected" if connected else ("reconnecting" if down < 3 else ERROR)
+
+    def _delay(self, failures: int) -> float:
+        delays = self.settings.backoff
+        return delays[min(failures, len(delays) - 1)]
+
+    async def _close_handler(self) -> None:
+        handler, self.handler = self.handler, None
+        if handler is not None:
+            with contextlib.suppress(Exception):
+                await handler.close_async()  # type: ignore[no-untyped-call]
+
+    async def stop(self) -> None:
+        self._receiving = False
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        await self._close_handler()
+        self._state = "stopped"
+
+    async def close(self) -> None:
+        session = self.api.client.session
+        if session is not None and not session.closed:
+            await session.close()
+
+    # ---- attachments (core.media.fetch.AttachmentSource) ---------------------------------------------
+
+    async def fetch_attachment(self, item: MediaItem, target: TurnTarget) -> AsyncGenerator[bytes, None]:
+        """The bytes of a file shared in one of this channel's messages: ``files.info`` for its private download
+        URL, then that URL with the bot token (scope ``files:read``). The token is sent only to Slack's file
+        host, or to the host of ``api_base`` (a test server), never along a redirect elsewhere."""
+        client = self.api.client
+        try:
+            info = await self.api.call("files.info", lambda: client.files_info(file=item.file_id))
+        except PlatformError as exc:
+            raise FetchError(str(exc)) from None
+        file = info.get("file") or {}
+        url = str(file.get("url_private_download") or file.get("url_private") or "")
+        if not url:
+            raise FetchError("files.info answered without a download URL")
+        hosts = {FILES_HOST, urlsplit(str(client.base_url)).hostname or FILES_HOST}
+        session = client.session
+        if session is None or session.closed:
+            raise FetchError("the channel is closed")
+        async for chunk in stream_url(session, url, allowed_hosts=hosts,
+                                      headers={"Authorization": f"Bearer {client.token}"}):
+            yield chunk
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post(EVENTS_PATH, self.http_events)
+
+    async def http_events(self, request: web.Request) -> web.Response:
+        """``POST /slack/events``: bolt's aiohttp adapter (nothing may read the body before it)."""
+        if not self._receiving:
+            return web.Response(status=503)  # Slack retries it
+        response = await self.app.async_dispatch(await to_bolt_request(request))
+        return await to_aiohttp_response(response)
+
+    # ---- receiving -----------------------------------------------------------------------------
+
+    async def _on_event(self, body: dict[str, Any], request: AsyncBoltRequest) -> None:
+        """One ``message`` / ``app_mention`` event; returns once core stored it (or it was dropped). Raising
+        leaves it unacknowledged, so Slack delivers it again."""
+        if self.me is None:
+            raise RuntimeError("Slack event before auth.test answered; Slack will deliver it again")
+        inbound = normalize(body, self.me)
+        if inbound.kind is None or inbound.user is None:
+            log.debug("Slack event ignored: %s", inbound.ignore)
+            return
+        async with asyncio.timeout(self.settings.submit_timeout):
+            if not await self._allowed(inbound.user):
+                return
+            if not await self._addressed(inbound):
+                return
+            envelope = self._envelope(inbound)
+            if envelope is None:
+                return
+            if inbound.channel_type != "im" and inbound.reply_thread_ts:
+                # the bot answers in this thread: later messages in it need no mention
+                await self.host.set_state(_thread_key(inbound.channel, inbound.reply_thread_ts), "joined")
+            retry = request.headers.get("x-slack-retry-num")
+            result = await self.host.submit(envelope)
+            log.debug("Slack message %s:%s (retry %s): %s", inbound.channel, inbound.ts, retry, result.value)
+
+    async def _allowed(self, user: str) -> bool:
+        allow = self.allow
+        if allow.everyone or user in allow.ids:
+            return True
+        if not allow.names:
+            return False
+        return any(n.lower() in allow.names for n in await self._user_names(user))
+
+    async def _user_names(self, user: str) -> tuple[str, ...]:
+        """The user's username and display name (``users.info``, remembered)."""
+        cached = self._names.get(user)
+        if cached is not None:
+            return cached
+        client = self.api.client
+        try:
+            info = await self.api.call("users.info", lambda: client.users_info(user=user), retry=False)
+        except PlatformError as exc:
+            log.info("users.info failed for %s: %s", user, exc)
+            return ()
+        data = info.get("user") or {}
+        profile = data.get("profile") or {}
+        names = tuple(str(n) for n in (data.get("name"), profile.get("display_name")) if n)
+        if len(self._names) >= MAX_REMEMBERED:
+            self._names.pop(next(iter(self._names)))
+        self._names[user] = names
+        return names
+
+    async def _addressed(self, inbound: SlackInbound) -> bool:
+        if inbound.kind == "dm":
+            return True
+        policy = self.settings.group_policy
+        if policy == "off":
+            return False
+        if policy == "all" or inbound.kind == "mention":
+            return True
+        if inbound.kind == "thread_reply" and inbound.thread_ts:
+            return await self.host.get_state(_thread_key(inbound.channel, inbound.thread_ts)) is not None
+        return False
+
+    def _envelope(self, inbound: SlackInbound) -> InboundEnvelope | None:
+        assert inbound.user is not None
+        text = command_text(inbound.text, addressed=inbound.kind in ("dm", "mention"))
+        if not text.strip() and not inbound.files:
+            return None
+        thread = inbound.thread_id
+        ctx = SlackContext(channel_type=inbound.channel_type, ts=inbound.ts, thread_ts=inbound.reply_thread_ts,
+                           user=inbound.user, team_id=inbound.team_id)
+        return InboundEnvelope(
+            channel=CHANNEL, chat_id=inbound.channel, sender_id=inbound.user, content=text,
+            media=inbound.files, thread=ThreadRef(thread_id=thread) if thread else None,
+            event_id=f"{inbound.channel}:{inbound.ts}", channel_context=ctx.wrap())
+
+    async def _on_press(self, ack: Any, body: dict[str, Any]) -> None:
+        """A press on Allow / Deny: acknowledged at once; at most one decision; the rest runs supervised."""
+        await ack()
+        press = parse_press(body)
+        if press is None:
+            return
+        action_ts = next((str(a.get("action_ts") or "") for a in body.get("actions") or []), "")
+        if not await self.host.mark_seen(f"press:{press.message_ts}:{press.user_id}:{action_ts}"):
+            return  # a redelivered press
+        names = (press.user_name,) if press.user_name else ()
+        result = self.host.decide(press.action.session_key, press.action.call_id, press.decision,
+                                  decided_by=Decider(press.user_id, names), origin=press.action.origin)
+        entry = self.prompts_by_call.get(press.action)
+        if entry is None:
+            entry = self._handle_for(press, body)
+        if result is DecideResult.REFUSED:
+            self._spawn("slack:not-yours", self._ephemeral(press.channel_id, press.user_id, press.thread_ts,
+                                                           NOT_YOURS))
+            return
+        if result is DecideResult.NOT_PENDING:
+            self._spawn("slack:gone", self._ephemeral(press.channel_id, press.user_id, press.thread_ts, GONE))
+            if entry is not None and entry.outcome is None:
+                entry.outcome = "ended"
+                self._spawn("slack:approval-ended", self.show_decision(
+                    entry, decided_blocks(entry.tool_name, entry.arguments, "ended", label=entry.label)))
+            return
+        outcome: Literal["allowed", "denied"] = "allowed" if press.decision == "allow" else "denied"
+        if entry is not None:
+            entry.outcome = outcome
+            self._spawn("slack:approval-decided", self.show_decision(
+                entry, decided_blocks(entry.tool_name, entry.arguments, outcome, by=press.user_id,
+                                      label=entry.label)))
+
+    def remember_prompt(self, action: ApprovalAction, handle: PromptHandle) -> None:
+        """The approval messages this process posted, by what they decide (call ids are the model's and need
+        not be unique across sessions, nor between a turn and its subagents)."""
+        self.prompts_by_call[action] = handle
+        while len(self.prompts_by_call) > MAX_REMEMBERED:
+            self.prompts_by_call.popitem(last=False)
+
+    @staticmethod
+    def _handle_for(press: ApprovalPress, body: dict[str, Any]) -> PromptHandle | None:
+        """An approval message this process did not post (before a restart): enough to update it."""
+        if press.channel_id is None or press.message_ts is None:
+            return None
+        ctx = SlackContext(channel_type="im" if press.channel_id.startswith("D") else "channel",
+                           ts=press.message_ts, thread_ts=press.thread_ts)
+        text = str((body.get("message") or {}).get("text") or "")
+        tool = text.removeprefix(approval_text(""))
+        return PromptHandle(Destination(press.channel_id, press.thread_ts, ctx), press.action, tool, "",
+                            ts=press.message_ts)
+
+    async def _ephemeral(self, channel: str | None, user: str, thread_ts: str | None, text: str) -> None:
+        if channel is None:
+            return
+        client = self.api.client
+        try:
+            await self.api.call("chat.postEphemeral", lambda: client.chat_postEphemeral(
+                channel=channel, user=user, text=text, thread_ts=thread_ts), channel=channel, paced=False)
+        except PlatformError as exc:
+            log.info("could not answer a press in %s: %s", channel, exc)
+
+    def _spawn(self, name: str, coro: Any) -> None:
+        try:
+            self.host.spawn(name, coro)
+        except ShuttingDownError:
+            coro.close()
+
+    async def _on_command(self, ack: Any, body: dict[str, Any], respond: Any) -> None:
+        """A slash command (/stop, /new, /help, /compact): a DM's conversation gets it as a command message;
+        elsewhere a slash command cannot name the thread it is meant for, so it gets a hint instead."""
+        await ack()
+        command = str(body.get("command") or "").lstrip("/")
+        channel = str(body.get("channel_id") or "")
+        user = str(body.get("user_id") or "")
+        async with asyncio.timeout(self.settings.submit_timeout):
+            if not user or not await self._allowed(user):
+                return
+            if not channel.startswith("D"):
+                name = self.me.user_id if self.me else "bot"
+                self._spawn("slack:command-hint", respond(CHANNEL_COMMAND_HINT.format(name=name, command=command)))
+                return
+            ctx = SlackContext(channel_type="im", ts=str(body.get("trigger_id") or ""), user=user,
+                               team_id=str(body.get("team_id") or "") or None)
+            await self.host.submit(InboundEnvelope(
+                channel=CHANNEL, chat_id=channel, sender_id=user, content=f"/{command}",
+                event_id=f"command:{body.get('trigger_id') or ''}", channel_context=ctx.wrap()))
+
+
+def _thread_key(channel: str, thread_ts: str) -> str:
+    return f"thread:{channel}:{thread_ts}"

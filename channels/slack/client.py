@@ -1,0 +1,122 @@
+"""Slack Web API calls through slack_sdk's ``AsyncWebClient``, with Slack's errors mapped to ``PlatformError``.
+
+``once`` is one attempt of one Web API method; ``call`` runs it under the channel's one call policy
+(``channels.common.calls``). The client is built with ``retry_handlers=[]``: slack_sdk's default handler
+would resend a request once after a connection error (a ``chat.postMessage`` whose answer was lost would be
+posted twice), and its 429 handler would sleep inside the call, hiding the pause from the throttle. So the
+call policy is the only retry layer, and it repeats a send whose outcome is unknown at most once.
+
+Throttle scopes (``channels.common.throttle``): every call of a turn counts against its Slack channel (about
+one message or update per second each) and against the workspace (``chat.update`` is Tier 3, about 50 a
+minute for the whole app, which binds as soon as several replies stream at once). A 429 on
+``chat.postMessage`` (limited per channel) pauses the channel; on any other method (limited per workspace
+and method tier) it pauses the workspace, and so every channel of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import aiohttp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.common.calls import Calls
+from channels.common.errors import ErrorKind, PlatformError
+from channels.common.throttle import Scope
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+TRANSIENT = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout",
+                       "ratelimited"})
+NOT_FOUND = frozenset({"message_not_found"})
+FORMAT = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_blocks_too_long", "markdown_text_conflict"})
+STREAM_ENDED = frozenset({"message_not_in_streaming_state", "stopped_by_user", "streaming_state_conflict"})
+"""A native stream that Slack closed (it expired, or the user stopped it): it can no longer be appended to."""
+STREAM_REFUSED = frozenset({"unknown_method", "not_allowed", "missing_scope", "feature_not_enabled",
+                            "not_supported", "method_deprecated", "invalid_arguments", "not_allowed_token_type",
+                            "missing_recipient_user_id", "missing_recipient_team_id", "team_access_not_granted",
+                            "restricted_action", "channel_type_not_supported"})
+"""``chat.startStream`` errors that mean streaming does not work here (the sink streams by updates instead)."""
+
+
+def error_code(exc: PlatformError) -> str:
+    """Slack's error code of a mapped failure ("" for network errors and HTTP failures without one)."""
+    return getattr(exc, "slack_error", "")
+
+
+class SlackCallError(PlatformError):
+    """A ``PlatformError`` that keeps Slack's error code (``slack_error``)."""
+
+    def __init__(self, detail: str, *, kind: ErrorKind, slack_error: str = "", **kw: Any) -> None:
+        super().__init__(detail, kind=kind, **kw)
+        self.slack_error = slack_error
+
+
+class SlackApi:
+    def __init__(self, client: AsyncWebClient, calls: Calls, *, chat_interval: float,
+                 workspace_interval: float) -> None:
+        self.client = client
+        self.calls = calls
+        self.chat_interval = chat_interval
+        self.workspace_interval = workspace_interval
+        self.team_id = ""
+        """Set once ``auth.test`` answered: names the workspace scope."""
+
+    def chat_scope(self, channel: str) -> Scope:
+        return Scope(f"chat:{channel}", self.chat_interval)
+
+    def workspace_scope(self) -> Scope:
+        return Scope(f"workspace:{self.team_id or 'default'}", self.workspace_interval)
+
+    def scopes(self, channel: str) -> tuple[Scope, ...]:
+        """The channel first: a 429 without a scope of its own pauses it."""
+        return self.chat_scope(channel), self.workspace_scope()
+
+    async def call(self, method: str, fn: Callable[[], Awaitable[T]], *, channel: str | None = None,
+                   paced: bool = True, retry: bool = True, idempotent: bool = True) -> T:
+        """One Web API method under the call policy, paced in ``channel``'s scopes when given."""
+        scopes = self.scopes(channel) if channel is not None else ()
+        return await self.calls.call(lambda: self.once(method, fn), scopes=scopes, paced=paced, retry=retry,
+                                     idempotent=idempotent)
+
+    async def once(self, method: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """One attempt of one Web API method (``fn`` makes the slack_sdk call)."""
+        try:
+            return await fn()
+        except SlackApiError as exc:
+            raise self._mapped(method, exc) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # the request may have reached Slack before the connection broke
+            raise SlackCallError(f"{method}: {type(exc).__name__}", kind="transient",
+                                 outcome_unknown=True) from None
+
+    def _mapped(self, method: str, exc: SlackApiError) -> SlackCallError:
+        response = exc.response
+        status = int(getattr(response, "status_code", 200) or 200)
+        data = response.data if isinstance(response.data, dict) else {}
+        code = str(data.get("error") or "")
+        if status == 429:
+            headers = {str(k).lower(): v for k, v in (response.headers or {}).items()}
+            try:
+                retry_after = float(headers.get("retry-after") or 1)
+            except (TypeError, ValueError):
+                retry_after = 1.0
+            # chat.postMessage is limited per channel (the call's first scope); the rest per workspace tier
+            scope = None if method == "chat.postMessage" else self.workspace_scope().key
+            return SlackCallError(f"{method}: 429 retry after {retry_after:g}s", kind="rate_limited",
+                                  retry_after=retry_after, scope=scope, slack_error=code or "ratelimited")
+        kind: ErrorKind
+        if status >= 500 or code in TRANSIENT:
+            kind = "transient"
+        elif code in NOT_FOUND:
+            kind = "not_found"
+        elif code in FORMAT:
+            kind = "format"
+        else:
+            kind = "permanent"
+        return SlackCallError(f"{method}: {code or f'HTTP {status}'}", kind=kind, slack_error=code)
