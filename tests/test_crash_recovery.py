@@ -7,10 +7,7 @@ stores the polling offset), so this is where a message accepted but only held in
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sqlite3
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +16,7 @@ import pytest
 from tests.fakes.openai_server import FakeOpenAI, Function, Text, ToolCalls, image_parts, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.support.media import jpeg
-from tests.support.process import BridgeProcess
+from tests.support.process import BridgeProcess, fetched_past, open_approvals, wait_for
 
 CHAT = 555
 INTERRUPTED = "⚠️ The bridge restarted while answering your last message. Please send it again."
@@ -58,20 +55,6 @@ api_base = "{tg.base_url}"
 edit_interval_ms = 100
 """)
     return config
-
-
-async def wait_for(cond: Callable[[], Any], bridge: BridgeProcess, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"condition not reached in time; bridge log:\n{bridge.log()[-4000:]}")
-
-
-def fetched_past(tg: FakeTelegram, update_id: int) -> bool:
-    """The bridge polled with an offset past ``update_id``: it confirmed every update up to it."""
-    return any(c.method == "getUpdates" and int(c.params.get("offset") or 0) > update_id for c in tg.calls)
 
 
 async def test_sigkill_with_five_messages_queued_loses_none_and_answers_none_twice(
@@ -140,14 +123,6 @@ async def test_sigkill_with_a_photo_queued_keeps_it_for_the_model_after_the_rest
 RESTARTED = "⛔ Denied: the bridge restarted."
 
 
-def open_approvals(tmp_path: Path) -> str:
-    """The approval requests the running bridge has recorded as open (read as another process would)."""
-    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "chatbridge.db")) as db:
-        row = db.execute("SELECT value FROM channel_state WHERE channel = 'telegram' AND name = 'open_approvals'"
-                         ).fetchone()
-    return row[0] if row else ""
-
-
 async def test_an_approval_left_waiting_by_a_crash_shows_the_restart_and_its_buttons_are_gone(
         tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> None:
     fake_openai.script(ToolCalls([("current_time", "{}")], ids=["call_A"]))
@@ -162,7 +137,7 @@ async def test_an_approval_left_waiting_by_a_crash_shows_the_restart_and_its_but
             return next((m for m in tg.messages(CHAT) if m.buttons), None)
 
         await wait_for(lambda: request() is not None, bridge)
-        await wait_for(lambda: "message_id" in open_approvals(tmp_path), bridge)  # recorded: then the crash
+        await wait_for(lambda: "message_id" in open_approvals(tmp_path / "data"), bridge)  # recorded: then the crash
         await bridge.kill()
     finally:
         await bridge.stop()

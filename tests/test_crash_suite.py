@@ -17,7 +17,7 @@ import random
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, Function, Text, ToolCalls, last_user_text
 from tests.fakes.telegram import FakeTelegram
-from tests.support.process import BridgeProcess
+from tests.support.process import BridgeProcess, fetched_past, open_approvals, wait_for
 
 GROUP = -100777
 INTERRUPTED = "⚠️ The bridge restarted while answering your last message. Please send it again."
@@ -86,26 +86,6 @@ def model(body: dict[str, Any]) -> Any:
     return Text(f"Quick answer **END** {ident}")
 
 
-async def wait_for(cond: Callable[[], Any], bridge: BridgeProcess, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"condition not reached in time; bridge log:\n{bridge.log()[-4000:]}")
-
-
-def fetched_past(tg: FakeTelegram, update_id: int) -> bool:
-    return any(c.method == "getUpdates" and int(c.params.get("offset") or 0) > update_id for c in tg.calls)
-
-
-def open_approvals(tmp_path: Path) -> str:
-    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "chatbridge.db")) as db:
-        row = db.execute("SELECT value FROM channel_state WHERE channel = 'telegram' AND name = 'open_approvals'"
-                         ).fetchone()
-    return row[0] if row else ""
-
-
 class Ledger:
     """The user messages sent (user message id → our id) and what the chat shows in answer to each."""
 
@@ -152,7 +132,7 @@ async def crash_round(r: int, rng: random.Random, ledger: Ledger, bridge: Bridge
         await wait_for(lambda: any(m.reply_to == head_id and "word" in m.text and "END" not in m.text
                                    for m in tg.messages(GROUP)), bridge)
     elif point == "approval":  # the head's tool call waits for a press, its request recorded
-        await wait_for(lambda: asked() is not None and f'"message_id": {asked()}' in open_approvals(tmp_path),
+        await wait_for(lambda: asked() is not None and f'"message_id": {asked()}' in open_approvals(tmp_path / "data"),
                        bridge)
     await wait_for(lambda: fetched_past(tg, last), bridge)  # every message confirmed to Telegram
     await bridge.kill()

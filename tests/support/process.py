@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import sqlite3
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.fakes.telegram import FakeTelegram
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,3 +56,26 @@ class BridgeProcess:
                 self.proc.kill()
                 await self.proc.wait()
         return self.proc.returncode if self.proc.returncode is not None else -1
+
+
+async def wait_for(cond: Callable[[], Any], bridge: BridgeProcess, timeout: float = 30.0) -> None:
+    """Poll ``cond`` until true; on timeout fail with the tail of the bridge's log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"condition not reached in time; bridge log:\n{bridge.log()[-4000:]}")
+
+
+def fetched_past(tg: FakeTelegram, update_id: int) -> bool:
+    """The bridge polled with an offset past ``update_id``: it confirmed every update up to it."""
+    return any(c.method == "getUpdates" and int(c.params.get("offset") or 0) > update_id for c in tg.calls)
+
+
+def open_approvals(data_dir: Path) -> str:
+    """The approval requests the running bridge has recorded as open (read as another process would)."""
+    with contextlib.closing(sqlite3.connect(data_dir / "chatbridge.db")) as db:
+        row = db.execute("SELECT value FROM channel_state WHERE channel = 'telegram' AND name = 'open_approvals'"
+                         ).fetchone()
+    return row[0] if row else ""
