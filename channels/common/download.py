@@ -2,12 +2,11 @@
 
 A channel's ``fetch_attachment`` resolves the file with its API (Telegram ``getFile``, Slack ``files.info``;
 Feishu's message-resource endpoint is the file's URL itself) and hands the URL to :func:`stream_url`, which
-yields the body in chunks. A
-redirect is followed only to one of ``allowed_hosts`` (the platform's own), at most ``MAX_REDIRECTS`` times,
-so a file URL can never send the bot token, or the download, to another host. Any answer but 200 is a
-``FetchError``; no error text carries the URL (it may hold a token). A platform whose refusals carry a
-business code in a JSON body (Feishu's message resources) passes ``refusal``: it is given the status, the
-headers and at most ``ERROR_BODY`` bytes of the body, and returns the exception to raise.
+yields the body in chunks. A redirect is followed only to one of ``allowed_hosts`` (the platform's own), at
+most ``MAX_REDIRECTS`` times, so a file URL can never send the bot token, or the download, to another host.
+Any answer but 200 is a ``FetchError``; no error text carries the URL (it may hold a token). A platform whose
+refusals carry a business code in a JSON body (Feishu's message resources) passes ``refusal``: it is given
+the status, the headers and at most ``ERROR_BODY`` bytes of the body, and returns the exception to raise.
 
 aiohttp's own redirect handling would follow any host; this loop exists to refuse the others.
 """

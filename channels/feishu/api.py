@@ -216,7 +216,8 @@ class FeishuApi:
 
         The request is lark-oapi's typed ``GetMessageResourceRequest``, but its bytes are streamed here:
         ``message_resource.aget`` reads the whole body into memory (up to Feishu's 100 MB per resource)
-        before it returns, which ``[media] max_bytes`` could not bound. A refusal is a PlatformError decided
+        before it returns, which ``[media] max_bytes`` could not bound (and, looking up ``Content-Type`` in
+        httpx's lower-cased headers, leaves a refusal's code unread). A refusal is a PlatformError decided
         on its business code like every other call; a refused token is replaced once."""
         request = (GetMessageResourceRequest.builder().message_id(message_id).file_key(file_key).type(kind)
                    .build())
