@@ -25,6 +25,9 @@ def store_errors(op: str) -> Iterator[None]:
     except StoreError:
         raise
     except asyncpg.PostgresError as exc:
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, (UnicodeEncodeError, UnicodeDecodeError)):  # asyncpg's DataError wraps it
+            raise StoreError(f"postgresql store: {op} failed (text that cannot be encoded: {cause.reason})") from None
         code = str(getattr(exc, "sqlstate", "") or "")
         if code.startswith("22"):
             raise StoreError(f"postgresql store: {op} failed ({type(exc).__name__}, SQLSTATE {code})") from None
