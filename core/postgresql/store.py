@@ -46,6 +46,21 @@ CONNECT_TIMEOUT = 10.0
 TRACE_LOCK = 0x74726163  # "trac": with a session key's hash, serialises the numbering of its trace records
 
 
+async def database_schema_version(dsn: str) -> int:
+    """The schema version of the database at ``dsn``, read without changing anything (``chatbridge check``);
+    0 for a database chatbridge never opened. Raises StoreError when it cannot be reached."""
+    with store_errors("check"):
+        try:
+            conn = await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT)
+        except ValueError as exc:
+            raise StoreError(f"postgresql store: check failed (the connection string is not usable: "
+                             f"{type(exc).__name__})") from None
+        try:
+            return await schema_version(conn)
+        finally:
+            await conn.close()
+
+
 class PostgresqlStore:
     """``Store`` on a PostgreSQL database (see the module docstring)."""
 
