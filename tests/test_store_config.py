@@ -106,3 +106,19 @@ def test_check_fails_when_postgresql_cannot_be_reached(tmp_path: Path, capsys: p
     assert code == 1
     assert "store: cannot reach the PostgreSQL database in [store] dsn: postgresql store: check failed" in out
     assert PASSWORD not in out
+
+
+def test_run_refuses_to_start_when_postgresql_cannot_be_reached(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("asyncpg", reason="the `postgresql` extra is not installed")
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = write(tmp_path, f'[store]\nbackend = "postgresql"\ndsn = "postgresql://chat:{PASSWORD}@127.0.0.1:{port}/db"\n'
+                           '[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n'
+                           f'[web]\nport = {port}\n')
+    assert main(["run", "-c", str(path)]) == 3
+    out, err = capsys.readouterr()
+    assert "chatbridge: cannot use the PostgreSQL database in [store] dsn: postgresql store: open failed" in err
+    assert PASSWORD not in out + err
