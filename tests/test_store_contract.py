@@ -399,7 +399,7 @@ async def test_close_interrupted_turns_returns_running_turns_once(store: Store) 
 async def test_undelivered_turns_carry_their_answer_until_marked_delivered(store: Store, clock: FakeClock) -> None:
     start = time.time() - 1
     await store.append_message(KEY, user("q1"), begin_turn=("t1", '{"to": 1}'))
-    await store.commit_turn(KEY, [assistant("", "t1"), assistant("the answer", "t1")], expect_generation=None,
+    await store.commit_turn(KEY, [assistant("the answer", "t1"), assistant("", "t1")], expect_generation=None,
                             expect_state_version=None, end_turn=("t1", "completed"))
     await store.append_message(KEY, user("q2"), begin_turn=("t2", "{}"))
     await store.commit_turn(KEY, [], expect_generation=None, expect_state_version=None, end_turn=("t2", "failed"))
