@@ -1,11 +1,12 @@
 """The PostgreSQL Store: the same ``Store`` protocol as SQLite, on a server several processes can share.
 
-An asyncpg connection pool; every public method is one transaction on one pooled connection, so each write
-is atomic and a failed one leaves nothing behind. A session write (``append_message``, ``commit_turn``,
-``new_context``) first locks the session's row (creating it when the write may), checks the generation and
-state_version expectations against the locked row, and only then writes: concurrent writes to one session
-run one after the other, and a stale one raises ``StaleStateError`` having written nothing. Reads that
-return two related things (a revision and its messages) run in one REPEATABLE READ snapshot.
+An asyncpg connection pool; every public method is one transaction on one pooled connection (or, where
+each statement stands alone, one statement), so each write is atomic and a failed one leaves nothing behind.
+A session write (``append_message``, ``commit_turn``, ``new_context``) first locks the session's row,
+creating it when missing (``core.postgresql.writes``), checks the generation and state_version expectations
+against the locked row, and only then writes, in one statement: concurrent writes to one session run one
+after the other, and a stale one raises ``StaleStateError`` and rolls back, having written nothing. Reads
+that return two related things (a revision and its messages) run in one REPEATABLE READ snapshot.
 
 ``open`` connects and migrates forward under an advisory lock (``core.postgresql.schema``). Every failure
 leaving a public method is a ``StoreError`` (``core.postgresql.errors``) that names the operation, never
@@ -28,6 +29,7 @@ from core.postgresql.errors import store_errors
 from core.postgresql.glob import glob_to_regex
 from core.postgresql.rows import ATTACHMENT_SELECT, MESSAGE_SELECT, SESSION_SELECT, TURN_SELECT
 from core.postgresql.schema import migrate, schema_version
+from core.postgresql.writes import LOCK_SESSION, LOCK_TRACES, TRACE_LOCK, TRACES, SessionWrite
 from core.store import (
     DEFAULT_TITLE,
     AttachmentRecord,
@@ -43,7 +45,6 @@ from core.store import (
 )
 
 CONNECT_TIMEOUT = 10.0
-TRACE_LOCK = 0x74726163  # "trac": with a session key's hash, serialises the numbering of its trace records
 
 
 async def database_schema_version(dsn: str) -> int:
@@ -168,12 +169,10 @@ class PostgresqlStore:
         Inbound messages in ``drop_inbound`` are marked served in the same transaction."""
         now = self._clock()
         async with self._transaction("new_context") as conn:
-            current = await _locked_session(conn, key, now, create=True)
-            assert current is not None
-            after = await _update_session(conn, current, now, add_version=1, add_generation=1,
-                                          context_start_seq=current.next_seq - 1)
-            await _serve_inbound(conn, drop_inbound)
-        return after.record
+            current = await _locked_session(conn, key, now)
+            after = await SessionWrite(add_version=1, add_generation=1, context_start_seq=current.next_seq - 1,
+                                       serves=drop_inbound).run(conn, key, now)
+        return rows.session_from_row(after)
 
     async def rename(self, key: str, title: str) -> None:
         """A user rename: sets the title and clears title_is_default, so a late automatic title loses."""
@@ -202,17 +201,12 @@ class PostgresqlStore:
         now = self._clock()
         ids = (uuid.uuid4().hex,)
         async with self._transaction("append_message") as conn:
-            current = await _locked_session(conn, key, now, create=True)
-            assert current is not None
-            await _insert_messages(conn, rows.message_values(key, current.next_seq, (message,), ids, now))
-            after = await _update_session(conn, current, now, add_version=1, add_seq=1)
-            if begin_turn is not None:
-                await conn.execute("INSERT INTO turns (turn_id, session_key, state, target_json, started_at)"
-                                   " VALUES ($1, $2, 'running', $3, $4)", begin_turn[0], key, begin_turn[1], now)
-            if serves is not None:
-                await _serve_inbound(conn, (serves,))
+            current = await _locked_session(conn, key, now)
+            after = await SessionWrite(
+                add_version=1, messages=rows.message_values(key, current.next_seq, (message,), ids, now),
+                begin_turn=begin_turn, serves=(serves,) if serves is not None else ()).run(conn, key, now)
         [persisted] = rows.new_messages(key, current.next_seq, (message,), ids, now)
-        return persisted, after.record
+        return persisted, rows.session_from_row(after)
 
     async def commit_turn(
         self,
@@ -233,31 +227,22 @@ class PostgresqlStore:
         now = self._clock()
         ids = [uuid.uuid4().hex for _ in messages]
         async with self._transaction("commit_turn") as conn:
-            current = await _locked_session(conn, key, now, create=False)
-            generation = current.record.generation if current is not None else 0
-            version = current.record.state_version if current is not None else 0
-            if ((expect_generation is not None and generation != expect_generation)
-                    or (expect_state_version is not None and version != expect_state_version)):
+            # a session this creates goes again with the rollback when the expectations fail
+            current = await _locked_session(conn, key, now)
+            if ((expect_generation is not None and current.record.generation != expect_generation)
+                    or (expect_state_version is not None and current.record.state_version != expect_state_version)):
                 raise StaleStateError(f"session {key} moved on (expected generation {expect_generation}, "
                                       f"state_version {expect_state_version})")
-            if current is None:
-                current = await _locked_session(conn, key, now, create=True)
-                assert current is not None
-            appended = await conn.fetch(
-                f"SELECT {MESSAGE_SELECT} FROM messages WHERE session_key = $1 AND seq > $2 ORDER BY seq",
-                key, current.record.revision_seq)
-            await _insert_messages(conn, rows.message_values(key, current.next_seq, messages, ids, now))
-            after = await _update_session(conn, current, now, add_version=1 if messages else 0, add_revision=1,
-                                          add_seq=len(messages), revision_seq=current.next_seq + len(messages) - 1)
-            if end_turn is not None:
-                await conn.execute("UPDATE turns SET state = $2, ended_at = $3 WHERE turn_id = $1"
-                                   " AND state = 'running'", end_turn[0], end_turn[1], now)
-            if trace is not None and trace[1]:
-                await _insert_traces(conn, key, trace[0], trace[1], now)
-            earlier = [rows.message_from_row(r) for r in appended]
+            after = await SessionWrite(
+                add_version=1 if messages else 0, add_revision=1, revision_seq=current.next_seq + len(messages) - 1,
+                messages=rows.message_values(key, current.next_seq, messages, ids, now), end_turn=end_turn,
+                trace=(trace[0], rows.trace_values(trace[1])) if trace is not None and trace[1] else None,
+                appended_after=current.record.revision_seq).run(conn, key, now)
+            earlier = [rows.message_from_row(r) for r in after["appended"] or ()]
+        session = rows.session_from_row(after)
         inserted = rows.new_messages(key, current.next_seq, messages, ids, now)
-        return CommitResult.model_construct(session_key=key, history_revision=after.record.history_revision,
-                                            messages=(*earlier, *inserted), state_version=after.record.state_version,
+        return CommitResult.model_construct(session_key=key, history_revision=session.history_revision,
+                                            messages=(*earlier, *inserted), state_version=session.state_version,
                                             inserted=len(inserted))
 
     async def history(self, key: str, *, limit: int = 1000,
@@ -311,7 +296,7 @@ class PostgresqlStore:
 
     async def _admit(self, op: str, channel: str, event_id: str | None, payload: str | None, now: float,
                      expires_at: float) -> int | None:
-        async with self._transaction(op) as conn:
+        async with self._connection(op) as conn:  # two statements, each atomic: the purge is housekeeping
             # served rows whose mark ran out go first, so an expired event counts as new
             await conn.execute("DELETE FROM inbound WHERE envelope IS NULL AND expires_at <= $1", now)
             seq = await conn.fetchval(
@@ -333,7 +318,8 @@ class PostgresqlStore:
     async def finish_inbound(self, seqs: Sequence[int]) -> None:
         if seqs:
             async with self._transaction("finish_inbound") as conn:
-                await _serve_inbound(conn, seqs)
+                await conn.execute("DELETE FROM inbound WHERE seq = ANY($1::bigint[]) AND event_id IS NULL", list(seqs))
+                await conn.execute("UPDATE inbound SET envelope = NULL WHERE seq = ANY($1::bigint[])", list(seqs))
 
     async def forget_inbound(self, seq: int) -> None:
         await self._fetch("forget_inbound", "DELETE FROM inbound WHERE seq = $1", seq)
@@ -412,8 +398,10 @@ class PostgresqlStore:
         """Append several trace records in one transaction, in order; values JSON cannot encode are stored
         as their ``str()``."""
         if records:
+            values = rows.trace_values(records)
             async with self._transaction("append_traces") as conn:
-                await _insert_traces(conn, key, turn_id, records, self._clock())
+                await conn.execute(LOCK_TRACES, TRACE_LOCK, key)
+                await conn.execute(TRACES, key, turn_id, self._clock(), [k for k, _ in values], [p for _, p in values])
 
 
 # --------------------------------------------------------------------------------------------- in a transaction
@@ -429,48 +417,6 @@ class _Session:
         self.next_seq = int(row[8])
 
 
-async def _locked_session(conn: asyncpg.Connection, key: str, now: float, *, create: bool) -> _Session | None:
-    """The session row, locked until the transaction ends; created first when ``create``."""
-    if create:
-        await conn.execute("INSERT INTO sessions (key, title, created_at, updated_at) VALUES ($1, $2, $3, $3)"
-                           " ON CONFLICT (key) DO NOTHING", key, DEFAULT_TITLE, now)
-    row = await conn.fetchrow(f"SELECT {SESSION_SELECT} FROM sessions WHERE key = $1 FOR UPDATE", key)
-    return _Session(row) if row is not None else None
-
-
-async def _update_session(conn: asyncpg.Connection, current: _Session, now: float, *, add_version: int = 0,
-                          add_revision: int = 0, add_generation: int = 0, add_seq: int = 0,
-                          revision_seq: int | None = None, context_start_seq: int | None = None) -> _Session:
-    row = await conn.fetchrow(
-        "UPDATE sessions SET state_version = state_version + $2, history_revision = history_revision + $3,"
-        " generation = generation + $4, next_seq = next_seq + $5, revision_seq = COALESCE($6, revision_seq),"
-        " context_start_seq = COALESCE($7, context_start_seq), updated_at = $8"
-        f" WHERE key = $1 RETURNING {SESSION_SELECT}",
-        current.record.key, add_version, add_revision, add_generation, add_seq, revision_seq, context_start_seq, now)
-    return _Session(row)
-
-
-async def _insert_messages(conn: asyncpg.Connection, values: list[tuple[Any, ...]]) -> None:
-    if values:
-        await conn.executemany(
-            "INSERT INTO messages (id, session_key, seq, role, content, tool_calls, tool_call_id, source,"
-            " received_at, created_at, turn_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)", values)
-
-
-async def _serve_inbound(conn: asyncpg.Connection, seqs: Sequence[int]) -> None:
-    """Served inbound messages keep only their dedupe mark; one without an event id has none to keep."""
-    if seqs:
-        await conn.execute("DELETE FROM inbound WHERE seq = ANY($1::bigint[]) AND event_id IS NULL", list(seqs))
-        await conn.execute("UPDATE inbound SET envelope = NULL WHERE seq = ANY($1::bigint[])", list(seqs))
-
-
-async def _insert_traces(conn: asyncpg.Connection, key: str, turn_id: str,
-                         records: Sequence[tuple[str, dict[str, Any]]], now: float) -> None:
-    """Numbered after the session's last trace record; the advisory lock keeps two writers from taking the
-    same numbers."""
-    await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", TRACE_LOCK, key)
-    base = int(await conn.fetchval("SELECT COALESCE(MAX(seq), 0) FROM traces WHERE session_key = $1", key))
-    await conn.executemany(
-        "INSERT INTO traces (session_key, turn_id, seq, kind, payload, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
-        [(key, turn_id, base + i + 1, kind, payload, now)
-         for i, (kind, payload) in enumerate(rows.trace_values(records))])
+async def _locked_session(conn: asyncpg.Connection, key: str, now: float) -> _Session:
+    """The session row (created when missing), locked until the transaction ends."""
+    return _Session(await conn.fetchrow(LOCK_SESSION, key, DEFAULT_TITLE, now))
