@@ -6,7 +6,9 @@ A session write (``append_message``, ``commit_turn``, ``new_context``) first loc
 creating it when missing (``core.postgresql.writes``), checks the generation and state_version expectations
 against the locked row, and only then writes, in one statement: concurrent writes to one session run one
 after the other, and a stale one raises ``StaleStateError`` and rolls back, having written nothing. Reads
-that return two related things (a revision and its messages) run in one REPEATABLE READ snapshot.
+that return two related things (a revision and its messages) run in one REPEATABLE READ snapshot. Every
+operation runs in a task of its own (``core.postgresql.landing``): once called, it lands (or fails) even if
+its caller is cancelled, and ``close`` waits for it.
 
 ``open`` connects and migrates forward under an advisory lock (``core.postgresql.schema``). Every failure
 leaving a public method is a ``StoreError`` (``core.postgresql.errors``) that names the operation, never
@@ -27,6 +29,7 @@ from core.messages import ChatMessage, NewMessage
 from core.postgresql import rows
 from core.postgresql.errors import store_errors
 from core.postgresql.glob import glob_to_regex
+from core.postgresql.landing import InFlight, lands
 from core.postgresql.rows import ATTACHMENT_SELECT, MESSAGE_SELECT, SESSION_SELECT, TURN_SELECT
 from core.postgresql.schema import migrate, schema_version
 from core.postgresql.writes import LOCK_SESSION, LOCK_TRACES, TRACE_LOCK, TRACES, SessionWrite
@@ -70,6 +73,8 @@ class PostgresqlStore:
         self._pool_size = pool_size
         self._clock = clock
         self._pool: asyncpg.Pool | None = None
+        self._closing = False
+        self._in_flight = InFlight()
 
     def __repr__(self) -> str:  # the connection string may hold a password
         return "PostgresqlStore(dsn=***)"
@@ -96,12 +101,28 @@ class PostgresqlStore:
             self._pool = pool
 
     async def close(self) -> None:
-        """Operations under way complete first; any started after this began fail as closed."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
+        """Operations under way complete first (also those whose caller was cancelled); any started after this
+        began fail as closed."""
+        if self._pool is None or self._closing:
+            return
+        self._closing = True
+        try:
+            await self._in_flight.drain()
+            pool, self._pool = self._pool, None
             with store_errors("close"):
                 await pool.close()
+        finally:
+            self._closing = False
 
+    @property
+    def in_flight(self) -> InFlight:
+        return self._in_flight
+
+    def check_open(self, op: str) -> None:
+        if self._pool is None or self._closing:
+            raise StoreError(f"postgresql store: {op} called while the store is closed")
+
+    @lands
     async def schema_version(self) -> int:
         """The schema version of the database (``chatbridge check`` reports it); needs ``open`` first."""
         async with self._connection("schema_version") as conn:
@@ -129,6 +150,7 @@ class PostgresqlStore:
 
     # -- sessions
 
+    @lands
     async def get_or_create_session(self, key: str, *, default_title: str = DEFAULT_TITLE) -> SessionRecord:
         existing = await self.get_session(key)
         if existing is not None:
@@ -141,10 +163,12 @@ class PostgresqlStore:
             key, default_title, now)
         return rows.session_from_row(row)
 
+    @lands
     async def get_session(self, key: str) -> SessionRecord | None:
         found = await self._fetch("get_session", f"SELECT {SESSION_SELECT} FROM sessions WHERE key = $1", key)
         return rows.session_from_row(found[0]) if found else None
 
+    @lands
     async def list_sessions(self, *, prefix: str | None = None, limit: int = 200,
                             exclude_glob: str | None = None) -> list[SessionRecord]:
         """Sessions by most recent update first (then by key, byte order), optionally only keys starting with
@@ -156,6 +180,7 @@ class PostgresqlStore:
             prefix, glob_to_regex(exclude_glob) if exclude_glob is not None else None, max(limit, 0))
         return [rows.session_from_row(r) for r in found]
 
+    @lands
     async def bump_generation(self, key: str) -> int:
         found = await self._fetch(
             "bump_generation",
@@ -164,6 +189,7 @@ class PostgresqlStore:
             " RETURNING generation", key, DEFAULT_TITLE, self._clock())
         return int(found[0][0])
 
+    @lands
     async def new_context(self, key: str, *, drop_inbound: Sequence[int] = ()) -> SessionRecord:
         """Start a fresh model context: older messages stay in history; generation and state_version bump.
         Inbound messages in ``drop_inbound`` are marked served in the same transaction."""
@@ -174,6 +200,7 @@ class PostgresqlStore:
                                        serves=drop_inbound).run(conn, key, now)
         return rows.session_from_row(after)
 
+    @lands
     async def rename(self, key: str, title: str) -> None:
         """A user rename: sets the title and clears title_is_default, so a late automatic title loses."""
         await self._fetch(
@@ -182,6 +209,7 @@ class PostgresqlStore:
             " VALUES ($1, $2, FALSE, $3, $3) ON CONFLICT (key) DO UPDATE SET title = EXCLUDED.title,"
             " title_is_default = FALSE, updated_at = EXCLUDED.updated_at", key, title, self._clock())
 
+    @lands
     async def set_title_if_default(self, key: str, title: str, *, expect_generation: int) -> bool:
         """An automatic title: written only while no user rename happened and the generation still matches."""
         return bool(await self._fetch(
@@ -192,6 +220,7 @@ class PostgresqlStore:
 
     # -- messages
 
+    @lands
     async def append_message(self, key: str, message: NewMessage, *, begin_turn: tuple[str, str] | None = None,
                              serves: int | None = None) -> tuple[ChatMessage, SessionRecord]:
         """Persist one message (state_version +1, no revision bump); returns it and the session after it.
@@ -208,6 +237,7 @@ class PostgresqlStore:
         [persisted] = rows.new_messages(key, current.next_seq, (message,), ids, now)
         return persisted, rows.session_from_row(after)
 
+    @lands
     async def commit_turn(
         self,
         key: str,
@@ -245,6 +275,7 @@ class PostgresqlStore:
                                             messages=(*earlier, *inserted), state_version=session.state_version,
                                             inserted=len(inserted))
 
+    @lands
     async def history(self, key: str, *, limit: int = 1000,
                       before: str | None = None) -> tuple[int, list[ChatMessage]]:
         """(history_revision, the newest ``limit`` messages in seq order — older than message ``before``
@@ -265,6 +296,7 @@ class PostgresqlStore:
                 " ORDER BY seq DESC LIMIT $3", key, below, max(limit, 0))
             return int(revision), [rows.message_from_row(r) for r in reversed(found)]
 
+    @lands
     async def context_messages(self, key: str, *, limit: int) -> tuple[int, list[ChatMessage]]:
         """(state_version, the newest ``limit`` messages after the session's context start, in seq order),
         read in one snapshot."""
@@ -280,6 +312,7 @@ class PostgresqlStore:
 
     # -- inbound messages and dedupe
 
+    @lands
     async def admit_inbound(self, channel: str, event_id: str | None, payload: str, *,
                             ttl_seconds: float) -> int | None:
         """Keep an accepted inbound message until it is served; None when its event was seen within its TTL.
@@ -289,6 +322,7 @@ class PostgresqlStore:
         return await self._admit("admit_inbound", channel, event_id, payload, now,
                                  now + ttl_seconds if event_id is not None else now)
 
+    @lands
     async def mark_event_processed(self, channel: str, event_id: str, *, ttl_seconds: float) -> bool:
         """True if this event is new (and is now recorded); False if it was seen within its TTL."""
         now = self._clock()
@@ -305,36 +339,43 @@ class PostgresqlStore:
                 channel, event_id, payload, now, expires_at)
         return int(seq) if seq is not None else None
 
+    @lands
     async def event_seen(self, channel: str, event_id: str) -> bool:
         return bool(await self._fetch(
             "event_seen", "SELECT 1 FROM inbound WHERE channel = $1 AND event_id = $2"
             " AND (envelope IS NOT NULL OR expires_at > $3)", channel, event_id, self._clock()))
 
+    @lands
     async def waiting_inbound(self) -> list[InboundRecord]:
         found = await self._fetch("waiting_inbound", "SELECT seq, envelope, admitted_at FROM inbound"
                                   " WHERE envelope IS NOT NULL ORDER BY seq")
         return [InboundRecord(seq=r[0], payload=r[1], admitted_at=r[2]) for r in found]
 
+    @lands
     async def finish_inbound(self, seqs: Sequence[int]) -> None:
         if seqs:
             async with self._transaction("finish_inbound") as conn:
                 await conn.execute("DELETE FROM inbound WHERE seq = ANY($1::bigint[]) AND event_id IS NULL", list(seqs))
                 await conn.execute("UPDATE inbound SET envelope = NULL WHERE seq = ANY($1::bigint[])", list(seqs))
 
+    @lands
     async def forget_inbound(self, seq: int) -> None:
         await self._fetch("forget_inbound", "DELETE FROM inbound WHERE seq = $1", seq)
 
     # -- turns
 
+    @lands
     async def end_turn(self, turn_id: str, state: TurnState) -> None:
         """Record a running turn's final state; a turn that already ended keeps its first final state."""
         await self._fetch("end_turn", "UPDATE turns SET state = $2, ended_at = $3 WHERE turn_id = $1"
                           " AND state = 'running'", turn_id, state, self._clock())
 
+    @lands
     async def mark_delivered(self, turn_id: str) -> None:
         await self._fetch("mark_delivered", "INSERT INTO deliveries (turn_id, delivered_at) VALUES ($1, $2)"
                           " ON CONFLICT (turn_id) DO NOTHING", turn_id, self._clock())
 
+    @lands
     async def undelivered_turns(self, since: float) -> list[UndeliveredTurn]:
         found = await self._fetch(
             "undelivered_turns",
@@ -347,6 +388,7 @@ class PostgresqlStore:
             return [UndeliveredTurn(turn=rows.turn_from_row(r), text=bytes(r[6]).decode() if r[6] is not None
                                     else None) for r in found]
 
+    @lands
     async def close_interrupted_turns(self) -> list[TurnRecord]:
         """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""
         found = await self._fetch("close_interrupted_turns", "UPDATE turns SET state = 'interrupted', ended_at = $1"
@@ -355,25 +397,30 @@ class PostgresqlStore:
 
     # -- attachments
 
+    @lands
     async def add_attachment(self, record: AttachmentRecord) -> None:
         await self._fetch("add_attachment", f"INSERT INTO attachments ({ATTACHMENT_SELECT})"
                           " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)", *rows.attachment_values(record))
 
+    @lands
     async def get_attachment(self, attachment_id: str) -> AttachmentRecord | None:
         found = await self._fetch("get_attachment", f"SELECT {ATTACHMENT_SELECT} FROM attachments WHERE id = $1",
                                   attachment_id)
         return rows.attachment_from_row(found[0]) if found else None
 
+    @lands
     async def claim_attachments(self, ids: Sequence[str]) -> None:
         if ids:
             await self._fetch("claim_attachments", "UPDATE attachments SET claimed = TRUE WHERE id = ANY($1::text[])",
                               list(ids))
 
+    @lands
     async def drop_unclaimed_attachments(self, key: str, *, before: float) -> list[str]:
         found = await self._fetch("drop_unclaimed_attachments", "DELETE FROM attachments WHERE session_key = $1"
                                   " AND NOT claimed AND created_at < $2 RETURNING id", key, before)
         return [str(r[0]) for r in found]
 
+    @lands
     async def drop_expired_attachments(self, before: float) -> list[str]:
         found = await self._fetch("drop_expired_attachments",
                                   "DELETE FROM attachments WHERE created_at < $1 RETURNING id", before)
@@ -381,11 +428,13 @@ class PostgresqlStore:
 
     # -- channel state
 
+    @lands
     async def get_channel_state(self, channel: str, name: str) -> str | None:
         found = await self._fetch("get_channel_state",
                                   "SELECT value FROM channel_state WHERE channel = $1 AND name = $2", channel, name)
         return str(found[0][0]) if found else None
 
+    @lands
     async def set_channel_state(self, channel: str, name: str, value: str) -> None:
         await self._fetch("set_channel_state",
                           "INSERT INTO channel_state (channel, name, value, updated_at) VALUES ($1, $2, $3, $4)"
@@ -394,6 +443,7 @@ class PostgresqlStore:
 
     # -- traces
 
+    @lands
     async def append_traces(self, key: str, turn_id: str, records: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Append several trace records in one transaction, in order; values JSON cannot encode are stored
         as their ``str()``."""
