@@ -63,3 +63,21 @@ async def test_a_write_whose_caller_is_cancelled_while_it_waits_lands_and_close_
         assert turn.turn_id == "t1"
     finally:
         await again.close()
+
+
+async def test_a_write_called_just_before_close_lands(postgres: PostgresCluster) -> None:
+    from core.postgresql.store import PostgresqlStore
+
+    dsn = postgres.fresh_dsn()
+    store = PostgresqlStore(dsn)
+    await store.open()
+    write = asyncio.create_task(store.append_message(KEY, user("just in time")))
+    await asyncio.sleep(0)  # the call is made; its operation has not reached the server yet
+    await store.close()
+    message, _ = await write
+    again = PostgresqlStore(dsn)
+    await again.open()
+    try:
+        assert (await again.history(KEY))[1] == [message]
+    finally:
+        await again.close()
