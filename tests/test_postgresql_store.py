@@ -81,3 +81,23 @@ async def test_a_write_called_just_before_close_lands(postgres: PostgresCluster)
         assert (await again.history(KEY))[1] == [message]
     finally:
         await again.close()
+
+
+async def test_a_database_newer_than_this_code_is_refused(postgres: PostgresCluster) -> None:
+    import asyncpg
+
+    from core.postgresql.schema import MIGRATIONS
+    from core.postgresql.store import PostgresqlStore, database_schema_version
+
+    dsn = postgres.fresh_dsn()
+    store = PostgresqlStore(dsn)
+    await store.open()
+    await store.close()
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("UPDATE chatbridge_schema SET version = $1", len(MIGRATIONS) + 1)
+    finally:
+        await conn.close()
+    assert await database_schema_version(dsn) == len(MIGRATIONS) + 1
+    with pytest.raises(StoreError, match="newer than this code"):
+        await PostgresqlStore(dsn).open()

@@ -122,12 +122,6 @@ class PostgresqlStore:
         if self._pool is None or self._closing:
             raise StoreError(f"postgresql store: {op} called while the store is closed")
 
-    @lands
-    async def schema_version(self) -> int:
-        """The schema version of the database (``chatbridge check`` reports it); needs ``open`` first."""
-        async with self._connection("schema_version") as conn:
-            return await schema_version(conn)
-
     @contextlib.asynccontextmanager
     async def _connection(self, op: str) -> AsyncIterator[asyncpg.Connection]:
         pool = self._pool
