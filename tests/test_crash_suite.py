@@ -48,6 +48,9 @@ from tests.test_app import free_port
 
 GROUP = -100777
 ROUNDS = 4
+STARTUP = 180.0
+"""Seconds a (re)started process may take to receive on every platform: generous, as a loaded machine starts
+slowly, not wrongly (importing lark-oapi alone takes seconds)."""
 
 
 @pytest.fixture
@@ -126,12 +129,12 @@ async def crash_round(r: int, rng: random.Random, bridge: Bridge, model: Model, 
     for p, head in heads.items():
         if point == "approval":  # the head's tool call waits for a press, its request recorded
             await wait_for(lambda p=p, head=head: p.approval(head) is not None  # type: ignore[misc]
-                           and p.approval_recorded(data_dir, p.approval(head) or ""), process)
+                           and p.approval_recorded(data_dir, p.approval(head) or ""), process, timeout=60)
             request = p.approval(head)
             assert request is not None
             asked.append((p, request))
         else:  # the head's reply is being shown, unfinished (and held: it stays so until the kill)
-            await wait_for(lambda p=p, head=head: p.previewing(head), process)  # type: ignore[misc]
+            await wait_for(lambda p=p, head=head: p.previewing(head), process, timeout=60)  # type: ignore[misc]
     await wait_for(bridge.confirmed, process)  # every delivery so far acknowledged to its platform
     strays: list[tuple[Platform, Delivery]] = []
     for p, head in heads.items():  # sent as the kill comes: acknowledged or not, nobody knows
@@ -143,7 +146,7 @@ async def crash_round(r: int, rng: random.Random, bridge: Bridge, model: Model, 
     model.hold.set()
     bridge.restarted()
     process = await BridgeProcess(process.config, process.log_path).start()
-    await wait_for(bridge.up, process, timeout=60)
+    await wait_for(bridge.up, process, timeout=STARTUP)
 
     for p, d in strays:
         this_round[p].append(d)
@@ -184,7 +187,7 @@ async def test_repeated_sigkills_lose_nothing_and_answer_nothing_twice(
         process = await BridgeProcess(config, tmp_path / "bridge.log").start()
         closed: list[tuple[Platform, str]] = []
         try:
-            await wait_for(bridge.up, process, timeout=60)
+            await wait_for(bridge.up, process, timeout=STARTUP)
             for r in range(ROUNDS):
                 await wait_settled(bridge, process)  # so a kill cuts off only this round's head
                 process, asked = await crash_round(r, rng, bridge, model, process, data_dir)
@@ -228,7 +231,7 @@ async def test_sigterm_during_a_burst_ends_within_the_shutdown_timeout_and_loses
     try:
         for i in range(6):  # one conversation: a reply being written and five waiting behind it
             await telegram.say(f"burst-{i}", f"slow burst-{i}")
-        await wait_for(lambda: any("word" in m.text for m in tg.messages(GROUP)), bridge)
+        await wait_for(lambda: any("word" in m.text for m in tg.messages(GROUP)), bridge, timeout=STARTUP)
         stopping = time.monotonic()
         code = await bridge.stop(timeout=30)
         took = time.monotonic() - stopping

@@ -142,7 +142,7 @@ port = {port}
         timeouts = {p.name: max(1, int(SOAK_SECONDS // 60)) for p in platforms}
         faults: list[str] = []
         try:
-            await wait_for(bridge.up, process, timeout=120, what="all channels up")
+            await wait_for(bridge.up, process, timeout=180, what="all channels up")  # a loaded machine starts slowly
             async with aiohttp.ClientSession() as http:
                 sessions = []
                 for _ in range(WEB_SESSIONS):
