@@ -100,8 +100,9 @@ class Delivery:
     """HTTP modes: the bridge's answer (None: no answer yet, or the connection broke)."""
     task: asyncio.Task[None] | None = None
     retries: int = 0
-    sent_at: float = field(default_factory=time.monotonic)
     """HTTP modes: how many times it was sent again (Slack's ``X-Slack-Retry-Num``)."""
+    sent_at: float = field(default_factory=time.monotonic)
+    """When it was last sent (Slack and Feishu deliver an event again when no ack came in time)."""
 
 
 class Platform:
