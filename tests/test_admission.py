@@ -29,9 +29,12 @@ class FlakyStore(SqliteStore):
         self.fail_admissions = 0
         self.fail_appends = 0
         self.admission_gate: asyncio.Event | None = None
+        self.at_gate = 0
+        """Admissions that reached the gate."""
 
     async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds):  # type: ignore[override]
         if self.admission_gate is not None:
+            self.at_gate += 1
             await self.admission_gate.wait()
         if self.fail_admissions:
             self.fail_admissions -= 1

@@ -1,12 +1,20 @@
 """Kill a real ``chatbridge run`` at random points, again and again, on one data directory: every accepted
 message ends with exactly one answer or one notice, none twice, none lost; the database stays sound.
 
-The kill points are the ones a crash can hit in a turn's life: while the reply streams, while a tool call
-waits for approval, and with messages queued behind a slow reply. Which one each round hits, and how many
-messages wait behind it, comes from a seeded random generator (the seed is in the test id, so a failure can
-be replayed). Telegram is the platform here because it never delivers a confirmed update twice: a message
-the bridge accepted and then forgot would simply be missing. A group chat is used so that every message of
-the bot says which user message it answers (Telegram's reply), which is how the test accounts for them.
+One process serves Telegram, Slack and Feishu at once, so every kill hits all three. The kill points are the
+ones a crash can hit in a turn's life: while the reply streams (the model holds the head's stream until the
+kill, so it is cut off for certain), while a tool call waits for approval, and with messages queued behind
+the head. Which one each round hits, how many messages wait behind it on each platform, which Slack and
+Feishu events are still unacknowledged when the kill comes and which ones the platform delivers again after
+the restart comes from a seeded random generator (the seed is in the test id, so a failure can be replayed).
+Each seed runs the other receiving mode of Slack (Socket Mode / HTTP events) and Feishu (long connection /
+webhook).
+
+Telegram never delivers a confirmed update twice: a message the bridge accepted and then forgot would simply
+be missing. Slack and Feishu deliver an unacknowledged event again (Slack's ``retry_attempt`` /
+``X-Slack-Retry-Num``, Feishu's redelivered frame or request), and may deliver an acknowledged one again too:
+the test does both after every restart, and the bridge must answer each message once. How each platform
+shows which message a bot message answers is in ``tests.support.platforms``.
 """
 
 from __future__ import annotations
@@ -19,19 +27,30 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, Function, Text, ToolCalls, last_user_text
+from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
-from tests.support.process import BridgeProcess, fetched_past, open_approvals, wait_for
+from tests.support.platforms import (
+    Bridge,
+    Delivery,
+    FeishuPlatform,
+    Platform,
+    SlackPlatform,
+    TelegramPlatform,
+    feishu_fakes,
+)
+from tests.support.process import BridgeProcess, wait_for
+from tests.test_app import free_port
 
 GROUP = -100777
-INTERRUPTED = "⚠️ The bridge restarted while answering your last message. Please send it again."
-TOO_OLD = "too old to answer"
-STOPPED = "⏹ Stopped."  # how a reply cut short by a shutdown ends, in its own message
 ROUNDS = 4
+STARTUP = 180.0
+"""Seconds a (re)started process may take to receive on every platform: generous, as a loaded machine starts
+slowly, not wrongly (importing lark-oapi alone takes seconds)."""
 
 
 @pytest.fixture
@@ -40,7 +59,7 @@ async def tg() -> AsyncIterator[FakeTelegram]:
         yield fake
 
 
-def write_config(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> Path:
+def write_config(tmp_path: Path, fake_openai: FakeOpenAI, channels: str, port: int) -> Path:
     config = tmp_path / "chatbridge.toml"
     config.write_text(f"""
 [bridge]
@@ -59,130 +78,160 @@ titles = false
 tool_approval = {{ current_time = "ask" }}
 
 [web]
-enabled = false
-
-[channels.telegram]
-enabled = true
-token = "{tg.token}"
-api_base = "{tg.base_url}"
-edit_interval_ms = 100
-group_policy = "all"
-""")
+port = {port}
+{channels}""")
     return config
 
 
-def model(body: dict[str, Any]) -> Any:
-    """``slow <id>``: a reply streamed over about a second; ``ask <id>``: a tool call that needs approval,
-    then an answer; anything else: a quick answer. Every answer ends with ``END <id>`` in bold, so a
-    finished (formatted) answer is told apart from a preview a crash cut off."""
-    said = last_user_text(body).split("\n\n")[0]
-    kind, _, ident = said.partition(" ")
-    if body["messages"][-1].get("role") == "tool":
-        return Text(f"The time was told. **END** {ident}")
-    if kind == "ask":
-        return ToolCalls([("current_time", "{}")])
-    if kind == "slow":
-        return Text("A slow answer " + "word " * 40 + f"**END** {ident}", chunk_size=6, delay=0.03)
-    return Text(f"Quick answer **END** {ident}")
+class Model:
+    """``slow <id>``: a reply that streams a few words, then holds until ``hold`` is set (the test sets it
+    after the kill, so the reply is cut off mid-stream for certain); ``ask <id>``: a tool call that needs
+    approval, then an answer; ``quick <id>``: a quick answer. Every answer ends with ``END <id>`` in bold, so
+    a finished (formatted) answer is told apart from a preview a crash cut off."""
+
+    def __init__(self) -> None:
+        self.hold = asyncio.Event()
+
+    def __call__(self, body: dict[str, Any]) -> Any:
+        said = last_user_text(body).split("\n\n")[0]
+        found = re.search(r"\b(ask|slow|quick) (\S+)", said)
+        assert found is not None, said
+        kind, ident = found.groups()
+        if body["messages"][-1].get("role") == "tool":
+            return Text(f"The time was told. **END** {ident}")
+        if kind == "ask":
+            return ToolCalls([("current_time", "{}")])
+        if kind == "slow":
+            return Text("A slow answer " + "word " * 40 + f"**END** {ident}", chunk_size=6, delay=0.02,
+                        hold=self.hold, hold_after=60)
+        return Text(f"Quick answer **END** {ident}")
 
 
-class Ledger:
-    """The user messages sent (user message id → our id) and what the chat shows in answer to each."""
-
-    def __init__(self, tg: FakeTelegram) -> None:
-        self.tg = tg
-        self.sent: dict[int, str] = {}
-
-    def say(self, text: str) -> dict[str, Any]:
-        update = self.tg.user_message(text, chat_id=GROUP, chat_type="group")
-        self.sent[update["message"]["message_id"]] = text.partition(" ")[2]
-        return update
-
-    def endings(self) -> dict[str, list[str]]:
-        """Our id → the terminal things the chat shows in answer to it: "answer" or "notice"."""
-        found: dict[str, list[str]] = {ident: [] for ident in self.sent.values()}
-        for m in self.tg.messages(GROUP):
-            if m.deleted or m.reply_to not in self.sent:
-                continue
-            ident = self.sent[m.reply_to]
-            if re.search(rf"(?<!\*)END {re.escape(ident)}$", m.text) and "**" not in m.text:
-                found[ident].append("answer")
-            elif m.text == INTERRUPTED or TOO_OLD in m.text or m.text.endswith(STOPPED):
-                found[ident].append("notice")
-        return found
-
-    def settled(self) -> bool:
-        return all(len(v) >= 1 for v in self.endings().values())
-
-
-async def crash_round(r: int, rng: random.Random, ledger: Ledger, bridge: BridgeProcess,
-                      tmp_path: Path) -> BridgeProcess:
-    """Send a head message and some behind it, kill the bridge at this round's point, start it again."""
-    tg = ledger.tg
+async def crash_round(r: int, rng: random.Random, bridge: Bridge, model: Model, process: BridgeProcess,
+                      data_dir: Path) -> tuple[BridgeProcess, list[tuple[Platform, str]]]:
+    """On every platform a head message and some behind it; kill the bridge at this round's point (with some
+    Slack and Feishu events still unacknowledged), start it again, and let the platforms deliver again.
+    Returns the new process and the approval requests the kill left open."""
     point = rng.choice(["stream", "approval", "queued"])
-    head = ledger.say(f"{'ask' if point == 'approval' else 'slow'} r{r}-head")
-    head_id = head["message"]["message_id"]
-    behind = [ledger.say(f"quick r{r}-q{i}") for i in range(rng.randint(0 if point != "queued" else 1, 3))]
-    last = (behind or [head])[-1]["update_id"]
+    model.hold = asyncio.Event()
+    heads: dict[Platform, str] = {}
+    this_round: dict[Platform, list[Delivery]] = {}
+    for p in bridge.platforms:
+        head = f"{p.name[:2]}{r}-head"
+        heads[p] = head
+        first = len(p.deliveries)
+        await p.say(head, f"{'ask' if point == 'approval' else 'slow'} {head}")
+        for i in range(rng.randint(0 if point != "queued" else 1, 3)):
+            await p.say(f"{p.name[:2]}{r}-q{i}", f"quick {p.name[:2]}{r}-q{i}", head=head)
+        this_round[p] = p.deliveries[first:]
 
-    def asked() -> int | None:
-        return next((m.message_id for m in tg.messages(GROUP) if m.buttons and m.reply_to == head_id), None)
+    asked: list[tuple[Platform, str]] = []
+    for p, head in heads.items():
+        if point == "approval":  # the head's tool call waits for a press, its request recorded
+            await wait_for(lambda p=p, head=head: p.approval(head) is not None  # type: ignore[misc]
+                           and p.approval_recorded(data_dir, p.approval(head) or ""), process, timeout=60)
+            request = p.approval(head)
+            assert request is not None
+            asked.append((p, request))
+        else:  # the head's reply is being shown, unfinished (and held: it stays so until the kill)
+            await wait_for(lambda p=p, head=head: p.previewing(head), process, timeout=60)  # type: ignore[misc]
+    await wait_for(bridge.confirmed, process)  # every delivery so far acknowledged to its platform
+    strays: list[tuple[Platform, Delivery]] = []
+    for p, head in heads.items():  # sent as the kill comes: acknowledged or not, nobody knows
+        if not isinstance(p, TelegramPlatform) and rng.random() < 0.5:
+            ident = f"{p.name[:2]}{r}-stray"
+            strays.append((p, await p.say(ident, f"quick {ident}", head=head, wait=False)))
+    await process.kill()
+    await process.stop()
+    model.hold.set()
+    bridge.restarted()
+    process = await BridgeProcess(process.config, process.log_path).start()
+    await wait_for(bridge.up, process, timeout=STARTUP)
 
-    if point == "stream":  # the head's reply is being shown, unfinished
-        await wait_for(lambda: any(m.reply_to == head_id and "word" in m.text and "END" not in m.text
-                                   for m in tg.messages(GROUP)), bridge)
-    elif point == "approval":  # the head's tool call waits for a press, its request recorded
-        await wait_for(lambda: asked() is not None and f'"message_id": {asked()}' in open_approvals(tmp_path / "data"),
-                       bridge)
-    await wait_for(lambda: fetched_past(tg, last), bridge)  # every message confirmed to Telegram
-    await bridge.kill()
-    await bridge.stop()
-    return await BridgeProcess(bridge.config, bridge.log_path).start()
+    for p, d in strays:
+        this_round[p].append(d)
+        if d.task is not None:
+            with contextlib.suppress(Exception):
+                await d.task
+    for p, deliveries in this_round.items():
+        for d in deliveries:
+            # unacknowledged: the platform delivers it again; acknowledged: now and then it does anyway
+            if not p.acked(d) or rng.random() < 0.4:
+                again = await p.redeliver(d)
+                assert p.acked(again), f"{p.name}: a redelivered event of {d.ident} was not acknowledged"
+    return process, asked
 
 
-@pytest.mark.parametrize("seed", [7, 2024])
+async def wait_settled(bridge: Bridge, process: BridgeProcess, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not bridge.settled():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"unsettled: {bridge.endings()}\n{bridge.describe()}\n{process.log()[-4000:]}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize(("seed", "slack_mode", "feishu_mode"),
+                         [(7, "socket", "websocket"), (2024, "http", "webhook")])
 async def test_repeated_sigkills_lose_nothing_and_answer_nothing_twice(
-        tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, seed: int) -> None:
+        tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, fake_slack: FakeSlack, seed: int,
+        slack_mode: Literal["socket", "http"], feishu_mode: Literal["websocket", "webhook"]) -> None:
     rng = random.Random(seed)
+    model = Model()
     fake_openai.default = Function(model)
-    config = write_config(tmp_path, fake_openai, tg)
-    log = tmp_path / "bridge.log"
-    ledger = Ledger(tg)
-    bridge = await BridgeProcess(config, log).start()
-    try:
-        for r in range(ROUNDS):
-            bridge = await crash_round(r, rng, ledger, bridge, tmp_path)
+    port = free_port()
+    data_dir = tmp_path / "data"
+    async with feishu_fakes(feishu_mode) as (feishu, conn, origin):
+        bridge = Bridge([TelegramPlatform(tg, [GROUP]), SlackPlatform(fake_slack, slack_mode, port),
+                         FeishuPlatform(feishu, feishu_mode, port, conn=conn, origin=origin)], port)
+        config = write_config(tmp_path, fake_openai, bridge.config(), port)
+        process = await BridgeProcess(config, tmp_path / "bridge.log").start()
+        closed: list[tuple[Platform, str]] = []
         try:
-            await wait_for(ledger.settled, bridge, timeout=60)
-        except AssertionError:
-            raise AssertionError(f"unsettled: {ledger.endings()}\n" + "\n".join(
-                f"{m.message_id} reply_to={m.reply_to} deleted={m.deleted}: {m.text[:70]!r}"
-                for m in tg.messages(GROUP))) from None
-        await asyncio.sleep(1.0)  # anything shown twice would show by now
-    finally:
-        code = await bridge.stop()
-    assert code == 0
-    endings = ledger.endings()
-    assert {ident: kinds for ident, kinds in endings.items() if len(kinds) != 1} == {}
-    # a message that waited behind the crash is answered, not given up: only the heads were cut off
-    assert all(kinds == ["answer"] for ident, kinds in endings.items() if "-q" in ident)
-    assert not any(m.buttons for m in tg.messages(GROUP))  # no approval button left looking live
-    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "chatbridge.db")) as db:
+            await wait_for(bridge.up, process, timeout=STARTUP)
+            for r in range(ROUNDS):
+                await wait_settled(bridge, process)  # so a kill cuts off only this round's head
+                process, asked = await crash_round(r, rng, bridge, model, process, data_dir)
+                closed += asked
+                for p, request in asked:  # the approvals left waiting say the restart denied them
+                    await wait_for(lambda p=p, request=request: p.approval_closed_by_restart(request),  # type: ignore[misc]
+                                   process, what=f"{p.name}: approval closed\n{p.describe()}")
+            await wait_settled(bridge, process)
+        finally:
+            code = await process.stop()  # an orderly stop: after it, nothing more can be shown
+        assert code == 0
+        endings = bridge.endings()
+        twice = {p: {i: k for i, k in e.items() if len(k) != 1} for p, e in endings.items()}
+        assert twice == {p: {} for p in endings}, f"{twice}\n{bridge.describe()}"
+        for p, e in endings.items():  # a message that waited behind the crash is answered, not given up
+            assert {i: k for i, k in e.items() if "-head" not in i and k != ["answer"]} == {}, p
+        assert [p.live_buttons() for p in bridge.platforms] == [0, 0, 0]  # no approval button left looking live
+        assert all(p.approval_closed_by_restart(request) for p, request in closed)
+        assert sum(len(p.idents) for p in bridge.platforms) >= 3 * ROUNDS * 1
+    with contextlib.closing(sqlite3.connect(data_dir / "chatbridge.db")) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        # history intact: every message once, and nothing accepted is left waiting
+        said = [row[0] for row in db.execute("SELECT content FROM messages WHERE role = 'user'")]
+        assert db.execute("SELECT count(*) FROM inbound WHERE envelope IS NOT NULL").fetchone() == (0,)
+        assert db.execute("SELECT count(*) FROM turns WHERE state = 'running'").fetchone() == (0,)
+    for p in bridge.platforms:
+        for ident in p.idents:
+            assert sum(1 for text in said if re.search(rf"\b{re.escape(ident)}\b", text)) == 1, (p.name, ident)
 
 
 async def test_sigterm_during_a_burst_ends_within_the_shutdown_timeout_and_loses_nothing(
         tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> None:
+    model = Model()
+    model.hold.set()  # the slow replies stream to their end
     fake_openai.default = Function(model)
-    config = write_config(tmp_path, fake_openai, tg)
+    telegram = TelegramPlatform(tg, [GROUP])
+    config = write_config(tmp_path, fake_openai, telegram.config(), free_port())
     config.write_text(config.read_text().replace("shutdown_timeout = 5", "shutdown_timeout = 2"))
     log = tmp_path / "bridge.log"
-    ledger = Ledger(tg)
     bridge = await BridgeProcess(config, log).start()
     try:
         for i in range(6):  # one conversation: a reply being written and five waiting behind it
-            ledger.say(f"slow burst-{i}")
-        await wait_for(lambda: any("word" in m.text for m in tg.messages(GROUP)), bridge)
+            await telegram.say(f"burst-{i}", f"slow burst-{i}")
+        await wait_for(lambda: any("word" in m.text for m in tg.messages(GROUP)), bridge, timeout=STARTUP)
         stopping = time.monotonic()
         code = await bridge.stop(timeout=30)
         took = time.monotonic() - stopping
@@ -194,14 +243,12 @@ async def test_sigterm_during_a_burst_ends_within_the_shutdown_timeout_and_loses
     again = await BridgeProcess(config, log).start()
     try:
         try:
-            await wait_for(ledger.settled, again, timeout=60)
+            await wait_for(telegram.settled, again, timeout=60)
         except AssertionError:
-            raise AssertionError(f"unsettled: {ledger.endings()}\n" + "\n".join(
-                f"{m.message_id} reply_to={m.reply_to}: {m.text[:90]!r}" for m in tg.messages(GROUP))) from None
-        await asyncio.sleep(1.0)
+            raise AssertionError(f"unsettled: {telegram.endings()}\n{telegram.describe()}") from None
     finally:
-        assert await again.stop() == 0
-    endings = ledger.endings()
+        assert await again.stop() == 0  # an orderly stop: after it, nothing more can be shown
+    endings = telegram.endings()
     assert {ident: kinds for ident, kinds in endings.items() if len(kinds) != 1} == {}
     # the messages that only waited are answered after the restart, not given up
     assert sum(kinds == ["answer"] for kinds in endings.values()) >= 5

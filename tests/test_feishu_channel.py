@@ -15,7 +15,6 @@ import pytest
 
 from channels.common.errors import PlatformError
 from channels.feishu import approvals
-from channels.feishu.channel import NOT_TAKEN
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.feishu import FakeFeishu, FakeLongConnection
 from tests.fakes.feishu.harness import CHAT, FeishuHarness, feishu_harness
@@ -572,25 +571,33 @@ async def test_webhook_answers_503_for_a_message_core_could_not_store_and_takes_
         await t.close()
 
 
-async def test_the_long_connection_acks_before_core_stores_and_tells_the_sender_when_it_cannot(
-        tmp_path, fake_openai, fake):
+async def test_the_long_connection_acks_a_message_only_once_core_stored_it(tmp_path, fake_openai, fake):
+    """The ack tells Feishu never to push the event again: sent before the message is stored, a crash in
+    between would lose it without a word. A message core could not store is left unacknowledged, and the
+    push Feishu then makes again is answered, once."""
     from tests.test_admission import FlakyStore
-    fake_openai.script(Text("answered"))
+    fake_openai.script(Text("answered"), Text("answered too"))
     store = FlakyStore(tmp_path / "chat.db")
     async with FakeLongConnection(fake.app_id, fake.app_secret) as conn:
-        t = await feishu_harness(tmp_path, fake_openai, fake, conn=conn, core={"store": store})
+        t = await feishu_harness(tmp_path, fake_openai, fake, conn=conn, core={"store": store}, submit_wait=30.0)
         try:
-            store.admission_gate = asyncio.Event()  # core is slow to store the message
-            ack = await t.deliver(t.event("first")[1])
-            assert ack.code == 200  # acknowledged while core still holds it: the handler did not wait
-            store.admission_gate.set()
+            gate = store.admission_gate = asyncio.Event()  # core is slow to store the message
+            first = conn.push(t.event("first")[1])
+            await t.wait_for(lambda: store.at_gate == 1, timeout=10)
+            assert conn.acks_for(first) == []  # not stored yet: not acknowledged either
+            gate.set()
+            assert (await conn.wait_ack(first, timeout=10)).code == 200
             await t.settle()
             assert t.texts() == ["answered"]
 
-            store.fail_admissions = 1
-            await t.deliver(t.event("second")[1])
+            store.admission_gate = None
+            store.fail_admissions = 1  # the write fails (a full disk, a crash on the way)
+            second = conn.push(t.event("second")[1])
+            assert (await conn.wait_ack(second, timeout=10)).code == 500  # so Feishu pushes it again
+            conn.redeliver(second)
+            assert (await conn.wait_ack(second, count=2, timeout=10)).code == 200
             await t.settle()
-            assert t.texts() == ["answered", NOT_TAKEN]  # the sender is told to send it again
+            assert t.texts() == ["answered", "answered too"]
         finally:
             await t.close()
 

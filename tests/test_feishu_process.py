@@ -5,22 +5,20 @@ its own thread) and over the webhook on the [web] server; ``/healthz`` names the
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from tests.fakes.feishu import FakeFeishu, FakeLongConnection, WebhookSender
 from tests.fakes.feishu.events import Mention, message_event
 from tests.fakes.feishu.harness import CHAT, KEY, TOKEN
 from tests.fakes.feishu.openapi import card_buttons
 from tests.fakes.openai_server import FakeOpenAI, Text, ToolCalls
-from tests.support.process import BridgeProcess
+from tests.support.platforms import one_origin
+from tests.support.process import BridgeProcess, open_approvals
 from tests.test_app import free_port
 
 
@@ -59,31 +57,11 @@ async def healthz(port: int) -> Any:
         return None
 
 
-async def proxy(routes: dict[str, str]) -> tuple[web.AppRunner, str]:
-    """One origin in front of the two fakes (Feishu serves the Open API and the long connection's endpoint on
-    the same domain): each path prefix is forwarded to its fake."""
-    async def forward(request: web.Request) -> web.Response:
-        base = next(url for prefix, url in routes.items() if request.path.startswith(prefix))
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
-        async with aiohttp.ClientSession() as s, s.request(
-                request.method, base + request.path_qs, headers=headers, data=await request.read()) as resp:
-            return web.Response(status=resp.status, body=await resp.read(),
-                                content_type=resp.content_type or "application/json")
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", forward)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
-
-
 async def test_run_answers_over_the_long_connection(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     fake_openai.script(Text("Hello from the process."))
     async with FakeFeishu() as fake, FakeLongConnection(fake.app_id, fake.app_secret) as conn:
         fake.chat(CHAT)
-        runner, origin = await proxy({"/open-apis/": fake.base_url, "/callback/": conn.base_url})
+        runner, origin = await one_origin({"/open-apis/": fake.base_url, "/callback/": conn.base_url})
         port = free_port()
         path = config(tmp_path, fake_openai.base_url, port,
                       f'app_id = "{fake.app_id}"\napp_secret = "{fake.app_secret}"\ndomain = "{origin}"\n')
@@ -138,14 +116,6 @@ async def test_run_answers_over_the_webhook(tmp_path: Path, fake_openai: FakeOpe
             await bridge.stop()
 
 
-def open_approvals(tmp_path: Path) -> str:
-    """The approval requests the running bridge has recorded as open (read as another process would)."""
-    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "chatbridge.db")) as db:
-        row = db.execute("SELECT value FROM channel_state WHERE channel = 'feishu' AND name = 'open_approvals'"
-                         ).fetchone()
-    return row[0] if row else ""
-
-
 async def test_an_approval_card_left_waiting_by_a_crash_shows_the_restart(tmp_path: Path,
                                                                         fake_openai: FakeOpenAI) -> None:
     fake_openai.script(ToolCalls([("current_time", "{}")], ids=["call_A"]))
@@ -175,7 +145,7 @@ async def test_an_approval_card_left_waiting_by_a_crash_shows_the_restart(tmp_pa
             assert sent.status == 200
 
             async def recorded() -> bool:
-                return request() is not None and "message_id" in open_approvals(tmp_path)
+                return request() is not None and "message_id" in open_approvals(tmp_path / "data", "feishu")
             await wait_for(recorded, bridge)
             await bridge.kill()
         finally:

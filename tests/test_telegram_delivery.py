@@ -13,7 +13,7 @@ import pytest
 from telegramify_markdown import convert
 
 from channels.common.splitter import open_fence, utf16_len
-from tests.fakes.openai_server import HttpError, Text
+from tests.fakes.openai_server import Hang, HttpError, Text
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
 
@@ -336,5 +336,23 @@ async def test_a_preview_that_can_no_longer_be_edited_is_replaced_not_left_besid
         [msg] = tg.messages(CHAT)  # the fallback alone: no stale preview above it
         assert msg.text == SHOWN
         assert msg.entities == [{"type": "bold", "offset": 25, "length": 5}]
+    finally:
+        await t.close()
+
+
+async def test_in_a_group_the_answer_that_replaces_a_stale_preview_still_quotes_the_users_message(
+        tmp_path, fake_openai, tg):
+    # the model goes silent after a word and is asked again: the preview of the first attempt goes, and the
+    # answer sent in its place must still say which message it answers (in a busy group, nothing else does)
+    group = -100101
+    fake_openai.script(Hang(5, after_text="Answ"), Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg, group_policy="all", core={"request_timeout": 1.0})
+    try:
+        asked = tg.user_message("capital of France?", chat_id=group, chat_type="group")
+        await t.settle()
+        [msg] = tg.messages(group)
+        assert msg.text == SHOWN
+        assert msg.reply_to == asked["message"]["message_id"]
+        assert tg.count("deleteMessage") == 1  # the first attempt's preview was replaced
     finally:
         await t.close()

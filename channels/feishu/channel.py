@@ -5,8 +5,10 @@ Receiving, in one of two modes:
 - **websocket** (the long connection): ``lark.ws.Client`` runs its own event loop and blocks in
   ``start()``, so it runs on a dedicated thread (``LongConnection``). Its handlers run on that thread, and
   Feishu takes the handler's return as the ack (no ack within 3 s, or an exception: the event is pushed
-  again). So a message handler only hands the event to the bridge's loop (``call_soon_threadsafe``) and
-  returns at once. A card button press (``card.action.trigger``) arrives on the same connection and its
+  again). So a message handler hands the event to the bridge's loop and waits until core has stored it
+  (at most ``submit_wait`` seconds, a local SQLite write): an ack always means the message survives a
+  crash. A message core could not store (shutting down, a failed write, too slow) makes the handler raise,
+  and Feishu pushes it again. A card button press (``card.action.trigger``) arrives on the same connection and its
   answer (a toast, the decided card) rides on the ack: the handler waits for the bridge's answer at most
   ``press_wait`` seconds.
 - **webhook**: ``POST /feishu/events`` on the [web] server. The body is capped (``max_body_bytes``), a
@@ -44,6 +46,7 @@ fetched asynchronously and never blocks the loop (``channels.feishu.api``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -87,7 +90,6 @@ from core.media.fetch import FetchError
 log = logging.getLogger(__name__)
 
 _OPERATOR = FeishuConfig()
-NOT_TAKEN = "Sorry, I could not take that message just now. Please send it again."
 TRY_AGAIN = "Please try again in a moment."
 RESTARTED = "⛔ Denied: the bridge restarted."
 OPEN_APPROVALS = "open_approvals"
@@ -113,6 +115,8 @@ class FeishuSettings:
     first_delay: float = 1.0
     press_wait: float = 2.5
     """Seconds a card press waits for the bridge's answer (Feishu allows 3)."""
+    submit_wait: float = 2.5
+    """Seconds a pushed message waits for core to store it before the ack (Feishu allows 3)."""
     setup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
     request_timeout: float = 30.0
     connection_domain: str = ""
@@ -379,28 +383,38 @@ class FeishuChannel:
     # ---- receiving -----------------------------------------------------------------------------
 
     def _on_ws_message(self, data: Any) -> None:
-        """On the long connection's thread: hand the event over and return at once (the return is the ack)."""
+        """On the long connection's thread: the return is the ack, so return only once core has stored the
+        message (or dropped it as not for core). Raising leaves it unacknowledged: Feishu pushes it again."""
         payload = json.loads(lark.JSON.marshal(data))
         loop = self._loop
         if loop is None or loop.is_closed():
-            raise RuntimeError("the bridge is not running")  # no ack: Feishu pushes it again
-        loop.call_soon_threadsafe(self._take, payload)
-
-    def _take(self, payload: dict[str, Any]) -> None:
+            raise RuntimeError("the bridge is not running")
+        stored: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        loop.call_soon_threadsafe(self._take, payload, stored)
         try:
-            self.host.spawn("feishu:event", self._accept_pushed(payload))
-        except ShuttingDownError:
-            log.info("a Feishu event arrived while shutting down; it was not taken")
+            stored.result(self.settings.submit_wait)
+        except concurrent.futures.TimeoutError:
+            raise RuntimeError("core did not store the message in time; Feishu will push it again") from None
 
-    async def _accept_pushed(self, payload: dict[str, Any]) -> None:
-        """A message from the long connection (already acked): if core cannot store it, tell the sender."""
+    def _take(self, payload: dict[str, Any], stored: concurrent.futures.Future[bool]) -> None:
         try:
-            await self.accept(payload)
-        except (AdmissionError, ShuttingDownError):
-            message = normalize(payload, self.bot_open_id)
-            if message is not None:
-                with contextlib.suppress(SinkError):
-                    await self.send_plain(self._target_of(message), NOT_TAKEN)
+            self.host.spawn("feishu:event", self._accept_pushed(payload, stored))
+        except ShuttingDownError as exc:
+            stored.set_exception(exc)
+
+    async def _accept_pushed(self, payload: dict[str, Any], stored: concurrent.futures.Future[bool]) -> None:
+        """A message from the long connection: its handler waits on ``stored`` to acknowledge it."""
+        try:
+            taken = await self.accept(payload)
+        except BaseException as exc:
+            if not stored.done():
+                stored.set_exception(exc)
+            if isinstance(exc, (AdmissionError, ShuttingDownError)):
+                log.info("a Feishu message could not be stored (%s); Feishu will push it again", type(exc).__name__)
+                return
+            raise
+        if not stored.done():
+            stored.set_result(taken)
 
     async def accept(self, payload: dict[str, Any]) -> bool:
         """Hand one ``im.message.receive_v1`` body to core. False when it is not for core (ours, not allowed,

@@ -69,7 +69,8 @@ class TelegramOps:
         self._client = channel.client
         self._dest = dest
         self._draft = draft
-        self._replied = False
+        self._replying: str | None = None
+        """The message that quotes the user's message; a reply always shows one while any of it is shown."""
         self.capabilities = Capabilities(limit=channel.limit, unit="utf16", can_delete=True,
                                          idempotent_sends=False, native_stream=draft)
         self.scopes: tuple[Scope, ...] = (channel.client.scope(dest.key),)
@@ -78,9 +79,10 @@ class TelegramOps:
         d = self._dest
         msg = await self._client.once(SendMessage(
             chat_id=d.chat_id, text=part.text, entities=entities(part), message_thread_id=d.thread_id,
-            reply_parameters=None if self._replied else d.reply(), parse_mode=None, link_preview_options=None))
+            reply_parameters=None if self._replying else d.reply(), parse_mode=None, link_preview_options=None))
         assert msg is not None
-        self._replied = True
+        if self._replying is None:
+            self._replying = str(msg.message_id)
         return str(msg.message_id)
 
     async def edit(self, message_id: str, part: Part) -> None:
@@ -95,6 +97,8 @@ class TelegramOps:
         except PlatformError as exc:
             if exc.kind != "not_found":  # already gone is what we wanted
                 raise
+        if message_id == self._replying:  # the next message sent quotes the user's message in its place
+            self._replying = None
 
     async def typing(self) -> None:
         d = self._dest

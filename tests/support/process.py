@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import sqlite3
@@ -58,14 +59,18 @@ class BridgeProcess:
         return self.proc.returncode if self.proc.returncode is not None else -1
 
 
-async def wait_for(cond: Callable[[], Any], bridge: BridgeProcess, timeout: float = 30.0) -> None:
-    """Poll ``cond`` until true; on timeout fail with the tail of the bridge's log."""
+async def wait_for(cond: Callable[[], Any], bridge: BridgeProcess, timeout: float = 30.0, what: str = "") -> None:
+    """Poll ``cond`` (a function, or a coroutine function) until true; on timeout fail with the tail of the
+    bridge's log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if cond():
+        result = cond()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
             return
         await asyncio.sleep(0.02)
-    raise AssertionError(f"condition not reached in time; bridge log:\n{bridge.log()[-4000:]}")
+    raise AssertionError(f"{what or 'condition'} not reached in time; bridge log:\n{bridge.log()[-4000:]}")
 
 
 def fetched_past(tg: FakeTelegram, update_id: int) -> bool:
@@ -73,9 +78,10 @@ def fetched_past(tg: FakeTelegram, update_id: int) -> bool:
     return any(c.method == "getUpdates" and int(c.params.get("offset") or 0) > update_id for c in tg.calls)
 
 
-def open_approvals(data_dir: Path) -> str:
-    """The approval requests the running bridge has recorded as open (read as another process would)."""
+def open_approvals(data_dir: Path, channel: str = "telegram") -> str:
+    """The approval requests the running bridge has recorded as open for ``channel`` (read as another process
+    would)."""
     with contextlib.closing(sqlite3.connect(data_dir / "chatbridge.db")) as db:
-        row = db.execute("SELECT value FROM channel_state WHERE channel = 'telegram' AND name = 'open_approvals'"
-                         ).fetchone()
+        row = db.execute("SELECT value FROM channel_state WHERE channel = ? AND name = 'open_approvals'",
+                         (channel,)).fetchone()
     return row[0] if row else ""
