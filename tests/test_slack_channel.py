@@ -9,8 +9,9 @@ import re
 
 import pytest
 
+from channels.common.open_approvals import OPEN_APPROVALS as OPEN_STATE
 from channels.common.splitter import open_fence
-from channels.slack.channel import GONE, NOT_YOURS, OPEN_STATE
+from channels.slack.channel import GONE, NOT_YOURS
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.openai_server import HttpError, Text, ToolCalls
 from tests.fakes.slack import FakeSlack
