@@ -8,11 +8,12 @@ sends it again on a bounded backoff (``CoreSettings.redelivery_delays``, through
 platform accepts it; only then is the turn marked delivered. A turn still undelivered after the last try
 stays so in the store, and the next start sends it (``ChatCore._redeliver``), as after a crash.
 
-Never twice: every try is one ``send_plain`` of the same text, made only after the previous one failed; a
-try that succeeded ends the retries and marks the turn, so neither this process nor the next start sends
-it again. Whether a failed send might still have been carried out (a timeout) is the channel's call
-policy's business, which repeats such a send at most once or under the platform's idempotency key
-(``channels.common.calls``).
+Never twice: every try is one ``send_plain`` of what the chat does not show yet, made only after the
+previous one failed — when the platform took the first messages of a long text, only the rest is tried
+again (``SinkError.unsent``); a try that succeeded ends the retries and marks the turn, so neither this
+process nor the next start sends it again. Whether a failed send might still have been carried out (a
+timeout) is the channel's call policy's business, which repeats such a send at most once or under the
+platform's idempotency key (``channels.common.calls``).
 
 A channel whose clients read the stored history (``shows_history``, the web chat) already shows the
 committed answer: its turns are marked delivered without a send.
@@ -44,13 +45,14 @@ class Redelivery:
         self._supervisor = supervisor
         self._delays = tuple(float(d) for d in settings.redelivery_delays)
 
-    async def deliver(self, turn_id: str, target: TurnTarget, text: str) -> bool:
-        """Send ``text`` as the terminal message of turn ``turn_id`` once; True (and the turn marked
-        delivered) when the chat shows it. False: not visible, the turn stays undelivered."""
-        if text and not await self._plain.send(target, text):
-            return False
-        await self.mark_delivered(turn_id)
-        return True
+    async def deliver(self, turn_id: str, target: TurnTarget, text: str) -> str:
+        """Send ``text`` as the terminal message of turn ``turn_id`` once. Returns what the chat still does
+        not show: "" when it shows all of it (and the turn is marked delivered), else the rest, to send
+        again — never the messages the platform already took."""
+        rest = await self._plain.send_rest(target, text) if text else ""
+        if not rest:
+            await self.mark_delivered(turn_id)
+        return rest
 
     def schedule(self, turn_id: str, target: TurnTarget, text: str) -> None:
         """Try ``text`` again later, in the background, until it is visible or the backoff is spent."""
@@ -69,6 +71,16 @@ class Redelivery:
 
     async def _retry(self, turn_id: str, target: TurnTarget, text: str) -> None:
         delays = self._delays
+        pending = text
+
+        async def again() -> bool:
+            nonlocal pending
+            channel = self._channels.get(target.channel)
+            if getattr(channel, "shows_history", False):  # its pages show the committed turn by now
+                await self.mark_delivered(turn_id)
+                return True
+            pending = await self.deliver(turn_id, target, pending)
+            return not pending
 
         def wait(state: tenacity.RetryCallState) -> float:
             return delays[min(state.attempt_number, len(delays) - 1)]
@@ -82,12 +94,5 @@ class Redelivery:
         retrying = tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(len(delays)), wait=wait,
             retry=tenacity.retry_if_result(lambda delivered: not delivered), retry_error_callback=failed)
-        if await retrying(self._again, turn_id, target, text):
+        if await retrying(again):
             log.info("turn %s delivered on a later try", turn_id)
-
-    async def _again(self, turn_id: str, target: TurnTarget, text: str) -> bool:
-        channel = self._channels.get(target.channel)
-        if getattr(channel, "shows_history", False):  # its pages show the committed turn by now
-            await self.mark_delivered(turn_id)
-            return True
-        return await self.deliver(turn_id, target, text)

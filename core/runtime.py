@@ -162,8 +162,9 @@ class ChatCore:
                 await self.store.mark_delivered(turn_id)
                 continue
             log.info("sending the %s turn %s again: a restart came before its delivery", item.turn.state, turn_id)
-            if not await self._redelivery.deliver(turn_id, target, item.text):
-                self._redelivery.schedule(turn_id, target, item.text)
+            rest = await self._redelivery.deliver(turn_id, target, item.text)
+            if rest:
+                self._redelivery.schedule(turn_id, target, rest)
 
     async def _resume(self) -> None:
         now = time.time()

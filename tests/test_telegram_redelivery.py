@@ -100,3 +100,29 @@ async def test_an_answer_refused_until_a_restart_is_shown_once_after_it(tmp_path
         assert len(fake_openai.requests) == 1
     finally:
         await t.close()
+
+
+async def test_a_long_answer_taken_in_part_is_completed_later_without_repeating_the_part_shown(
+        tmp_path, fake_openai, tg):
+    answer = "\n\n".join(f"Part {i} " + "text " * 150 for i in range(3))
+    fake_openai.script(Text(answer, chunk_size=60, delay=0.005))
+    t = await telegram_harness(tmp_path, fake_openai, tg, limit=1000,
+                               core={"redelivery_delays": (0.2, 0.4, 0.8, 1.6)})
+    try:
+        tg.fail("sendChatAction", status=403, description="Forbidden: bot was blocked by the user")  # plain only
+        faults = [tg.fail("sendMessage", status=502, description="Bad Gateway", times=1_000_000,
+                          when=lambda p: not p["text"].startswith("Part 0"))]
+        tg.user_message("go")
+        await t.settle()  # the answer's first message was taken, the rest refused
+        assert [x[:6] for x in tg.visible(CHAT)] == ["Part 0"]
+        refused = refused_sends(tg)
+        await t.wait_for(lambda: refused_sends(tg) > refused, timeout=10)  # a later try, refused as well
+        recover(faults)
+        await t.wait_for(lambda: len(tg.visible(CHAT)) >= 3, timeout=10)
+        await t.wait_for(lambda: not retrying(), timeout=10)
+        texts = tg.visible(CHAT)
+        assert [x[:6] for x in texts] == ["Part 0", "Part 1", "Part 2"]  # each part once, in order
+        assert "".join(texts).replace(" ", "").replace("\n", "") == answer.replace(" ", "").replace("\n", "")
+        assert await undelivered(t) == []
+    finally:
+        await t.close()

@@ -141,7 +141,8 @@ class TelegramChannel:
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
         """One ordinary message (split if long, Markdown rendered as entities, plain if rejected). Each part
-        is one paced call under the call policy, which waits out a 429 pause however long."""
+        is one paced call under the call policy, which waits out a 429 pause however long. When a part
+        fails after the first were sent, the SinkError carries the parts not sent (``unsent``)."""
         dest = Destination.of(target)
         chunks = split_text(text, self.limit) if text.strip() else []
         for i, chunk in enumerate(chunks):
@@ -158,8 +159,8 @@ class TelegramChannel:
                     await self.client.call(SendMessage(
                         chat_id=dest.chat_id, text=chunk, parse_mode=None, message_thread_id=dest.thread_id,
                         reply_parameters=reply), chat=dest.key)
-            except PlatformError as exc:
-                raise SinkError(str(exc)) from None
+            except PlatformError as exc:  # the messages before this one are shown: only the rest is missing
+                raise SinkError(str(exc), unsent="\n".join(chunks[i:]) if i else None) from None
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
