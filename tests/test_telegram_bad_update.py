@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 
+import aiohttp
 import pytest
+from aiohttp import web
 
-from channels.telegram.channel import OFFSET_KEY
+from channels.telegram.channel import OFFSET_KEY, SECRET_HEADER, WEBHOOK_PATH
 from tests.fakes.openai_server import Text
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
@@ -54,3 +56,31 @@ async def test_an_update_the_handler_fails_on_is_skipped_and_the_next_message_is
         assert len(fake_openai.requests) == 2
     finally:
         await t.close()
+
+
+async def test_a_webhook_update_the_handler_fails_on_is_answered_200_and_the_next_message_is_answered(
+        tmp_path, fake_openai, tg):
+    # a 500 would make Telegram send the same update again and again
+    fake_openai.script(Text("via webhook"))
+    t = await telegram_harness(tmp_path, fake_openai, tg, mode="webhook",
+                               webhook_url="https://bot.example.com/telegram/webhook", webhook_secret="s3cret")
+    app = web.Application()
+    t.channel.routes(app)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}{WEBHOOK_PATH}"
+    try:
+        bad = tg.user_message("from a new kind of chat", chat_id=-4242, chat_type="business", enqueue=False)
+        good = tg.user_message("hello", enqueue=False)
+        async with aiohttp.ClientSession() as http:
+            for update in (bad, good):
+                async with http.post(url, json=update, headers={SECRET_HEADER: "s3cret"}) as resp:
+                    assert resp.status == 200
+        await t.wait_for(lambda: tg.visible(CHAT))
+        await t.h.settle()
+        assert tg.visible(CHAT) == ["via webhook"] and len(fake_openai.requests) == 1
+    finally:
+        await t.close()
+        await runner.cleanup()
