@@ -912,6 +912,7 @@ async def test_approval_buttons_left_by_a_crash_say_the_restart_denied_them(tmp_
         await t.wait_for(lambda: not approval_messages(slack, "D0ALICE"))
         shown = slack.message("D0ALICE", msg.ts).shown
         assert "the bridge restarted" in shown and "lookup" in shown
+        await asyncio.wait_for(t.channel.ready.wait(), 10)  # the record is rewritten after the last update
         assert await t.channel.host.get_state(OPEN_STATE) == "[]"
     finally:
         await t.close()
