@@ -71,7 +71,13 @@ class ContextCache:
         self._version = after
 
     def appended(self, message: ChatMessage, session: SessionRecord) -> None:
-        """``Store.append_message`` returned ``message`` and the session after it (state_version +1)."""
+        """``Store.append_message`` returned ``message`` and the session after it (state_version +1).
+
+        A message that is the first of its context (a new conversation, or the first after ``/new``) is
+        that whole context: the cache holds it without a load, whatever it held before."""
+        if message.seq == session.context_start_seq + 1:
+            self.put(session.state_version, [message])
+            return
         self.extend(session.state_version - 1, session.state_version, [message])
 
     def committed(self, result: CommitResult) -> None:

@@ -145,6 +145,7 @@ class Store(Protocol):
     async def append_message(self, key: str, message: NewMessage, *, begin_turn: tuple[str, str] | None = None,
                              serves: int | None = None) -> tuple[ChatMessage, SessionRecord]:
         """Persist one message (state_version +1, no revision bump); returns it and the session after it.
+        A session numbers its messages 1, 2, 3, ... without gaps (``core.context_cache`` relies on it).
 
         In the same transaction, ``begin_turn=(turn_id, target_json)`` records a running turn and
         ``serves`` marks that inbound message (``admit_inbound``) served."""

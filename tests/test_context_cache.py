@@ -21,9 +21,10 @@ def msg(seq: int, text: str = "") -> ChatMessage:
                        source=MessageSource(kind="user_input"), received_at=0.0, created_at=0.0)
 
 
-def record(state_version: int) -> SessionRecord:
+def record(state_version: int, context_start_seq: int = 0) -> SessionRecord:
     return SessionRecord(key=KEY, title="t", title_is_default=True, generation=0, state_version=state_version,
-                         history_revision=0, revision_seq=0, context_start_seq=0, created_at=0.0, updated_at=0.0)
+                         history_revision=0, revision_seq=0, context_start_seq=context_start_seq, created_at=0.0,
+                         updated_at=0.0)
 
 
 # ---- the cache on its own ------------------------------------------------------------------------
@@ -45,6 +46,20 @@ def test_an_append_it_saw_moves_it_forward_and_one_it_missed_drops_it():
     # someone else wrote version 5; this append goes 5 -> 6, which the cache cannot continue
     cache.appended(msg(4), record(6))
     assert cache.version is None and cache.get(6) is None
+
+
+def test_the_first_message_of_a_context_is_that_whole_context():
+    cache = ContextCache(10)
+    cache.appended(msg(1), record(1))  # a new conversation: nothing to load
+    assert [m.seq for m in cache.get(1) or []] == [1]
+    # /new made the context start after seq 4 (versions the cache did not see): the next message alone
+    cache.put(3, [msg(3), msg(4)])
+    cache.appended(msg(5), record(6, context_start_seq=4))
+    assert [m.seq for m in cache.get(6) or []] == [5]
+    # a message after others in its context is not a whole context: one the cache missed drops it
+    cache.clear()
+    cache.appended(msg(6), record(7, context_start_seq=4))
+    assert cache.version is None
 
 
 def test_a_commit_adds_only_what_it_inserted():

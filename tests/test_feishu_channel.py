@@ -538,20 +538,6 @@ async def test_the_long_connection_comes_back_after_a_drop(tmp_path, fake_openai
             await t.close()
 
 
-async def test_an_image_is_described_to_the_model(bridge, fake_openai, fake):
-    fake_openai.script(Text("A nice picture."))
-    t = await bridge()
-    msg = fake.user_message(CHAT, "", msg_type="image", content={"image_key": "img_v2_abc"})
-    _, payload = t.event("", message=msg, mention=False, message_type="image",
-                         content='{"image_key": "img_v2_abc"}', chat_type="p2p")
-    payload["event"]["message"]["chat_type"] = "p2p"
-    await t.deliver(payload)
-    await t.settle()
-    [told] = said(fake_openai.requests[0])
-    assert told.count("attached an image") == 1  # told once that an image came, and why it is not read
-    assert t.texts() == ["A nice picture."]
-
-
 async def test_a_press_delivered_twice_decides_once(bridge, fake_openai, fake):
     tool = RecordingTool("lookup", result="42 apples")
     fake_openai.script(ASK, Text("Counted."))

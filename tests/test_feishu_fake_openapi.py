@@ -27,6 +27,7 @@ from lark_oapi.api.im.v1 import (
     DeleteMessageReactionRequest,
     DeleteMessageRequest,
     Emoji,
+    GetMessageResourceRequest,
     PatchMessageRequest,
     PatchMessageRequestBody,
     ReplyMessageRequest,
@@ -100,6 +101,37 @@ async def test_a_repeated_uuid_returns_the_first_message_and_posts_once(fake):
     assert again.data.message_id == first.data.message_id != other.data.message_id
     assert fake.texts(CHAT) == ["hello", "hello"]
     assert fake.count("token") == 1  # the SDK caches the tenant token
+
+
+def resource(message_id: str, key: str, kind: str) -> GetMessageResourceRequest:
+    return GetMessageResourceRequest.builder().message_id(message_id).file_key(key).type(kind).build()
+
+
+async def test_message_resources_through_the_sdks_typed_api(fake):
+    client = sdk(fake)
+    msg = fake.user_message(CHAT, msg_type="file", content={"file_key": "file_v3_a", "file_name": "a.pdf"})
+    fake.add_resource(msg, "file_v3_a", b"%PDF-1.4 bytes", content_type="application/pdf", file_name="a.pdf")
+    got = await client.im.v1.message_resource.aget(resource(msg.message_id, "file_v3_a", "file"))
+    assert got.code == 0 and got.file is not None and got.file.read() == b"%PDF-1.4 bytes"
+    headers = {k.lower(): v for k, v in got.raw.headers.items()}
+    assert headers["content-type"] == "application/pdf"
+    assert headers["content-disposition"] == 'attachment; filename="a.pdf"'
+    assert fake.downloads == [(msg.message_id, "file_v3_a", "file")]
+
+    async def refusal(message_id: str, kind: str) -> tuple[int, int]:
+        # lark-oapi's aget looks up "Content-Type" in httpx's lower-cased headers, so it never reads an error
+        # body into ``code``: the answer is read from the raw response
+        got = await client.im.v1.message_resource.aget(resource(message_id, "file_v3_a", kind))
+        return got.raw.status_code, json.loads(got.raw.content)["code"]
+
+    assert await refusal(msg.message_id, "image") == (400, 234001)  # a file asked for as an image
+    other = fake.user_message(CHAT, "hi")
+    assert await refusal(other.message_id, "file") == (400, 234003)  # the key is not in that message
+    fake.rate_limit("message_resource.get", reset=3)
+    assert await refusal(msg.message_id, "file") == (429, 99991400)
+    limited = fake.calls_to("message_resource.get")[-1]
+    assert limited.status == 429
+    assert len(fake.downloads) == 1
 
 
 async def test_bot_info_through_the_sdks_raw_request(fake):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from channels.feishu.inbound import normalize
-from core.envelope import ReplyTo, ThreadRef
+from core.envelope import MediaItem, ReplyTo, ThreadRef
 from tests.fakes.feishu.events import Mention, message_event, post_content
 
 BOT = "ou_bot0000000000000000000000000000"
@@ -69,8 +69,7 @@ def test_post_content_is_flattened_with_links_mentions_code_and_images():
     assert "```python\nprint(1)\n```" in m.text and ":SMILE: thanks" in m.text
     [image] = m.attachments
     assert (image.kind, image.key) == ("image", "img_v3_abc")
-    assert m.content_with_media().endswith("the bridge does not download attachments, so its content is not "
-                                           "available.]")
+    assert m.media == (MediaItem(kind="photo", file_id="img_v3_abc"),)  # downloaded with type=image
 
 
 def test_a_post_in_its_sending_shape_with_a_language_key():
@@ -85,9 +84,20 @@ def test_files_and_images_become_attachments():
     assert file is not None and file.text == ""
     [att] = file.attachments
     assert (att.kind, att.key, att.name) == ("file", "file_1", "a.pdf")
-    assert file.media[0].kind == "document" and "a file (a.pdf)" in file.content_with_media()
+    assert file.media == (MediaItem(kind="document", file_id="file_1", file_name="a.pdf"),)
     image = normalize(event(message_type="image", content=json.dumps({"image_key": "img_1"})), BOT)
-    assert image is not None and image.media[0].kind == "photo"
+    assert image is not None and image.media == (MediaItem(kind="photo", file_id="img_1"),)
+    voice = normalize(event(message_type="audio", content=json.dumps({"file_key": "file_v", "duration": 2300})),
+                      BOT)
+    assert voice is not None and voice.media == (MediaItem(kind="voice", file_id="file_v"),)
+    video = normalize(event(message_type="media", content=json.dumps(
+        {"file_key": "file_m", "image_key": "img_cover", "file_name": "clip.mp4", "duration": 5000})), BOT)
+    assert video is not None and video.media == (MediaItem(kind="video", file_id="file_m", file_name="clip.mp4"),)
+
+
+def test_a_sticker_is_named_in_words_since_feishu_does_not_hand_stickers_out():
+    sticker = normalize(event(message_type="sticker", content=json.dumps({"file_key": "v2_sticker"})), BOT)
+    assert sticker is not None and sticker.text == "[sticker]" and sticker.media == ()
 
 
 def test_our_own_and_unreadable_messages_are_dropped():

@@ -17,7 +17,7 @@ from core.envelope import TurnTarget
 from core.messages import MessageSource, NewMessage
 from core.sqlite_store import SqliteStore
 from core.store import StoreError
-from tests.fakes.openai_server import Text, image_parts, last_user_text
+from tests.fakes.openai_server import Function, Text, image_parts, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
 from tests.support.media import jpeg
@@ -339,3 +339,35 @@ async def test_the_bot_token_never_reaches_logs_or_errors(tmp_path, fake_openai,
     assert caplog.records
     assert tg.token not in caplog.text
     assert "TEST-secret-token" not in caplog.text
+
+
+class RefusesOne(SqliteStore):
+    """Storing the inbound message with ``refused`` in it fails once."""
+
+    def __init__(self, path, refused: str) -> None:
+        super().__init__(path)
+        self.refused = refused
+
+    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds):  # type: ignore[override]
+        if self.refused and self.refused in payload:
+            self.refused = ""
+            raise StoreError("sqlite store: admit_inbound failed (OperationalError: database is locked)")
+        return await super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds)
+
+
+async def test_a_batch_is_confirmed_up_to_the_update_core_could_not_store(tmp_path, fake_openai, tg):
+    fake_openai.default = Function(lambda body: Text("answer to " + last_user_text(body).split()[0]))
+    first = tg.user_message("one", chat_id=501)
+    second = tg.user_message("two", chat_id=502)
+    tg.user_message("three", chat_id=503)  # queued before polling starts: the three come in one batch
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"store": RefusesOne(tmp_path / "chat.db", "two")})
+    try:
+        await t.settle()
+        offsets = [int(c.params.get("offset") or 0) for c in tg.calls if c.method == "getUpdates"]
+        # the first was stored and confirmed; the refused one and the one after it were asked for again
+        assert offsets[:2] == [0, first["update_id"] + 1] and second["update_id"] == first["update_id"] + 1
+        assert [tg.visible(c) for c in (501, 502, 503)] == [["answer to one"], ["answer to two"],
+                                                             ["answer to three"]]
+        assert len(fake_openai.requests) == 3
+    finally:
+        await t.close()

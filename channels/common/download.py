@@ -1,17 +1,19 @@
 """Downloading a platform's file over HTTP for ``core.media.fetch``: streamed, redirects kept on the platform.
 
-A channel's ``fetch_attachment`` resolves the file with its API (Telegram ``getFile``, Slack ``files.info``,
-Feishu's message resources) and hands the URL to :func:`stream_url`, which yields the body in chunks. A
-redirect is followed only to one of ``allowed_hosts`` (the platform's own), at most ``MAX_REDIRECTS`` times,
-so a file URL can never send the bot token, or the download, to another host. Any answer but 200 is a
-``FetchError``; no error text carries the URL (it may hold a token).
+A channel's ``fetch_attachment`` resolves the file with its API (Telegram ``getFile``, Slack ``files.info``;
+Feishu's message-resource endpoint is the file's URL itself) and hands the URL to :func:`stream_url`, which
+yields the body in chunks. A redirect is followed only to one of ``allowed_hosts`` (the platform's own), at
+most ``MAX_REDIRECTS`` times, so a file URL can never send the bot token, or the download, to another host.
+Any answer but 200 is a ``FetchError``; no error text carries the URL (it may hold a token). A platform whose
+refusals carry a business code in a JSON body (Feishu's message resources) passes ``refusal``: it is given
+the status, the headers and at most ``ERROR_BODY`` bytes of the body, and returns the exception to raise.
 
 aiohttp's own redirect handling would follow any host; this loop exists to refuse the others.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Collection, Mapping
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
@@ -20,11 +22,14 @@ from core.media.fetch import FetchError
 
 CHUNK = 64 * 1024
 MAX_REDIRECTS = 3
+ERROR_BODY = 64 * 1024
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 async def stream_url(session: aiohttp.ClientSession, url: str, *, allowed_hosts: Collection[str],
-                     headers: Mapping[str, str] | None = None) -> AsyncGenerator[bytes, None]:
+                     headers: Mapping[str, str] | None = None,
+                     refusal: Callable[[int, Mapping[str, str], bytes], Exception] | None = None,
+                     ) -> AsyncGenerator[bytes, None]:
     """The body of ``url`` in chunks (an async generator: close it to abandon the download)."""
     hosts = {h.lower() for h in allowed_hosts}
     for _ in range(MAX_REDIRECTS + 1):
@@ -36,6 +41,8 @@ async def stream_url(session: aiohttp.ClientSession, url: str, *, allowed_hosts:
                 if response.status in _REDIRECTS:
                     url = urljoin(url, response.headers.get("Location", ""))
                     continue
+                if response.status != 200 and refusal is not None:
+                    raise refusal(response.status, dict(response.headers), await _head(response))
                 if response.status != 200:
                     raise FetchError(f"the file download answered HTTP {response.status}",
                                      too_large=response.status == 413)
@@ -45,3 +52,14 @@ async def stream_url(session: aiohttp.ClientSession, url: str, *, allowed_hosts:
         except aiohttp.ClientError as exc:
             raise FetchError(f"the file download failed: {type(exc).__name__}") from None
     raise FetchError(f"more than {MAX_REDIRECTS} redirects")
+
+
+async def _head(response: aiohttp.ClientResponse) -> bytes:
+    """At most ``ERROR_BODY`` bytes of an error answer's body."""
+    body = b""
+    while len(body) < ERROR_BODY:
+        part = await response.content.read(ERROR_BODY - len(body))
+        if not part:
+            break
+        body += part
+    return body

@@ -29,9 +29,11 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote, urlencode, urlsplit
 
+import aiohttp
 import httpx
 import lark_oapi as lark
 from lark_oapi.api.cardkit.v1 import (
@@ -52,6 +54,7 @@ from lark_oapi.api.im.v1 import (
     DeleteMessageReactionRequest,
     DeleteMessageRequest,
     Emoji,
+    GetMessageResourceRequest,
     PatchMessageRequest,
     PatchMessageRequestBody,
     ReplyMessageRequest,
@@ -60,6 +63,7 @@ from lark_oapi.api.im.v1 import (
     UpdateMessageRequestBody,
 )
 
+from channels.common.download import stream_url
 from channels.common.errors import PlatformError
 
 log = logging.getLogger(__name__)
@@ -205,6 +209,42 @@ class FeishuApi:
         request = DeleteMessageReactionRequest.builder().message_id(message_id).reaction_id(reaction_id).build()
         await self.call("reaction.delete", lambda o: self.client.im.v1.message_reaction.adelete(request, o))
 
+    async def open_resource(self, session: aiohttp.ClientSession, message_id: str, file_key: str,
+                            kind: Literal["image", "file"]) -> tuple[AsyncGenerator[bytes, None], bytes]:
+        """One attempt at ``GET /open-apis/im/v1/messages/{message_id}/resources/{file_key}?type=image|file``
+        (scope ``im:message`` or ``im:message:readonly``): the download once it started, and its first chunk.
+
+        The request is lark-oapi's typed ``GetMessageResourceRequest``, but its bytes are streamed here:
+        ``message_resource.aget`` reads the whole body into memory (up to Feishu's 100 MB per resource)
+        before it returns, which ``[media] max_bytes`` could not bound (and, looking up ``Content-Type`` in
+        httpx's lower-cased headers, leaves a refusal's code unread). A refusal is a PlatformError decided
+        on its business code like every other call; a refused token is replaced once."""
+        request = (GetMessageResourceRequest.builder().message_id(message_id).file_key(file_key).type(kind)
+                   .build())
+        path = str(request.uri)
+        for name, value in request.paths.items():
+            path = path.replace(f":{name}", quote(value, safe=""))
+        url = f"{self.domain.rstrip('/')}{path}?{urlencode(request.queries)}"
+        host = urlsplit(self.domain).hostname or ""
+        for attempt in range(2):
+            token = await self.token()
+            chunks = stream_url(session, url, allowed_hosts={host}, headers={"Authorization": f"Bearer {token}"},
+                                refusal=_resource_refusal)
+            try:
+                first = await anext(chunks, b"")
+            except _TokenError:
+                self.drop_token(token)
+                if attempt:
+                    raise PlatformError("message_resource.get: the tenant token was refused twice",
+                                        kind="permanent") from None
+                log.info("message_resource.get: the tenant token was refused; fetching a new one")
+                continue
+            except BaseException:
+                await chunks.aclose()
+                raise
+            return chunks, first
+        raise AssertionError("unreachable")
+
     async def create_card(self, card: dict[str, Any]) -> str:
         body = CreateCardRequestBody.builder().type("card_json").data(json.dumps(card, ensure_ascii=False)).build()
         request = CreateCardRequest.builder().request_body(body).build()
@@ -245,14 +285,19 @@ class _TokenError(FeishuError):
 
 def _error(what: str, code: int, resp: Any) -> PlatformError:
     raw = getattr(resp, "raw", None)
-    status = int(getattr(raw, "status_code", 0) or 0)
+    return refused(what, int(getattr(raw, "status_code", 0) or 0), code, getattr(raw, "headers", None) or {})
+
+
+def refused(what: str, status: int, code: int, headers: Mapping[str, str]) -> PlatformError:
+    """A refused call as the PlatformError the call policy decides on (by ``code``; by status for a gateway's
+    answer without one)."""
     detail = f"{what}: HTTP {status}, code {code}"
     if code in TOKEN_ERRORS:
         return _TokenError(detail, code, kind="permanent")
     if code == RATE_LIMITED:
-        headers = {str(k).lower(): v for k, v in (getattr(raw, "headers", None) or {}).items()}
+        lowered = {str(k).lower(): v for k, v in headers.items()}
         try:
-            reset = float(headers.get("x-ogw-ratelimit-reset") or 1.0)
+            reset = float(lowered.get("x-ogw-ratelimit-reset") or 1.0)
         except ValueError:
             reset = 1.0
         return FeishuError(detail, code, kind="rate_limited", retry_after=max(reset, 0.5))
@@ -265,6 +310,14 @@ def _error(what: str, code: int, resp: Any) -> PlatformError:
     if code in FORMAT:
         return FeishuError(detail, code, kind="format")
     return FeishuError(detail, code, kind="permanent")
+
+
+def _resource_refusal(status: int, headers: Mapping[str, str], body: bytes) -> PlatformError:
+    try:
+        code = int(json.loads(body).get("code") or 0)
+    except (ValueError, TypeError, AttributeError):
+        code = 0  # a gateway's page: decided by the status
+    return refused("message_resource.get", status, code, headers)
 
 
 def code_of(exc: BaseException) -> int | None:

@@ -30,6 +30,11 @@ Approvals: each request is a card of its own with Allow / Deny buttons (``channe
 is decided by core's rule through ``host.decide`` and answered with a toast and the decided card. Requests
 still open are kept in the channel's durable state, so the next start marks the cards a crash left behind.
 
+Attachments (images, files, voice, video, the images of a post) travel as ``MediaItem``s; core downloads
+them during the turn through ``fetch_attachment`` (``core.media.fetch.AttachmentSource``), which streams
+Feishu's message-resource API (``FeishuApi.open_resource``). Both receiving modes hand the same envelope
+to core, so both get them.
+
 Sending: every call is one attempt through ``FeishuApi`` under the shared call policy: a chat's scope
 paces it (``stream_interval_ms``), a 99991400/230020 pauses that chat and the call is made again after
 the pause, 5xx and timeouts are retried, any other error is a failure of that call. The tenant token is
@@ -45,9 +50,11 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import aiohttp
 import lark_oapi as lark
 from aiohttp import web
 from lark_oapi.core.const import LARK_REQUEST_NONCE, LARK_REQUEST_SIGNATURE, LARK_REQUEST_TIMESTAMP
@@ -74,8 +81,9 @@ from channels.feishu.sink import (
     PendingApprovals,
 )
 from core.channel import ERROR, SinkError
-from core.envelope import InboundEnvelope, TurnTarget
+from core.envelope import InboundEnvelope, MediaItem, TurnTarget
 from core.host import AdmissionError, ChannelHost, Decider, DecideResult, ShuttingDownError
+from core.media.fetch import FetchError
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +229,7 @@ class FeishuChannel:
         self._state = "stopped"
         self._setup: asyncio.Task[None] | None = None
         self._open = OpenApprovals(host, self._open_records)
+        self._downloads: aiohttp.ClientSession | None = None
         host.set_deciders(settings.allow_from)
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -306,7 +315,34 @@ class FeishuChannel:
         self._state = "stopped"
 
     async def close(self) -> None:
-        """Nothing to release: lark-oapi opens an HTTP client per request."""
+        """The download session (lark-oapi opens an HTTP client per request: nothing else to release)."""
+        session, self._downloads = self._downloads, None
+        if session is not None and not session.closed:
+            await session.close()
+
+    # ---- attachments (core.media.fetch.AttachmentSource) ---------------------------------------------
+
+    async def fetch_attachment(self, item: MediaItem, target: TurnTarget) -> AsyncGenerator[bytes, None]:
+        """The bytes of a resource of the user's message: an image (``type=image``: an image message, or an
+        image in a post) or a file, voice message or video (``type=file``). Opening the download goes
+        through the call policy (a rate limit waits out its reset, a 5xx is tried again); the body is
+        streamed, and core stops reading at ``[media] max_bytes``."""
+        message_id = FeishuContext.of(target).message_id
+        kind: Literal["image", "file"] = "image" if item.kind == "photo" else "file"
+        if self._downloads is None or self._downloads.closed:
+            self._downloads = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(sock_connect=30, sock_read=60), trust_env=False)
+        session = self._downloads
+        try:
+            chunks, first = await self.calls.call(
+                lambda: self.api.open_resource(session, message_id, item.file_id, kind))
+        except PlatformError as exc:
+            raise FetchError(str(exc)) from None
+        async with contextlib.aclosing(chunks):
+            if first:
+                yield first
+            async for chunk in chunks:
+                yield chunk
 
     # ---- delivery ------------------------------------------------------------------------------
 
@@ -378,7 +414,7 @@ class FeishuChannel:
                 return False
         if not message.text.strip() and not message.media:
             return False
-        # attachments go as media items: core tells the model about them (this channel does not download them)
+        # attachments go as media items: core downloads them in the turn (fetch_attachment)
         envelope = InboundEnvelope(
             channel=CHANNEL, chat_id=message.chat_id, sender_id=message.sender.open_id, content=message.text,
             media=message.media, reply_to=message.reply_to, thread=message.thread,

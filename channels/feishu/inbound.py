@@ -9,8 +9,10 @@ bot's own open_id; it decides nothing about policy (allow lists, group policy, d
   to plain text. Mentions arrive as ``@_user_N`` placeholders with a ``mentions`` list: each becomes
   ``@Name``; ``@_all`` becomes ``@all``; the bot's own mention is removed from the text and recorded in
   ``mentioned_bot`` (found by open_id, the only id Feishu gives a bot).
-- Media: images, files, audio, video and stickers (message types of their own, or images and videos inside
-  a post) become ``Attachment``s, described in words (this build does not download them).
+- Media: images, files, voice messages (``audio``) and videos (``media``), as message types of their own or
+  as images and videos inside a post, become ``Attachment``s and travel as ``MediaItem``s (the key is what
+  the message-resource API downloads). A sticker cannot be downloaded (Feishu hands out no sticker
+  resources): it is the text ``[sticker]``.
 - Threads: a message with a ``thread_id`` is in a thread (a topic group's topic, or a "reply in thread");
   its session is the thread's. ``root_id``/``parent_id`` of a plain quote reply only name the message
   answered (``reply_to``): the conversation stays the chat's. Feishu gives ``thread_id`` on every message
@@ -34,7 +36,9 @@ from core.envelope import MediaItem, ReplyTo, ThreadRef
 
 CHANNEL = "feishu"
 ChatType = Literal["p2p", "group"]
-_MEDIA_TYPES = ("image", "file", "audio", "media", "sticker")
+_MEDIA_TYPES = ("image", "file", "audio", "media")
+_MEDIA_KINDS = {"image": "photo", "file": "document", "audio": "voice", "media": "video"}
+STICKER = "[sticker]"
 _PLACEHOLDER = re.compile(r"@_user_\d+|@_all")
 
 
@@ -51,22 +55,14 @@ class Sender:
 
 @dataclass(frozen=True, slots=True)
 class Attachment:
-    kind: str  # image | file | audio | media | sticker
+    kind: str  # image | file | audio | media
     key: str
     """image_key or file_key (what the message-resource API downloads)."""
     name: str | None = None
     duration_ms: int | None = None
 
     def as_media(self) -> MediaItem:
-        kind = {"image": "photo", "file": "document", "media": "video", "sticker": "photo"}.get(self.kind, self.kind)
-        return MediaItem(kind=kind, file_id=self.key, file_name=self.name)
-
-    def describe(self) -> str:
-        what = {"image": "an image", "file": "a file", "audio": "a voice message", "media": "a video",
-                "sticker": "a sticker"}.get(self.kind, "an attachment")
-        detail = f" ({self.name})" if self.name else ""
-        return (f"[The user attached {what}{detail}; the bridge does not download attachments, so its content "
-                "is not available.]")
+        return MediaItem(kind=_MEDIA_KINDS.get(self.kind, "document"), file_id=self.key, file_name=self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +102,6 @@ class FeishuMessage:
         if self.event_id:
             keys.insert(0, f"{CHANNEL}:event:{self.event_id}")
         return tuple(keys)
-
-    def content_with_media(self) -> str:
-        """What the model is told: the text, then one line per attachment after a blank line."""
-        described = "\n".join(a.describe() for a in self.attachments)
-        if not described:
-            return self.text
-        return f"{self.text}\n\n{described}" if self.text else described
 
     @property
     def media(self) -> tuple[MediaItem, ...]:
@@ -247,6 +236,8 @@ def normalize(event: Mapping[str, Any], bot_open_id: str | None) -> FeishuMessag
         raw_text = str(content.get("text") or "")
     elif message_type == "post":
         raw_text = _post_text(content, attachments)
+    elif message_type == "sticker":
+        raw_text = STICKER
     elif message_type in _MEDIA_TYPES:
         raw_text = ""
         key = _str(content.get("image_key") if message_type == "image" else content.get("file_key"))

@@ -271,20 +271,27 @@ class TelegramChannel:
             self._state = "polling"
             if not updates:
                 continue
+            outcome = "handled"
             for update in updates:
                 try:
                     if not await self._handle_or_skip(update):
-                        return  # shutting down: leave the offset so the update is fetched again
+                        outcome = "closing"  # shutting down: this update is fetched again
+                        break
                 except AdmissionError:
-                    # not stored: leave the offset, so this update (and those after it) come again
-                    delay = self.settings.poll_backoff[0]
-                    log.warning("a Telegram update could not be stored; fetching it again in %.0fs", delay)
-                    await asyncio.sleep(delay)
+                    outcome = "refused"  # not stored: this update (and those after it) come again
                     break
                 offset = update.update_id + 1
-                # persisted per update: a crash re-fetches at most the one update being handled, and
-                # core's dedupe drops it
-                await self.host.set_state(OFFSET_KEY, str(offset))
+            if offset is not None and str(offset) != stored:
+                # persisted once per batch, after every update before it was stored: a crash before this
+                # re-fetches the batch, and core's dedupe drops what it stored already
+                stored = str(offset)
+                await self.host.set_state(OFFSET_KEY, stored)
+            if outcome == "closing":
+                return
+            if outcome == "refused":
+                delay = self.settings.poll_backoff[0]
+                log.warning("a Telegram update could not be stored; fetching it again in %.0fs", delay)
+                await asyncio.sleep(delay)
 
     async def _handle_or_skip(self, update: Update) -> bool:
         """``handle_update``, except that an update our code fails on unexpectedly (a shape it does not

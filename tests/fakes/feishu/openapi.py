@@ -16,6 +16,11 @@ documented HTTP status, business code and message):
   idempotency key of create/reply: a repeated uuid returns the first message and never posts twice. Content
   limits: text 150 KB, post and cards 30 KB (230025); cards at most 200 elements.
 - Reactions: create and delete.
+- Message resources (``GET /open-apis/im/v1/messages/{message_id}/resources/{file_key}?type=image|file``):
+  the bytes of a resource added with ``add_resource`` to a user's message, as a binary body with the
+  resource's ``Content-Type`` (which a test may set wrong) and a ``Content-Disposition`` naming the file.
+  A key that is not in that message answers 234003 (HTTP 400), an image asked for as ``type=file`` (or the
+  other way round) or a missing ``type`` 234001; ``downloads`` lists what was handed out.
 - CardKit v1: cards create (JSON 2.0 only), update (PUT), settings (PATCH), batch_update, and element
   content (the streaming text update), create, update, patch, delete. Every card operation carries a
   ``sequence`` that must be strictly greater than the card's last one (300317); element content needs
@@ -70,7 +75,9 @@ ROUTES = (
     "token", "bot.info", "message.create", "message.reply", "message.update", "message.patch", "message.delete",
     "reaction.create", "reaction.delete", "card.create", "card.update", "card.settings", "card.batch_update",
     "element.content", "element.create", "element.update", "element.patch", "element.delete",
+    "message_resource.get",
 )
+RESOURCE_TYPES = ("image", "file")
 
 
 class ApiError(Exception):
@@ -189,6 +196,16 @@ class Message:
 
 
 @dataclass
+class Resource:
+    """An image, file, voice message or video of a user's message."""
+
+    data: bytes
+    kind: str  # image | file: the ``type`` it is downloaded as
+    content_type: str
+    file_name: str | None = None
+
+
+@dataclass
 class Chat:
     chat_id: str
     chat_type: str  # p2p | group
@@ -280,6 +297,10 @@ class FakeFeishu:
         self.messages: dict[str, Message] = {}
         self.chats: dict[str, Chat] = {}
         self.cards: dict[str, Card] = {}
+        self.resources: dict[tuple[str, str], Resource] = {}
+        """(message_id, key) → the resource a user's message carries."""
+        self.downloads: list[tuple[str, str, str]] = []
+        """(message_id, key, type) of every resource handed out, in order."""
         self.tokens: dict[str, float] = {}
         """Issued tenant tokens → expiry (monotonic)."""
         self.clock: Callable[[], float] = time.monotonic
@@ -361,6 +382,14 @@ class FakeFeishu:
             self.messages[message.message_id] = message
             return message
 
+    def add_resource(self, message: Message, key: str, data: bytes, *, kind: str = "file",
+                     content_type: str = "application/octet-stream", file_name: str | None = None) -> None:
+        """Attach a resource to a user's message (an image is ``kind="image"``, anything else ``"file"``)."""
+        if kind not in RESOURCE_TYPES:
+            raise ValueError(f"kind is one of {RESOURCE_TYPES}")
+        with self._lock:
+            self.resources[(message.message_id, key)] = Resource(data, kind, content_type, file_name)
+
     def shown(self, chat_id: str, *, bot_only: bool = True) -> list[Message]:
         """The messages a user of ``chat_id`` sees now (the bot's, by default), oldest first."""
         with self._lock:
@@ -430,6 +459,8 @@ class FakeFeishu:
                     self._route("element.patch", self._element_patch))
         r.add_delete("/open-apis/cardkit/v1/cards/{card_id}/elements/{element_id}",
                      self._route("element.delete", self._element_delete))
+        r.add_get("/open-apis/im/v1/messages/{message_id}/resources/{file_key}",
+                  self._route("message_resource.get", self._resource))
         return app
 
     Handler = Callable[[Call, dict[str, str]], Any]
@@ -468,6 +499,10 @@ class FakeFeishu:
             except ApiError as exc:
                 call.status, call.code = exc.status, exc.code
                 return self._error(exc)
+            if isinstance(data, Resource):  # a binary body, no JSON envelope
+                disposition = f"attachment; filename=\"{data.file_name}\"" if data.file_name else "attachment"
+                return web.Response(body=data.data, headers={"Content-Type": data.content_type,
+                                                             "Content-Disposition": disposition})
             if name in ("token", "bot.info"):  # these two answer without the "data" wrapper
                 return web.json_response(data)
             return web.json_response({"code": 0, "msg": OK_MSG, "data": data})
@@ -518,6 +553,20 @@ class FakeFeishu:
         return {"code": 0, "msg": "ok", "bot": {"activate_status": 2, "app_name": self.bot_name,
                                                 "avatar_url": "", "ip_white_list": [],
                                                 "open_id": self.bot_open_id}}
+
+    # ---- message resources -------------------------------------------------------------------------
+
+    def _resource(self, call: Call, match: dict[str, str]) -> Resource:
+        kind = call.query.get("type")
+        if kind not in RESOURCE_TYPES:
+            raise ApiError(234001, "Invalid request param.")
+        resource = self.resources.get((match["message_id"], match["file_key"]))
+        if resource is None:
+            raise ApiError(234003, "File not in msg.")
+        if resource.kind != kind:
+            raise ApiError(234001, "Invalid request param.")
+        self.downloads.append((match["message_id"], match["file_key"], kind))
+        return resource
 
     # ---- messages ----------------------------------------------------------------------------------
 
