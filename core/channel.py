@@ -30,6 +30,12 @@ from core.snapshot import TurnSnapshot
 class SinkError(Exception):
     """A sink or a channel could not make the platform show something (after its own retries)."""
 
+    def __init__(self, message: str = "", *, unsent: str | None = None) -> None:
+        super().__init__(message)
+        self.unsent = unsent
+        """From ``send_plain`` of a text sent as several messages of which the first were taken: the rest,
+        which the chat does not show. None: nothing of the text is shown (or the channel cannot tell)."""
+
 
 class TurnFeed(Protocol):
     """A running turn as a sink sees it (``core.controller.TurnController``): pull the newest snapshot when
@@ -106,7 +112,8 @@ class Channel(Protocol):
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
         """Send one ordinary message (fallbacks, notices, command replies), retrying within the channel's
-        bounds and waiting out platform pauses; raise on failure."""
+        bounds and waiting out platform pauses; raise on failure (a SinkError says what the chat does not
+        show when a long text was taken in part)."""
         ...
 
 

@@ -16,7 +16,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from core.channel import ChannelRegistry, TurnSink
+from core.channel import ChannelRegistry, SinkError, TurnSink
 from core.controller import TurnController
 from core.envelope import TurnTarget
 from core.settings import CoreSettings
@@ -102,16 +102,28 @@ class PlainSender:
         self._channels = channels
 
     async def send(self, target: TurnTarget, text: str) -> bool:
+        return await self._send(target, text) is None
+
+    async def send_rest(self, target: TurnTarget, text: str) -> str:
+        """Send ``text`` (not empty); returns what of it the chat does not show: "" when the platform took
+        all of it, the unsent rest when it took the first messages of a long one, else ``text``."""
+        failure = await self._send(target, text)
+        if failure is None:
+            return ""
+        unsent = failure.unsent if isinstance(failure, SinkError) else None
+        return unsent or text
+
+    async def _send(self, target: TurnTarget, text: str) -> Exception | None:
         channel = self._channels.get(target.channel)
         if channel is None:
             log.error("cannot reply in %s: no channel %r", target.session_key, target.channel)
-            return False
+            return LookupError(f"no channel {target.channel!r}")
         try:
             await channel.send_plain(target, text)
         except Exception as exc:
             log.warning("plain send to %s failed: %s", target.session_key, exc)
-            return False
-        return True
+            return exc
+        return None
 
 
 class TurnDeliveryService:

@@ -8,7 +8,8 @@
 3. TurnRunner (model ⟂ cancel; at most one overflow recovery)
 4. TurnCommitter (generation/state_version check, atomic persistence — a turn without an answer keeps
    its terminal notice in history — then the terminal snapshot)
-5. DeliveryHandle.wait → plain fallback at most once
+5. DeliveryHandle.wait → plain fallback at most once; the turn is marked delivered only when the chat shows
+   its terminal content, else the missing text is sent again later (``core.redelivery``)
 6. TitleService.schedule (background)
 """
 
@@ -32,6 +33,7 @@ from core.input_builder import RuntimeContext, TurnInputBuilder
 from core.media.intake import AttachmentIntake, Intake, unread
 from core.messages import MessageSource, NewMessage
 from core.metrics import Metrics
+from core.redelivery import Redelivery
 from core.runner import Cancelled, Completed, Failed, Stale, TurnRunner, TurnRunOutcome
 from core.settings import CoreSettings
 from core.snapshot import TurnSnapshot
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 class ConversationExecutor:
     def __init__(self, *, store: Store, builder: TurnInputBuilder, runner: TurnRunner,
                  committer: TurnCommitter, delivery: TurnDeliveryService, plain: PlainSender,
+                 redelivery: Redelivery,
                  presenter: TurnFailurePresenter, titles: TitleService, events: EventBus,
                  settings: CoreSettings, metrics: Metrics | None = None,
                  intake: AttachmentIntake | None = None) -> None:
@@ -54,6 +57,7 @@ class ConversationExecutor:
         self._committer = committer
         self._delivery = delivery
         self._plain = plain
+        self._redelivery = redelivery
         self._presenter = presenter
         self._titles = titles
         self._events = events
@@ -132,9 +136,9 @@ class ConversationExecutor:
         if committed.result is None:  # the commit did not close the turn record
             await self._record_turn_end(turn_id, terminal)
 
-        # 5. wait for the sink; fall back to one plain message if the terminal content is not visible
-        await self._deliver_terminal(target, handle, outcome, terminal)
-        await self._mark_delivered(turn_id)  # from here a crash no longer leaves the chat without it
+        # 5. wait for the sink; fall back to one plain message if the terminal content is not visible; marked
+        # delivered only once the chat shows it (from then on a crash no longer leaves the chat without it)
+        await self._deliver_terminal(turn_id, target, handle, outcome, terminal)
         if committed.result is None:  # the commit (and the trace with it) did not land: try the trace alone
             await self._write_trace(key, turn_id, trace)
 
@@ -167,12 +171,6 @@ class ConversationExecutor:
             log.exception("the attachments of a message in %s could not be taken", envelope.key())
             return Intake(tuple(unread(item, "it could not be read") for item in envelope.media))
 
-    async def _mark_delivered(self, turn_id: str) -> None:
-        try:
-            await self._store.mark_delivered(turn_id)
-        except Exception as exc:  # the worst case is the answer sent once more after a restart
-            log.warning("could not record the delivery of turn %s: %s", turn_id, exc)
-
     async def _forget(self, inbound: int | None) -> None:
         """The user is told to send the message again: it must not count as seen (its event id stays free),
         nor be answered after a restart."""
@@ -197,18 +195,22 @@ class ConversationExecutor:
             return controller.finish("completed", text=outcome.text)
         return controller.finish("failed" if isinstance(outcome, Failed) else "cancelled", error=notice)
 
-    async def _deliver_terminal(self, target: TurnTarget, handle: DeliveryHandle | None,
+    async def _deliver_terminal(self, turn_id: str, target: TurnTarget, handle: DeliveryHandle | None,
                                 outcome: TurnRunOutcome, terminal: TurnSnapshot) -> None:
         err = DeliveryError("no live delivery") if handle is None else \
             await handle.wait(self._settings.delivery_wait_timeout)
-        if err is None:
-            return  # rule 2: delivered → no plain message
+        if err is None:  # rule 2: delivered → no plain message
+            await self._redelivery.mark_delivered(turn_id)
+            return
         text = self._fallback_text(outcome, terminal, err)
         if text:
             log.info("delivery for %s failed (%s); sending one plain fallback", target.session_key, err.reason)
             if self._metrics is not None:
                 self._metrics.fallbacks.labels(target.channel).inc()
-            await self._plain.send(target, text)
+        rest = await self._redelivery.deliver(turn_id, target, text)
+        if rest:
+            log.warning("the fallback for %s failed too; it is sent again later", target.session_key)
+            self._redelivery.schedule(turn_id, target, rest)
 
     def _fallback_text(self, outcome: TurnRunOutcome, terminal: TurnSnapshot, err: DeliveryError) -> str:
         if isinstance(outcome, Completed):

@@ -34,6 +34,7 @@ from core.media.transcribe import Transcriber
 from core.media.vision import VisionPolicy
 from core.messages import AttachmentRef, ChatMessage
 from core.metrics import Metrics
+from core.redelivery import Redelivery
 from core.router import AdmissionError, IngressRouter, RouterClosedError, SubmitResult
 from core.runner import TurnRunner
 from core.session import Admitted, SessionManager
@@ -65,6 +66,7 @@ class ChatCore:
         self.metrics = Metrics()
         s = self.settings
         self._plain = PlainSender(self.channels)
+        self._redelivery = Redelivery(store, self.channels, self._plain, self.supervisor, s)
         self.tools = tools or ToolRegistry()
         self.approvals = ApprovalBroker()
         self._deciders: dict[str, Deciders] = {}
@@ -87,7 +89,7 @@ class ChatCore:
                               images_rejected=self.vision.rejected),
             committer=self._committer,
             delivery=TurnDeliveryService(self.channels, self.supervisor, s),
-            plain=self._plain, presenter=self.presenter,
+            plain=self._plain, redelivery=self._redelivery, presenter=self.presenter,
             titles=TitleService(store, provider, self.supervisor, self.events, s),
             events=self.events, settings=s, metrics=self.metrics,
             intake=AttachmentIntake(self.media, s, sources=self.channels.get, transcriber=transcriber)
@@ -134,26 +136,35 @@ class ChatCore:
         await self._resume()
 
     async def _redeliver(self) -> None:
-        """Turns a crash cut off between their commit and their delivery: the chat may show nothing of the
-        answer, or a preview of part of it, and nothing would ever finish it. Each gets its terminal message
-        (the answer, or the notice of a turn without one) once, as an ordinary message, in the order they
-        ended; those older than ``resume_max_age`` are left, like the messages that old."""
+        """Turns a crash cut off between their commit and their delivery, or whose delivery failed and was
+        still being retried (``core.redelivery``): the chat may show nothing of the answer, or a preview of
+        part of it, and nothing would ever finish it. Each gets its terminal message (the answer, or the
+        notice of a turn without one) once, as an ordinary message, in the order they ended; one the
+        platform does not take now is tried again in the background. Those older than ``resume_max_age``
+        are left, like the messages that old."""
         for item in await self.store.undelivered_turns(time.time() - self.settings.resume_max_age):
+            turn_id = item.turn.turn_id
             if is_child_key(item.turn.session_key):  # a subagent answers its parent, never a chat
-                await self.store.mark_delivered(item.turn.turn_id)
+                await self.store.mark_delivered(turn_id)
                 continue
             try:
                 target = TurnTarget.model_validate_json(item.turn.target_json)
             except ValueError:
-                log.warning("undelivered turn %s has an unreadable target", item.turn.turn_id)
-            else:
-                channel = self.channels.get(target.channel)
-                # a channel whose clients read the history (the web chat) already shows the committed answer
-                if item.text and not getattr(channel, "shows_history", False):
-                    log.info("sending the %s turn %s again: a restart came before its delivery",
-                             item.turn.state, item.turn.turn_id)
-                    await self._plain.send(target, item.text)
-            await self.store.mark_delivered(item.turn.turn_id)
+                log.warning("undelivered turn %s has an unreadable target", turn_id)
+                await self.store.mark_delivered(turn_id)
+                continue
+            channel = self.channels.get(target.channel)
+            # a channel whose clients read the history (the web chat) already shows the committed answer
+            if channel is None or not item.text or getattr(channel, "shows_history", False):
+                if channel is None:
+                    log.warning("undelivered turn %s is for channel %r, which is not running", turn_id,
+                                target.channel)
+                await self.store.mark_delivered(turn_id)
+                continue
+            log.info("sending the %s turn %s again: a restart came before its delivery", item.turn.state, turn_id)
+            rest = await self._redelivery.deliver(turn_id, target, item.text)
+            if rest:
+                self._redelivery.schedule(turn_id, target, rest)
 
     async def _resume(self) -> None:
         now = time.time()

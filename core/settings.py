@@ -63,6 +63,9 @@ class CoreSettings:
     """Bound on opening a turn's sink; also the grace the delivery wait adds after a platform pause."""
     delivery_wait_timeout: float = 120.0
     """How long a finished turn waits for its sink to show it (stretched by platform pauses)."""
+    redelivery_delays: tuple[float, ...] = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0)
+    """A terminal message neither the sink nor its fallback could show is sent again after each of these
+    pauses (one try each) until the platform takes it; then it waits for the next start (``core.redelivery``)."""
     dedupe_ttl_seconds: float = 48 * 3600.0
     shutdown_timeout: float = 10.0
     titles: bool = True

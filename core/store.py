@@ -219,12 +219,13 @@ class Store(Protocol):
     async def end_turn(self, turn_id: str, state: TurnState) -> None: ...
 
     async def mark_delivered(self, turn_id: str) -> None:
-        """The turn's terminal state reached its chat (or its one plain fallback was tried)."""
+        """The turn's terminal state is visible in its chat (its sink or a plain message was accepted)."""
         ...
 
     async def undelivered_turns(self, since: float) -> list[UndeliveredTurn]:
         """Turns that ended after ``since`` (completed, failed or cancelled) and were never marked delivered:
-        a crash came between their commit and their delivery (read at start-up), oldest first."""
+        a crash came between their commit and their delivery, or the platform never took their terminal
+        message (read at start-up), oldest first."""
         ...
 
     async def close_interrupted_turns(self) -> list[TurnRecord]:

@@ -9,8 +9,9 @@ import re
 
 import pytest
 
+from channels.common.open_approvals import OPEN_APPROVALS as OPEN_STATE
 from channels.common.splitter import open_fence
-from channels.slack.channel import GONE, NOT_YOURS, OPEN_STATE
+from channels.slack.channel import GONE, NOT_YOURS
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.openai_server import HttpError, Text, ToolCalls
 from tests.fakes.slack import FakeSlack
@@ -911,6 +912,7 @@ async def test_approval_buttons_left_by_a_crash_say_the_restart_denied_them(tmp_
         await t.wait_for(lambda: not approval_messages(slack, "D0ALICE"))
         shown = slack.message("D0ALICE", msg.ts).shown
         assert "the bridge restarted" in shown and "lookup" in shown
+        await asyncio.wait_for(t.channel.ready.wait(), 10)  # the record is rewritten after the last update
         assert await t.channel.host.get_state(OPEN_STATE) == "[]"
     finally:
         await t.close()

@@ -67,6 +67,7 @@ from lark_oapi.ws import client as ws_client_module
 from channels.common.calls import Calls
 from channels.common.errors import ChannelStartupError, PlatformError
 from channels.common.live_sink import LiveSettings
+from channels.common.open_approvals import RESTARTED, OpenApprovals, Record
 from channels.common.throttle import Scope, Throttle
 from channels.feishu import approvals, render
 from channels.feishu.api import FeishuApi
@@ -91,8 +92,6 @@ log = logging.getLogger(__name__)
 
 _OPERATOR = FeishuConfig()
 TRY_AGAIN = "Please try again in a moment."
-RESTARTED = "⛔ Denied: the bridge restarted."
-OPEN_APPROVALS = "open_approvals"
 FRESHNESS = 300.0
 """Seconds a signed webhook request may be old (or early)."""
 
@@ -233,7 +232,7 @@ class FeishuChannel:
         self._receiving = False
         self._state = "stopped"
         self._setup: asyncio.Task[None] | None = None
-        self._saving = asyncio.Lock()
+        self._open = OpenApprovals(host, self._open_records)
         self._downloads: aiohttp.ClientSession | None = None
         host.set_deciders(settings.allow_from)
 
@@ -506,43 +505,28 @@ class FeishuChannel:
             log.warning("could not mark an approval card as ended: %s", exc)
         await self.save_open_approvals()
 
-    # Approvals do not outlive the process (a restart ends the turn that waited for them), but their cards
-    # would: every posted request that has not ended is kept in the channel's durable state, and the next
-    # start marks each one as denied by the restart, so a button nobody can act on never looks live.
+    # Approvals do not outlive the process, but their cards would: ``channels.common.open_approvals``.
 
     async def save_open_approvals(self) -> None:
-        async with self._saving:  # one writer at a time, each writing the newest state
-            open_now = [{"ref": e.ref, "message_id": e.message_id, "tool": e.tool_name, "arguments": e.arguments,
-                         "requested_by": e.requested_by}
-                        for e in self.pending_approvals.open()]
-            try:
-                await self.host.set_state(OPEN_APPROVALS, json.dumps(open_now))
-            except Exception as exc:
-                log.warning("could not record the open approval requests: %s", exc)
+        await self._open.save()
+
+    def _open_records(self) -> list[Record]:
+        return [{"ref": e.ref, "message_id": e.message_id, "tool": e.tool_name, "arguments": e.arguments,
+                 "requested_by": e.requested_by}
+                for e in self.pending_approvals.open()]
 
     async def close_left_over(self) -> None:
         """Start-up: every approval card a previous process left with live buttons says the restart denied it."""
+        await self._open.close_left_over(self._close)
+
+    async def _close(self, item: Record) -> None:
+        message_id = str(item["message_id"])
+        card = approvals.decided_card(str(item["ref"]), str(item["tool"]), str(item["arguments"]),
+                                      item.get("requested_by"), RESTARTED)
         try:
-            raw = await self.host.get_state(OPEN_APPROVALS)
-            left = json.loads(raw) if raw else []
-        except Exception as exc:  # unreadable state must not keep the channel from starting
-            log.warning("could not read the approvals left open by the last run: %s", exc)
-            return
-        for item in left if isinstance(left, list) else []:
-            try:
-                entry = PendingApproval(str(item["ref"]), "", "", str(item["tool"]), str(item["arguments"]),
-                                        item.get("requested_by"), message_id=str(item["message_id"]))
-                card = approvals.decided_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by,
-                                              RESTARTED)
-            except (KeyError, TypeError, ValueError):
-                continue
-            try:
-                await self.calls.call(lambda m=entry.message_id, c=card: self.api.patch_card(m, c))  # type: ignore[misc]
-            except PlatformError as exc:
-                log.warning("could not close an approval card left by the last run: %s", exc)
-        if left:
-            log.info("closed %d approval request(s) left open by the last run", len(left))
-            await self.save_open_approvals()
+            await self.calls.call(lambda: self.api.patch_card(message_id, card))
+        except PlatformError as exc:
+            log.warning("could not close an approval card left by the last run: %s", exc)
 
     # ---- webhook -------------------------------------------------------------------------------
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import re
 from collections import OrderedDict
@@ -58,6 +57,7 @@ from channels.common.calls import Calls
 from channels.common.download import stream_url
 from channels.common.errors import PlatformError
 from channels.common.live_sink import LiveSettings
+from channels.common.open_approvals import RESTARTED, OpenApprovals, Record
 from channels.common.splitter import split, utf16_len
 from channels.common.throttle import Throttle
 from channels.slack.approvals import (
@@ -86,8 +86,6 @@ log = logging.getLogger(__name__)
 _OPERATOR = SlackConfig()
 NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can decide this."
 GONE = "This request is no longer pending."
-RESTARTED = "⛔ Denied: the bridge restarted."
-OPEN_STATE = "open_approvals"
 FILES_HOST = "files.slack.com"
 CHANNEL_COMMAND_HINT = "In a channel, mention me in the reply's thread instead, e.g. <@{name}> {command}."
 _INVALID_AUTH = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked",
@@ -171,7 +169,7 @@ class SlackChannel:
         self._state = "stopped"
         self._receiving = False
         self._task: asyncio.Task[None] | None = None
-        self._saving = asyncio.Lock()
+        self._open = OpenApprovals(host, self._open_records)
         host.set_deciders(settings.allow_from)
         self.app = AsyncApp(client=client, signing_secret=signing_secret,
                             request_verification_enabled=settings.mode == "http",
@@ -239,40 +237,25 @@ class SlackChannel:
         except PlatformError as exc:
             log.info("could not show the approval outcome in %s: %s", channel, exc)
 
-    # ---- approvals a restart must close --------------------------------------------------------
-    # Approvals do not outlive the process (a restart ends the turn that waited for them), but their buttons
-    # would: every posted request that has not ended is kept in the channel's durable state, and the next
-    # start updates each one to say the restart denied it.
+    # ---- approvals a restart must close (``channels.common.open_approvals``) ----------------------
 
     async def prompt_posted(self) -> None:
         await self._save_open()
 
     async def _save_open(self) -> None:
-        async with self._saving:  # one writer at a time, each writing the newest state
-            open_now = [{"channel": e.dest.channel, "ts": e.ts, "tool": e.tool_name, "arguments": e.arguments}
-                        for e in self.prompts_by_call.values() if e.outcome is None and e.ts is not None]
-            try:
-                await self.host.set_state(OPEN_STATE, json.dumps(open_now))
-            except Exception as exc:
-                log.warning("could not record the open approval requests: %s", exc)
+        await self._open.save()
+
+    def _open_records(self) -> list[Record]:
+        return [{"channel": e.dest.channel, "ts": e.ts, "tool": e.tool_name, "arguments": e.arguments}
+                for e in self.prompts_by_call.values() if e.outcome is None and e.ts is not None]
 
     async def _close_left_over(self) -> None:
-        try:
-            raw = await self.host.get_state(OPEN_STATE)
-            left = json.loads(raw) if raw else []
-        except Exception as exc:  # unreadable state must not keep the channel from starting
-            log.warning("could not read the approvals left open by the last run: %s", exc)
-            return
-        for item in left if isinstance(left, list) else []:
-            try:
-                channel, ts, tool, arguments = (str(item["channel"]), str(item["ts"]), str(item["tool"]),
-                                                str(item.get("arguments") or ""))
-            except (KeyError, TypeError):
-                continue
-            await self._update_approval(channel, ts, tool, decided_blocks(tool, arguments, "ended", line=RESTARTED))
-        if left:
-            log.info("closed %d approval request(s) left open by the last run", len(left))
-            await self._save_open()
+        await self._open.close_left_over(self._close)
+
+    async def _close(self, item: Record) -> None:
+        channel, ts, tool, arguments = (str(item["channel"]), str(item["ts"]), str(item["tool"]),
+                                        str(item.get("arguments") or ""))
+        await self._update_approval(channel, ts, tool, decided_blocks(tool, arguments, "ended", line=RESTARTED))
 
     # ---- lifecycle -----------------------------------------------------------------------------
 

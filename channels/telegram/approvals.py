@@ -17,15 +17,13 @@ a press (timed out, the turn stopped) is edited the same way by the sink; a pres
 knows (after a restart, or once the turn ended) is answered "no longer pending" and its keyboard removed.
 
 Approvals do not outlive the process (a restart ends the turn that waited for them), but their buttons
-would: so every posted request that has not ended is also kept in the channel's durable state
-(``open_approvals``), and the next start edits each one to say it was denied by the restart, before the
-first update is read. A button nobody can act on never looks live.
+would: so every posted request that has not ended is also kept in the channel's durable state, and the next
+start edits each one to say it was denied by the restart, before the first update is read
+(``channels.common.open_approvals``). A button nobody can act on never looks live.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import secrets
 from collections import OrderedDict
@@ -37,6 +35,7 @@ from aiogram.methods import AnswerCallbackQuery, EditMessageReplyMarkup, EditMes
 from aiogram.types import CallbackQuery, InlineKeyboardButton, InlineKeyboardMarkup, Message
 
 from channels.common.errors import PlatformError
+from channels.common.open_approvals import RESTARTED, OpenApprovals, Record
 from channels.common.splitter import utf16_len
 from channels.telegram.adapter import sender_name, vouched_username
 from channels.telegram.render import MESSAGE_LIMIT
@@ -54,8 +53,6 @@ MAX_REMEMBERED = 1024
 
 NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can decide this."
 GONE = "This request is no longer pending."
-RESTARTED = "⛔ Denied: the bridge restarted."
-OPEN_STATE = "open_approvals"
 OUTCOME_ROOM = 200
 """Room kept free in the last message for the outcome line an edit appends ("✅ Allowed by <name>")."""
 MIN_SHOWN = 60
@@ -163,7 +160,7 @@ class ApprovalButtons:
     def __init__(self, channel: TelegramChannel) -> None:
         self._channel = channel
         self._by_ref: OrderedDict[str, PendingApproval] = OrderedDict()
-        self._saving = asyncio.Lock()
+        self._open = OpenApprovals(channel.host, self._open_records)
         channel.host.set_deciders(channel.settings.allow_from)
 
     # ---- what a restart must close ------------------------------------------------------------------
@@ -174,31 +171,19 @@ class ApprovalButtons:
 
     async def close_left_over(self) -> None:
         """Start-up: every request a previous process left with live buttons says the restart denied it."""
-        try:
-            raw = await self._channel.host.get_state(OPEN_STATE)
-            left = json.loads(raw) if raw else []
-        except Exception as exc:  # unreadable state must not keep the channel from starting
-            log.warning("could not read the approvals left open by the last run: %s", exc)
-            return
-        for item in left if isinstance(left, list) else []:
-            try:
-                entry = PendingApproval("", "", "", str(item["tool"]), None, int(item["chat_id"]),
-                                        (str(item["text"]),), int(item["message_id"]))
-            except (KeyError, TypeError, ValueError):
-                continue
-            await self.show_outcome(entry, RESTARTED)
-        if left:
-            log.info("closed %d approval request(s) left open by the last run", len(left))
-            await self._save()
+        await self._open.close_left_over(self._close)
+
+    async def _close(self, item: Record) -> None:
+        entry = PendingApproval("", "", "", str(item["tool"]), None, int(item["chat_id"]),
+                                (str(item["text"]),), int(item["message_id"]))
+        await self.show_outcome(entry, RESTARTED)
+
+    def _open_records(self) -> list[Record]:
+        return [{"chat_id": e.chat_id, "message_id": e.message_id, "tool": e.tool_name, "text": e.parts[-1]}
+                for e in self._by_ref.values() if e.outcome is None and e.message_id is not None and e.parts]
 
     async def _save(self) -> None:
-        async with self._saving:  # one writer at a time, each writing the newest state
-            open_now = [{"chat_id": e.chat_id, "message_id": e.message_id, "tool": e.tool_name, "text": e.parts[-1]}
-                        for e in self._by_ref.values() if e.outcome is None and e.message_id is not None and e.parts]
-            try:
-                await self._channel.host.set_state(OPEN_STATE, json.dumps(open_now))
-            except Exception as exc:
-                log.warning("could not record the open approval requests: %s", exc)
+        await self._open.save()
 
     def register(self, session_key: str, call_id: str, tool_name: str, arguments: Sequence[ShownArgument],
                  requested_by: str | None, chat_id: int, *, origin: tuple[str, ...] = (),

@@ -6,7 +6,9 @@ secret-token header checked in constant time. Either way each update goes throug
 normalise) and ``host.submit``, which returns once core has stored the message; only then is the update
 acknowledged (the offset saved, the webhook answered 200). A message core could not store is not
 acknowledged, so Telegram delivers it again; core's durable dedupe on "<chat_id>:<message_id>" makes a
-re-delivered update harmless. A callback query (a press
+re-delivered update harmless. An update our own code fails on unexpectedly (a shape it does not expect, a
+bug) is logged and skipped — acknowledged like a handled one — so one bad update neither ends the receiving
+of those after it nor comes back forever. A callback query (a press
 on an approval button) goes to ``ApprovalButtons`` instead (see ``channels.telegram.approvals``).
 
 The polling loop is ours rather than aiogram's Dispatcher because the offset must be persisted only after
@@ -139,7 +141,8 @@ class TelegramChannel:
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
         """One ordinary message (split if long, Markdown rendered as entities, plain if rejected). Each part
-        is one paced call under the call policy, which waits out a 429 pause however long."""
+        is one paced call under the call policy, which waits out a 429 pause however long. When a part
+        fails after the first were sent, the SinkError carries the parts not sent (``unsent``)."""
         dest = Destination.of(target)
         chunks = split_text(text, self.limit) if text.strip() else []
         for i, chunk in enumerate(chunks):
@@ -156,8 +159,8 @@ class TelegramChannel:
                     await self.client.call(SendMessage(
                         chat_id=dest.chat_id, text=chunk, parse_mode=None, message_thread_id=dest.thread_id,
                         reply_parameters=reply), chat=dest.key)
-            except PlatformError as exc:
-                raise SinkError(str(exc)) from None
+            except PlatformError as exc:  # the messages before this one are shown: only the rest is missing
+                raise SinkError(str(exc), unsent="\n".join(chunks[i:]) if i else None) from None
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -271,7 +274,7 @@ class TelegramChannel:
             outcome = "handled"
             for update in updates:
                 try:
-                    if not await self.handle_update(update):
+                    if not await self._handle_or_skip(update):
                         outcome = "closing"  # shutting down: this update is fetched again
                         break
                 except AdmissionError:
@@ -289,6 +292,21 @@ class TelegramChannel:
                 delay = self.settings.poll_backoff[0]
                 log.warning("a Telegram update could not be stored; fetching it again in %.0fs", delay)
                 await asyncio.sleep(delay)
+
+    async def _handle_or_skip(self, update: Update) -> bool:
+        """``handle_update``, except that an update our code fails on unexpectedly (a shape it does not
+        expect, a bug) is logged and skipped: it is acknowledged like a handled one, so it is neither fetched
+        again forever nor allowed to end the receiving of every update after it. Whatever it had handed to
+        core before failing stays there, and core's dedupe keeps it from being answered twice."""
+        try:
+            return await self.handle_update(update)
+        except AdmissionError:
+            raise
+        except Exception as exc:
+            log.error("a Telegram update (update_id %d) could not be handled and is skipped: %s", update.update_id,
+                      self.client.scrub(f"{type(exc).__name__}: {exc}"))
+            log.debug("the failure of Telegram update %d", update.update_id, exc_info=True)
+            return True
 
     async def handle_update(self, update: Update) -> bool:
         """Hand one update to core. False when core no longer accepts input (shutting down); AdmissionError
@@ -329,7 +347,7 @@ class TelegramChannel:
                 return web.Response(status=503)
             return web.Response(status=200)
         try:
-            accepted = await self.handle_update(update)  # returns once core has stored the message
+            accepted = await self._handle_or_skip(update)  # returns once core has stored the message
         except AdmissionError:
             accepted = False
         # 200 only for what core keeps: anything else Telegram delivers again later

@@ -1,0 +1,98 @@
+"""Redelivery: a turn counts as delivered only once its terminal content is visible in its chat.
+
+The executor marks a turn delivered (``Store.mark_delivered``) when its sink showed the terminal snapshot or
+its one plain fallback was accepted by the platform. When both failed — the platform answered 5xx or timed
+out for longer than its channel's call policy tries — the turn stays undelivered, and the text the chat does
+not show yet (the fallback's text: what the sink's ledger says is missing) is handed here. A supervised task
+sends it again on a bounded backoff (``CoreSettings.redelivery_delays``, through tenacity) until the
+platform accepts it; only then is the turn marked delivered. A turn still undelivered after the last try
+stays so in the store, and the next start sends it (``ChatCore._redeliver``), as after a crash.
+
+Never twice: every try is one ``send_plain`` of what the chat does not show yet, made only after the
+previous one failed — when the platform took the first messages of a long text, only the rest is tried
+again (``SinkError.unsent``); a try that succeeded ends the retries and marks the turn, so neither this
+process nor the next start sends it again. Whether a failed send might still have been carried out (a
+timeout) is the channel's call policy's business, which repeats such a send at most once or under the
+platform's idempotency key (``channels.common.calls``).
+
+A channel whose clients read the stored history (``shows_history``, the web chat) already shows the
+committed answer: its turns are marked delivered without a send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import tenacity
+
+from core.channel import ChannelRegistry
+from core.delivery import PlainSender
+from core.envelope import TurnTarget
+from core.settings import CoreSettings
+from core.store import Store
+from core.supervisor import ShuttingDownError, TaskSupervisor
+
+log = logging.getLogger(__name__)
+
+
+class Redelivery:
+    def __init__(self, store: Store, channels: ChannelRegistry, plain: PlainSender, supervisor: TaskSupervisor,
+                 settings: CoreSettings) -> None:
+        self._store = store
+        self._channels = channels
+        self._plain = plain
+        self._supervisor = supervisor
+        self._delays = tuple(float(d) for d in settings.redelivery_delays)
+
+    async def deliver(self, turn_id: str, target: TurnTarget, text: str) -> str:
+        """Send ``text`` as the terminal message of turn ``turn_id`` once. Returns what the chat still does
+        not show: "" when it shows all of it (and the turn is marked delivered), else the rest, to send
+        again — never the messages the platform already took."""
+        rest = await self._plain.send_rest(target, text) if text else ""
+        if not rest:
+            await self.mark_delivered(turn_id)
+        return rest
+
+    def schedule(self, turn_id: str, target: TurnTarget, text: str) -> None:
+        """Try ``text`` again later, in the background, until it is visible or the backoff is spent."""
+        if not self._delays:
+            return
+        try:
+            self._supervisor.spawn(f"redeliver:{turn_id}", self._retry(turn_id, target, text))
+        except ShuttingDownError:
+            log.warning("turn %s is still undelivered; the next start sends it", turn_id)
+
+    async def mark_delivered(self, turn_id: str) -> None:
+        try:
+            await self._store.mark_delivered(turn_id)
+        except Exception as exc:  # the worst case is the answer sent once more after a restart
+            log.warning("could not record the delivery of turn %s: %s", turn_id, exc)
+
+    async def _retry(self, turn_id: str, target: TurnTarget, text: str) -> None:
+        delays = self._delays
+        pending = text
+
+        async def again() -> bool:
+            nonlocal pending
+            channel = self._channels.get(target.channel)
+            if getattr(channel, "shows_history", False):  # its pages show the committed turn by now
+                await self.mark_delivered(turn_id)
+                return True
+            pending = await self.deliver(turn_id, target, pending)
+            return not pending
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            return delays[min(state.attempt_number, len(delays) - 1)]
+
+        def failed(state: tenacity.RetryCallState) -> bool:
+            log.warning("turn %s is still undelivered after %d more tries; the next start sends it",
+                        turn_id, state.attempt_number)
+            return False
+
+        await asyncio.sleep(delays[0])
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(len(delays)), wait=wait,
+            retry=tenacity.retry_if_result(lambda delivered: not delivered), retry_error_callback=failed)
+        if await retrying(again):
+            log.info("turn %s delivered on a later try", turn_id)

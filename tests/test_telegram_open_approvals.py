@@ -1,0 +1,67 @@
+"""Approval requests a crash leaves with live buttons on Telegram (``channels.common.open_approvals``): the
+next start edits each one to say the restart denied it, skips a record it cannot read, and a late press on
+an old button is answered "no longer pending". The real channel (aiogram) against the fake Bot API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from channels.common.open_approvals import OPEN_APPROVALS, RESTARTED
+from channels.telegram.approvals import GONE
+from tests.browser.server import RecordingTool, registry
+from tests.fakes.openai_server import Text, ToolCalls
+from tests.fakes.telegram import FakeTelegram
+from tests.fakes.telegram.harness import telegram_harness
+
+CHAT = 555
+ASK = ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_T1"])
+
+
+@pytest.fixture
+async def tg():
+    async with FakeTelegram() as fake:
+        yield fake
+
+
+async def test_requests_a_crash_left_open_say_the_restart_denied_them_and_late_presses_are_gone(
+        tmp_path, fake_openai, tg):
+    tool = RecordingTool("lookup", result="42 apples")
+    hold = asyncio.Event()
+    fake_openai.script(ASK, Text("unused", hold=hold))
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool)})
+    try:
+        tg.user_message("how many apples?")
+        await t.wait_for(lambda: any(m.buttons for m in tg.messages(CHAT)))
+        [msg] = [m for m in tg.messages(CHAT) if m.buttons]
+        text, markup, allow = msg.text, msg.reply_markup, msg.buttons[0][1]
+        left_open = None
+        for _ in range(250):  # the record is written once Telegram answered the post
+            left_open = await t.channel.host.get_state(OPEN_APPROVALS)
+            if left_open and str(msg.message_id) in left_open:
+                break
+            await asyncio.sleep(0.02)
+        assert left_open and str(msg.message_id) in left_open  # remembered durably while it is open
+    finally:
+        hold.set()
+        await t.close()
+
+    # a crash leaves the buttons and the record (a clean stop closes them), and a record no build can read
+    msg.text, msg.reply_markup = text, markup
+    records = [{"chat_id": CHAT, "tool": "lookup"}, *json.loads(left_open)]
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool)}, start=False)
+    try:
+        await t.channel.host.set_state(OPEN_APPROVALS, json.dumps(records))
+        await t.channel.start()
+        await asyncio.wait_for(t.channel.ready.wait(), 5)
+        shown = tg.chats[CHAT][msg.message_id]
+        assert shown.buttons == [] and shown.text == f"{text}\n\n{RESTARTED}"
+        assert await t.channel.host.get_state(OPEN_APPROVALS) == "[]"
+        late = tg.press(CHAT, msg.message_id, "", data=allow)  # from a client that had not refreshed yet
+        await t.settle()
+        assert [a.get("text") for a in tg.answers(late)] == [GONE]
+        assert tool.calls == []
+    finally:
+        await t.close()
