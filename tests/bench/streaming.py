@@ -60,7 +60,7 @@ def start_child(module: str, *args: str, env: dict[str, str] | None = None) -> t
     return proc, line
 
 
-def stop_child(proc: subprocess.Popen[str], timeout: float = 20.0) -> None:
+def stop_child(proc: subprocess.Popen[str], timeout: float = 5.0) -> None:
     assert proc.stdin is not None
     try:
         proc.stdin.close()
