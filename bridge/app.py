@@ -21,6 +21,7 @@ from bridge.logs import configure_logging
 from bridge.mcp import start_mcp_servers
 from channels.common.errors import ChannelStartupError
 from channels.common.http import has_own_body_limit
+from channels.common.masking import mask
 from core.channel import ERROR, Channel
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import DEFAULT_MAX_OUTPUT_TOKENS, LLMProvider
@@ -30,7 +31,7 @@ from core.metrics import Metrics
 from core.runtime import ChatCore
 from core.settings import CoreSettings
 from core.sqlite_store import SqliteStore
-from core.store import StoreError
+from core.store import Store, StoreError
 from core.tools.base import ToolRegistry
 from core.tools.builtin import CurrentTime, FetchUrl
 from core.tools.mcp import McpManager
@@ -51,6 +52,30 @@ LOCAL_EXTRA_ADVICE = (
     "instead: write a config with `chatbridge init`, set [llm] provider = \"openai\" with model, base_url and "
     "api_key of any OpenAI-compatible endpoint (OpenAI, or a local server such as Ollama at "
     "\"http://127.0.0.1:11434/v1\"), and run `chatbridge run -c chatbridge.toml`.")
+
+
+ASYNCPG_MISSING = (
+    "[store] backend = 'postgresql' needs asyncpg, which is not installed: install the `postgresql` extra with "
+    "`pip install -e \".[postgresql]\"` in the chatbridge checkout (or `pip install asyncpg`)")
+
+
+def build_store(config: AppConfig) -> Store:
+    """The configured ``Store``: the SQLite file in ``[bridge] data_dir``, or the PostgreSQL database of
+    ``[store] dsn`` (needs the ``postgresql`` extra)."""
+    if config.store.backend == "postgresql":
+        try:
+            from core.postgresql.store import PostgresqlStore
+        except ImportError:
+            raise StartupError(ASYNCPG_MISSING + ", then run `chatbridge run` again.") from None
+        return PostgresqlStore(config.store.dsn.strip(), pool_size=config.store.pool_size)
+    return SqliteStore(Path(config.bridge.data_dir) / "chatbridge.db")
+
+
+def store_description(config: AppConfig) -> str:
+    """Where the durable state lives, for the operator (never the connection string)."""
+    if config.store.backend == "postgresql":
+        return "the PostgreSQL database in [store] dsn"
+    return f"the database in [bridge] data_dir = {str(Path(config.bridge.data_dir))!r}"
 
 
 def build_provider(config: AppConfig) -> LLMProvider:
@@ -228,6 +253,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
     try:
         check_channels(config)
         provider = build_provider(config)
+        store = build_store(config)
     except StartupError as exc:
         print(f"chatbridge: {exc}", file=sys.stderr)
         return ExitCode.STARTUP
@@ -238,7 +264,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
     tools = build_tools(config)
     tools.extend(mcp.tools())
     data_dir = Path(config.bridge.data_dir)
-    core = ChatCore(store=SqliteStore(data_dir / "chatbridge.db"), provider=provider,
+    core = ChatCore(store=store, provider=provider,
                     settings=core_settings_for(config), tools=tools, media_dir=data_dir / "media",
                     transcriber=build_transcriber(config))
     stop = stop or asyncio.Event()
@@ -262,7 +288,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         try:
             await core.start()
         except StoreError as exc:
-            print(f"chatbridge: cannot use the database in [bridge] data_dir = {str(data_dir)!r}: {exc}",
+            print(mask(f"chatbridge: cannot use {store_description(config)}: {exc}", config.secret_values()),
                   file=sys.stderr)
             return ExitCode.STARTUP
         except OSError as exc:  # the media directory

@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-c", "--config", metavar="FILE", help="the TOML config file")
 
     check = commands.add_parser("check", help="validate the config and print it with secrets masked; "
-                               "start each MCP server and list its tools (exit 1 if one fails)")
+                               "reach a PostgreSQL store and report its schema version; start each MCP server "
+                               "and list its tools (exit 1 if the store or a server fails)")
     check.add_argument("-c", "--config", metavar="FILE", help="the TOML config file")
 
     init = commands.add_parser("init", help="write a commented config template")
@@ -88,6 +89,13 @@ def _check(option: str | None) -> int:
         return ExitCode.CONFIG
     print(json.dumps(config.masked_dump(), indent=2, ensure_ascii=False))
     print(f"config OK: {path or EMBEDDED_DEFAULT}")
+    if config.store.backend == "postgresql":
+        from bridge.store_check import check_store
+
+        lines, ok = asyncio.run(check_store(config))
+        print("\n".join(lines), flush=True)
+        if not ok:
+            return ExitCode.FAILURE
     if config.agent.mcp_servers:
         from bridge.logs import configure_logging
         from bridge.mcp import check_mcp_servers

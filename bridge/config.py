@@ -36,7 +36,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import (
     BaseModel,
@@ -126,6 +126,26 @@ class BridgeConfig(Section):
     log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = "info"
     shutdown_timeout: PositiveFloat = CORE.shutdown_timeout
     dedupe_ttl_hours: Annotated[Float, Field(ge=24)] = CORE.dedupe_ttl_seconds / 3600
+
+
+DSN_SCHEMES = ("postgresql", "postgres")
+
+
+class StoreConfig(Section):
+    """``[store]``: where the durable state lives. SQLite (a file in ``[bridge] data_dir``) is the default;
+    ``postgresql`` keeps it on a PostgreSQL server reached through ``dsn``."""
+
+    backend: Annotated[Literal["sqlite", "postgresql"], BeforeValidator(_lower)] = "sqlite"
+    dsn: Secret = ""
+    """``postgresql://USER:PASSWORD@HOST:PORT/DATABASE``; a secret (it may hold the password)."""
+    pool_size: Annotated[Int, Field(ge=1, le=1000)] = 10
+
+    def dsn_password(self) -> str:
+        """The password inside ``dsn`` (also redacted from logs on its own), or ""."""
+        try:
+            return unquote(urlsplit(self.dsn).password or "")
+        except ValueError:
+            return ""
 
 
 LLM_DEFAULT_BASE_URLS: dict[str, str] = {
@@ -266,6 +286,7 @@ class AppConfig(Section):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     web: WebConfig = Field(default_factory=WebConfig)
     channels: ChannelsConfig = Field(default_factory=ChannelsConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> AppConfig:
@@ -287,6 +308,8 @@ class AppConfig(Section):
     def secret_values(self) -> list[str]:
         """Every non-empty secret (enabled or not), longest first, for redacting logs."""
         values = {value for _, _, value in _iter_secrets(self) if value}
+        values.add(self.store.dsn_password())
+        values.discard("")
         return sorted(values, key=lambda v: (-len(v), v))
 
     def masked_dump(self) -> dict[str, Any]:
@@ -407,6 +430,8 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
         add(("media", "transcription", "model"),
             "required to transcribe (e.g. \"whisper-1\"); without it base_url and api_key are not used")
 
+    _check_store(cfg, checks)
+
     web = Checks(("web",), missing, from_env)
     cfg.web.check(web)
     problems = [*checks.problems, *web.problems]
@@ -430,6 +455,28 @@ def _cross_check(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],
         rest.add(("web", "enabled"), "nothing would run: the web chat and every channel are disabled")
     secrets = cfg.secret_values()
     return [mask(p, secrets) for p in [*problems, *rest.problems]]
+
+
+def _check_store(cfg: AppConfig, checks: Checks) -> None:
+    store = cfg.store
+    at = ("store", "dsn")
+    if store.backend == "sqlite":
+        if store.dsn.strip():
+            checks.add(at, "only used with backend 'postgresql' (backend is 'sqlite': the database is a file "
+                           "in [bridge] data_dir)")
+        return
+    example = 'e.g. dsn = "${CHATBRIDGE_DSN}" holding postgresql://USER:PASSWORD@HOST:5432/DATABASE'
+    checks.require(at, store.dsn, f"for backend 'postgresql' ({example})")
+    if not store.dsn.strip() or checks.unset_variables(at):
+        return
+    try:
+        parts = urlsplit(store.dsn.strip())
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError:
+        checks.add(at, f"not a usable connection URI ({example})")
+        return
+    if parts.scheme not in DSN_SCHEMES:
+        checks.add(at, f"expected a postgresql:// URI ({example})")
 
 
 def _check_mcp_servers(cfg: AppConfig, missing: Mapping[Loc, list[tuple[str, str]]],

@@ -1,6 +1,7 @@
 """The Store protocol: every durable fact of chatbridge goes through it.
 
-SQLite (``core.sqlite_store``) is the default; the protocol is small enough for a PostgreSQL backend.
+SQLite (``core.sqlite_store``) is the default; ``core.postgresql.store`` keeps the same durable facts on a
+PostgreSQL server (``tests/test_store_contract.py`` holds both to the same behaviour).
 """
 
 from __future__ import annotations

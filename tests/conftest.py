@@ -76,3 +76,19 @@ async def fake_slack() -> AsyncIterator[FakeSlack]:
     """A started fake Slack (Web API + Socket Mode) on 127.0.0.1; ``base_url`` is what AsyncWebClient takes."""
     async with FakeSlack() as fake:
         yield fake
+
+from tests.support.postgres import PostgresCluster, running_cluster  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresCluster]:
+    """A throwaway PostgreSQL cluster on 127.0.0.1 for the whole run (skips when PostgreSQL is absent);
+    ``fresh_dsn()`` makes an empty database for one test."""
+    with running_cluster() as cluster:
+        if isinstance(cluster, str):
+            pytest.skip(cluster)
+        try:
+            import asyncpg  # noqa: F401
+        except ImportError:
+            pytest.skip("asyncpg is not installed (the `postgresql` extra: pip install -e \".[postgresql]\")")
+        yield cluster

@@ -1,0 +1,103 @@
+"""What only the PostgreSQL store needs testing for, beyond the shared contract (tests/test_store_contract.py):
+a write whose caller is cancelled while it waits on the server still lands, and closing waits for it, as
+the SQLite store's writes do (core ends its tasks before it closes the store)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from core.messages import MessageSource, NewMessage
+from core.store import StoreError
+from tests.support.postgres import PostgresCluster
+
+KEY = "web:s1"
+
+
+def user(text: str) -> NewMessage:
+    return NewMessage(role="user", content=text, source=MessageSource(kind="user_input"))
+
+
+async def waiting_for_a_lock(conn: Any) -> bool:
+    return bool(await conn.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"))
+
+
+async def test_a_write_whose_caller_is_cancelled_while_it_waits_lands_and_close_waits_for_it(
+        postgres: PostgresCluster) -> None:
+    import asyncpg
+
+    from core.postgresql.store import PostgresqlStore
+
+    dsn = postgres.fresh_dsn()
+    store = PostgresqlStore(dsn, pool_size=2)
+    await store.open()
+    await store.get_or_create_session(KEY)
+    other = await asyncpg.connect(dsn)
+    try:
+        async with other.transaction():
+            await other.execute("LOCK TABLE sessions IN EXCLUSIVE MODE")  # the store's next write waits for this
+            running = asyncio.create_task(store.append_message(KEY, user("sent"), begin_turn=("t1", "{}")))
+            deadline = time.monotonic() + 10
+            while not await waiting_for_a_lock(other):
+                assert time.monotonic() < deadline, "the write never reached the server"
+                await asyncio.sleep(0.02)
+            running.cancel()
+            closing = asyncio.create_task(store.close())  # waits for the write under way
+            with pytest.raises(asyncio.CancelledError):
+                await running
+            with pytest.raises(StoreError, match="closed"):
+                await store.append_message(KEY, user("after close began"))
+            assert not closing.done()
+        await closing
+    finally:
+        await other.close()
+    again = PostgresqlStore(dsn)
+    await again.open()
+    try:
+        _, history = await again.history(KEY)
+        assert [m.content for m in history] == ["sent"]
+        [turn] = await again.close_interrupted_turns()
+        assert turn.turn_id == "t1"
+    finally:
+        await again.close()
+
+
+async def test_a_write_called_just_before_close_lands(postgres: PostgresCluster) -> None:
+    from core.postgresql.store import PostgresqlStore
+
+    dsn = postgres.fresh_dsn()
+    store = PostgresqlStore(dsn)
+    await store.open()
+    write = asyncio.create_task(store.append_message(KEY, user("just in time")))
+    await asyncio.sleep(0)  # the call is made; its operation has not reached the server yet
+    await store.close()
+    message, _ = await write
+    again = PostgresqlStore(dsn)
+    await again.open()
+    try:
+        assert (await again.history(KEY))[1] == [message]
+    finally:
+        await again.close()
+
+
+async def test_a_database_newer_than_this_code_is_refused(postgres: PostgresCluster) -> None:
+    import asyncpg
+
+    from core.postgresql.schema import MIGRATIONS
+    from core.postgresql.store import PostgresqlStore, database_schema_version
+
+    dsn = postgres.fresh_dsn()
+    store = PostgresqlStore(dsn)
+    await store.open()
+    await store.close()
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("UPDATE chatbridge_schema SET version = $1", len(MIGRATIONS) + 1)
+    finally:
+        await conn.close()
+    assert await database_schema_version(dsn) == len(MIGRATIONS) + 1
+    with pytest.raises(StoreError, match="newer than this code"):
+        await PostgresqlStore(dsn).open()
