@@ -644,6 +644,7 @@ class MinimalFeishu(Minimal):
 
         from channels.common.throttle import Scope
 
+        app_sends = (Scope("app:send", 1 / 50),)
         client = (lark.Client.builder().app_id(self.fake["app_id"]).app_secret(self.fake["app_secret"])
                   .domain(self.fake["url"]).log_level(lark.LogLevel.ERROR).build())
 
@@ -664,6 +665,7 @@ class MinimalFeishu(Minimal):
                 nonlocal sent
                 content = json.dumps({"text": whole})
                 if sent is None:
+                    await self.throttle.reserve(app_sends)  # Feishu's 50 sends a second per app, as the channel
                     body = ReplyMessageRequestBody.builder().msg_type("text").content(content).build()
                     reply = ReplyMessageRequest.builder().message_id(message_id).request_body(body).build()
                     sent = (await call(lambda: client.im.v1.message.areply(reply))).data.message_id
