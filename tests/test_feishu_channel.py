@@ -498,27 +498,6 @@ async def test_stop_marks_the_pending_approval_card_as_ended(bridge, fake_openai
 # ---- the connection and the token -----------------------------------------------------------------------
 
 
-async def test_requests_in_flight_are_capped_and_the_rest_wait_their_turn(fake):
-    """lark-oapi builds an HTTP client with its own TLS context for every request: the channel keeps at most
-    ``max_in_flight`` requests open, whatever the number of chats. Here Feishu holds every send for a while."""
-    from channels.feishu.api import FeishuApi
-    api = FeishuApi(fake.app_id, fake.app_secret, fake.base_url, timeout=10, max_in_flight=3)
-    await api.token()
-    fake.fail("message.create", hang=3, status=500, code=1500, times=10)
-    sends = [asyncio.ensure_future(api.send(CHAT, "text", json.dumps({"text": "x"}), f"uuid{i}")) for i in range(8)]
-    try:
-        for _ in range(500):
-            if fake.count("message.create") >= 3:
-                break
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.5)  # held by Feishu: nothing more may arrive meanwhile
-        assert fake.count("message.create") == 3
-    finally:
-        for send in sends:
-            send.cancel()
-        await asyncio.gather(*sends, return_exceptions=True)
-
-
 async def test_the_tenant_token_is_fetched_without_blocking_the_event_loop(fake):
     from channels.feishu.api import FeishuApi
     api = FeishuApi(fake.app_id, fake.app_secret, fake.base_url, timeout=5)

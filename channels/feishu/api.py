@@ -20,10 +20,6 @@ on the business ``code`` only (Feishu says its ``msg`` texts change):
 - card content Feishu cannot render: ``format``;
 - anything else: ``permanent``.
 
-Requests in flight are capped (``max_in_flight``, 32): lark-oapi opens a new HTTP client, with a TLS
-context of its own (about 1 MiB and 30 ms of CPU to load the CA bundle), for every request, so without a
-cap the memory grows with the number of chats streaming at once; over it, a request waits its turn.
-
 ``str()`` of an error carries the API name, HTTP status and code, never a token or a request body.
 """
 
@@ -80,14 +76,11 @@ FORMAT = frozenset({230099, 200621, 11310, 200570, 200220, 300303})
 TRANSIENT = frozenset({1500, 2200, 5000, 300120})
 TOKEN_EARLY = 600.0
 """Seconds before its expiry a tenant token is replaced (as lark-oapi's own cache does)."""
-MAX_IN_FLIGHT = 32
 
 
 class FeishuApi:
-    def __init__(self, app_id: str, app_secret: str, domain: str, *, timeout: float = 30.0,
-                 max_in_flight: int = MAX_IN_FLIGHT) -> None:
+    def __init__(self, app_id: str, app_secret: str, domain: str, *, timeout: float = 30.0) -> None:
         self.app_id = app_id
-        self._in_flight = asyncio.Semaphore(max_in_flight)
         self._secret = app_secret
         self.domain = domain
         self.client = (lark.Client.builder().app_id(app_id).app_secret(app_secret).domain(domain)
@@ -130,8 +123,7 @@ class FeishuApi:
     async def _send(self, what: str, fn: Callable[[], Awaitable[R]]) -> R:
         """One request, its failures as PlatformError (the response must have code 0)."""
         try:
-            async with self._in_flight:
-                resp: Any = await fn()
+            resp: Any = await fn()
         except httpx.TimeoutException:
             raise PlatformError(f"{what}: no answer in time", kind="transient", outcome_unknown=True) from None
         except httpx.ConnectError as exc:
