@@ -705,21 +705,3 @@ async def test_a_subagents_approval_is_shown_with_its_label_and_decided_on_the_c
     assert tool.calls == [{"query": "apples"}]
     assert fake.texts(CHAT)[-1] == "There are 42 apples."
     assert every_card_closed(fake)
-
-
-async def test_a_burst_of_chats_is_answered_within_the_apps_send_limit(tmp_path, fake_openai, fake):
-    """Feishu refuses an app's sends past its per-second limit (the fake enforces it). Eight chats writing at
-    once are answered without one refusal: the channel paces its sends under the app's budget. The fake
-    allows six a second, the channel sends two a second, so scheduling delays cannot crowd them together."""
-    fake_openai.default = Text("Hello there.")
-    fake.enforce_limits(app_sends=6, chat_sends=100, card_updates=100)
-    t = await feishu_harness(tmp_path, fake_openai, fake, mode="webhook", app_sends_per_second=2)
-    try:
-        chats = [f"oc_burst{i}" for i in range(8)]
-        for chat in chats:
-            fake.chat(chat, "p2p")
-        await asyncio.gather(*(t.say("hi", chat=chat, chat_type="p2p") for chat in chats))
-        await t.wait_for(lambda: all(t.texts(chat) == ["Hello there."] for chat in chats), timeout=30)
-    finally:
-        await t.close()
-    assert [c.route for c in fake.calls_to("message.create", "message.reply") if c.status != 200] == []

@@ -6,8 +6,7 @@ element's whole content (Feishu types the difference when the old text is a pref
 card's next ``sequence`` — one counter per card, shared by every card operation, strictly increasing, a
 fresh number for every attempt — and a ``uuid`` per operation, so a repeated operation is a no-op. The card
 also shows the turn's tool activity and pending approvals under the answer (``shows_activity``). Pushes are
-paced by the chat's throttle scope (``stream_interval_ms``, 0.5 s: latest snapshot wins); every message
-sent also takes a slot of the app's send budget (``app_sends_per_second``, shared by all chats).
+paced by the chat's throttle scope (``stream_interval_ms``, 0.5 s: latest snapshot wins).
 
 Size: the sink splits the reply with this platform's measure (JSON bytes of the card markdown, at most
 ``render.CARD_PART_BYTES``). When the unfinished tail outgrows one card, the shared sink sends the finished
@@ -163,8 +162,6 @@ class FeishuOps:
         self.capabilities = Capabilities(limit=render.CARD_PART_BYTES, unit="bytes", measure=render.card_measure,
                                          can_delete=True, idempotent_sends=True, native_stream=True)
         self.scopes: tuple[Scope, ...] = (Scope(dest.key, channel.stream_interval),)
-        self.send_scopes = (Scope("app:send", 1 / channel.settings.app_sends_per_second),)
-        """The app's budget of sends, shared by every chat (taken when a send goes out, retries included)."""
         self.cards: dict[str, CardState] = {}
         """Messages that show a card entity (by message id)."""
         self.kinds: dict[str, str] = {}
@@ -175,15 +172,12 @@ class FeishuOps:
 
     async def post(self, msg_type: str, content: str, key: str) -> str:
         d = self.dest
-        throttle = self.channel.calls.throttle
-        await throttle.reserve(self.send_scopes)
         try:
             return await self.api.send(d.chat_id, msg_type, content, uuid_for(key), reply_to=d.reply_to)
         except PlatformError as exc:
             if exc.kind != "not_found" or not d.reply_to:
                 raise
             # the user's message was recalled meanwhile: the reply goes to the chat itself
-            await throttle.reserve(self.send_scopes)
             return await self.api.send(d.chat_id, msg_type, content, uuid_for(key))
 
     async def send(self, part: Part, key: str) -> str:
