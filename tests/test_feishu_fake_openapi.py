@@ -356,3 +356,17 @@ async def test_faults_by_nth_call_and_predicate(fake):
     codes = [(await client.im.v1.message.acreate(text_message(t))).code for t in ("a", "b", "c", "boom")]
     assert codes == [0, 1500, 0, 230001]
     assert fake.texts(CHAT) == ["a", "c"]
+
+
+async def test_enforced_limits_answer_past_feishus_published_pace(fake):
+    client = sdk(fake)
+    fake.clock = lambda: 1000.0  # every call within one window, however slow the machine
+    fake.enforce_limits(app_sends=6, chat_sends=3)
+    for chat in ("oc_a", "oc_b"):
+        fake.chat(chat)
+    codes = [(await client.im.v1.message.acreate(text_message(f"m{i}", chat="oc_a"))).code for i in range(4)]
+    assert codes == [0, 0, 0, 230020]  # the fourth to one chat within a second
+    codes = [(await client.im.v1.message.acreate(text_message(f"n{i}", chat="oc_b"))).code for i in range(4)]
+    assert codes == [0, 0, 0, 99991400]  # the seventh the app sent within a second
+    limited = fake.calls_to("message.create")[-1]
+    assert (limited.status, fake.texts("oc_b")) == (429, ["n0", "n1", "n2"])

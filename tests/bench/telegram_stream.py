@@ -37,28 +37,19 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-CHUNK = "word12 "  # seven characters a chunk: 1000 chunks are two Telegram messages
-CHAT_BASE = 1_000_000
+from tests.bench.streaming import reply_text, serve_llm, squash, start_child, until_stdin_closes  # noqa: E402
 
-
-def reply_text(chunks: int) -> str:
-    return (CHUNK * chunks).strip()
-
-
-def squash(text: str) -> str:
-    return "".join(text.split())
+CHAT_BASE = 1_000_000  # 1000 chunks of seven characters are two Telegram messages
 
 
 # ---- the fakes, each in its own process ----------------------------------------------------------------
 
 
 def serve(kind: str, chunks: int, chunk_ms: float) -> None:
-    from tests.fakes.openai_server import FakeOpenAI, Text
+    if kind == "llm":
+        serve_llm(chunks, chunk_ms)
+        return
     from tests.fakes.telegram.server import FakeTelegram
-
-    class _Discard(list[Any]):
-        def append(self, item: Any) -> None:
-            pass
 
     class BenchTelegram(FakeTelegram):
         """Records when each chat first shows the whole expected reply; driven through two extra methods."""
@@ -103,25 +94,17 @@ def serve(kind: str, chunks: int, chunk_ms: float) -> None:
                     "max_edits": max(edits, default=0)}
 
     async def main() -> None:
-        if kind == "llm":
-            fake: Any = FakeOpenAI(default=Text(reply_text(chunks), chunk_size=len(CHUNK), delay=chunk_ms / 1000))
-            await fake.start()
-            fake.requests = _Discard()
-        else:
-            fake = BenchTelegram()
-            await fake.start()
+        fake = BenchTelegram()
+        await fake.start()
         print(fake.base_url, flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await until_stdin_closes()
 
     asyncio.run(main())
 
 
 def start_fake(kind: str, chunks: int, chunk_ms: float) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "tests.bench.telegram_stream", "--serve", kind,
-                             "--chunks", str(chunks), "--chunk-ms", str(chunk_ms)],
-                            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    url = proc.stdout.readline().strip()
+    proc, url = start_child("tests.bench.telegram_stream", "--serve", kind, "--chunks", str(chunks),
+                            "--chunk-ms", str(chunk_ms))
     if not url.startswith("http://127.0.0.1:"):
         proc.kill()
         raise SystemExit(f"fake {kind} server did not start")

@@ -30,6 +30,9 @@ documented HTTP status, business code and message):
   any HTTP status, business code, headers (e.g. 99991400 with 429 and ``x-ogw-ratelimit-reset``), a raw
   non-JSON body (a gateway 5xx), a hang (a client timeout), or carrying the call out before failing (a lost
   response).
+- Rate limits (``enforce_limits``, off unless asked for), as Feishu publishes them: sending (create, reply) at
+  most 50 a second for the app (99991400, HTTP 429 with the ``x-ogw-ratelimit-*`` headers) and 5 a second to
+  one chat (230020, HTTP 400); a card entity updated at most 10 times a second (99991400).
 
 It keeps what every chat shows: the bot's and users' messages with their current content, whether they
 were edited or recalled, their reactions, and for a card sent by ``card_id`` the card entity itself (its
@@ -47,6 +50,7 @@ import re
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,6 +91,42 @@ class ApiError(Exception):
         self.msg = msg
         self.status = status
         self.headers = headers or {}
+
+
+SENDS = frozenset({"message.create", "message.reply"})
+CARD_OPS = frozenset({"card.update", "card.settings", "card.batch_update", "element.content", "element.create",
+                      "element.update", "element.patch", "element.delete"})
+
+
+def app_limited() -> ApiError:
+    return ApiError(99991400, "request trigger frequency limit", 429,
+                    {"x-ogw-ratelimit-limit": "50", "x-ogw-ratelimit-reset": "1"})
+
+
+def chat_limited() -> ApiError:
+    return ApiError(230020, "This operation triggers the frequency limit.")
+
+
+@dataclass
+class RateLimit:
+    """At most ``limit`` calls of ``routes`` within ``window`` seconds per ``per`` (app, chat or card)."""
+
+    routes: frozenset[str]
+    per: str
+    limit: int
+    window: float
+    error: Callable[[], ApiError]
+    seen: dict[str, deque[float]] = field(default_factory=dict)
+
+    def full(self, key: str, now: float) -> bool:
+        """Whether a call now would exceed the limit (calls refused count for no budget)."""
+        recent = self.seen.setdefault(key, deque())
+        while recent and now - recent[0] >= self.window:
+            recent.popleft()
+        return len(recent) >= self.limit
+
+    def take(self, key: str, now: float) -> None:
+        self.seen[key].append(now)
 
 
 def invalid_param(detail: str) -> ApiError:
@@ -295,6 +335,7 @@ class FakeFeishu:
         self.calls: list[Call] = []
         self.faults: list[Fault] = []
         self.messages: dict[str, Message] = {}
+        self.rate_limits: list[RateLimit] = []
         self.chats: dict[str, Chat] = {}
         self.cards: dict[str, Card] = {}
         self.resources: dict[tuple[str, str], Resource] = {}
@@ -346,6 +387,33 @@ class FakeFeishu:
         headers = {"x-ogw-ratelimit-limit": "50", "x-ogw-ratelimit-reset": str(reset)}
         return self.fail(route, status=429, code=99991400, msg="request trigger frequency limit",
                          headers=headers, **kw)
+
+    def enforce_limits(self, *, app_sends: int = 50, chat_sends: int = 5, card_updates: int = 10) -> None:
+        """Answer as Feishu does past its published limits, per second: ``app_sends`` messages sent by the app,
+        ``chat_sends`` to one chat, ``card_updates`` operations on one card entity."""
+        with self._lock:
+            self.rate_limits = [RateLimit(SENDS, "app", app_sends, 1.0, app_limited),
+                                RateLimit(SENDS, "chat", chat_sends, 1.0, chat_limited),
+                                RateLimit(CARD_OPS, "card", card_updates, 1.0, app_limited)]
+
+    def _enforce(self, call: Call, match: dict[str, str]) -> None:
+        now = self.clock()
+        applying = []
+        for rule in self.rate_limits:
+            if call.route not in rule.routes:
+                continue
+            if rule.per == "card":
+                key = match.get("card_id", "")
+            elif rule.per == "chat":
+                replied = self.messages.get(match.get("message_id", ""))
+                key = replied.chat_id if replied is not None else str((call.body or {}).get("receive_id"))
+            else:
+                key = "app"
+            if rule.full(key, now):
+                raise rule.error()
+            applying.append((rule, key))
+        for rule, key in applying:
+            rule.take(key, now)
 
     def chat_rate_limit(self, route: str | None = None, **kw: Any) -> Fault:
         """230020, the per-chat frequency limit of the message APIs (HTTP 400)."""
@@ -512,6 +580,7 @@ class FakeFeishu:
         with self._lock:
             if auth:
                 self._check_token(call)
+            self._enforce(call, match)
             return handler(call, match)
 
     @staticmethod

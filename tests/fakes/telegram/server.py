@@ -19,6 +19,11 @@ Files: ``add_file(file_id, data)`` makes a file known; ``getFile`` answers its `
 its bytes in chunks, as api.telegram.org does. ``file_redirect`` makes the file URL answer a redirect to
 another address instead (the client must not follow it off the Bot API host); ``downloads`` records the
 paths fetched.
+
+Rate limits (``enforce_limits``, off unless asked for): Telegram's published pace, a message call answering
+429 ``Too Many Requests: retry after N`` past it. In one chat about one message per second, with short
+bursts allowed (``per_chat`` calls in ``window`` seconds, sends and edits alike); across all chats at most
+30 new messages per second (``overall``; edits do not count). ``limited`` counts the 429s it answered.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import asyncio
 import itertools
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +98,33 @@ class Fault:
     hang: float = 0.0
 
 
+SENDS = frozenset({"sendMessage", "sendPhoto", "sendDocument", "sendVoice", "sendAudio", "sendVideo"})
+"""The methods that post a new message (``sendChatAction`` and drafts are no message)."""
+MESSAGE_CALLS = SENDS | {"editMessageText", "editMessageReplyMarkup", "editMessageCaption"}
+
+
+@dataclass
+class RateLimit:
+    """At most ``limit`` of ``methods`` within ``window`` seconds, per chat (``per_chat``) or over all chats."""
+
+    methods: frozenset[str]
+    limit: int
+    window: float
+    per_chat: bool
+    retry_after: int = 1
+    seen: dict[Any, deque[float]] = field(default_factory=dict)
+
+    def full(self, key: Any, now: float) -> bool:
+        """Whether a call now would exceed the limit (calls refused count for no budget)."""
+        recent = self.seen.setdefault(key, deque())
+        while recent and now - recent[0] >= self.window:
+            recent.popleft()
+        return len(recent) >= self.limit
+
+    def take(self, key: Any, now: float) -> None:
+        self.seen[key].append(now)
+
+
 @dataclass
 class FakeTelegram:
     token: str = "123456:TEST-secret-token-0123456789"
@@ -113,6 +146,10 @@ class FakeTelegram:
     downloads: list[str] = field(default_factory=list)
     file_redirect: str | None = None
     download_limit: int = DOWNLOAD_LIMIT
+    rate_limits: list[RateLimit] = field(default_factory=list)
+    limited: int = 0
+    clock: Callable[[], float] = time.monotonic
+    """The rate limits' time (tests may hold it still)."""
     _open_queries: set[str] = field(default_factory=set)
     _query_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(9001))
     _update_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1001))
@@ -154,6 +191,25 @@ class FakeTelegram:
         fault = Fault(method, **kw)
         self.faults.append(fault)
         return fault
+
+    def enforce_limits(self, *, per_chat: int = 3, window: float = 3.0, overall: int = 30) -> None:
+        """Answer 429 as Telegram does past its pace: ``per_chat`` message calls in ``window`` seconds in one
+        chat (about one a second, short bursts allowed), ``overall`` new messages a second over all chats."""
+        self.rate_limits = [RateLimit(MESSAGE_CALLS, per_chat, window, per_chat=True),
+                            RateLimit(SENDS, overall, 1.0, per_chat=False)]
+
+    def _rate_limited(self, method: str, params: dict[str, Any]) -> int | None:
+        if method not in MESSAGE_CALLS:
+            return None
+        now = self.clock()
+        applying = [(rule, params.get("chat_id") if rule.per_chat else 0)
+                    for rule in self.rate_limits if method in rule.methods]
+        for rule, key in applying:
+            if rule.full(key, now):
+                return rule.retry_after
+        for rule, key in applying:
+            rule.take(key, now)
+        return None
 
     def user_message(self, text: str | None = None, *, chat_id: int = 555, user_id: int = 777,
                      username: str | None = "alice", chat_type: str = "private", thread_id: int | None = None,
@@ -312,6 +368,11 @@ class FakeTelegram:
         if handler is None:
             call.status = 404
             return self._error(404, "Not Found")
+        retry_after = self._rate_limited(method, params)
+        if retry_after is not None:
+            call.status = 429
+            self.limited += 1
+            return self._error(429, f"Too Many Requests: retry after {retry_after}", retry_after)
         try:
             result = await handler(params)
         except _ApiError as exc:
