@@ -698,3 +698,51 @@ async def test_a_subagents_approval_is_shown_with_its_label_and_decided_on_the_c
     assert tool.calls == [{"query": "apples"}]
     assert fake.texts(CHAT)[-1] == "There are 42 apples."
     assert every_card_closed(fake)
+
+
+async def test_a_burst_of_chats_is_answered_within_the_apps_send_limit(tmp_path, fake_openai, fake):
+    """Feishu refuses an app's sends past its per-second limit (the fake enforces it). Six chats writing at
+    once are each answered once, in their card, without one refusal: the channel paces its sends under the
+    app's budget (one a second here, the fake allows three, so scheduling delays cannot crowd them together).
+    Core waits for the queue of sends (``delivery_wait_timeout``; the harness's three seconds would not)."""
+    fake_openai.default = Text("Hello there.")
+    fake.enforce_limits(app_sends=3, chat_sends=100, card_updates=100)
+    t = await feishu_harness(tmp_path, fake_openai, fake, mode="webhook", app_sends_per_second=1,
+                             core={"delivery_wait_timeout": 60.0})
+    chats = [f"oc_burst{i}" for i in range(6)]
+    try:
+        for chat in chats:
+            fake.chat(chat, "p2p")
+        await asyncio.gather(*(t.say("hi", chat=chat, chat_type="p2p") for chat in chats))
+        await t.settle(timeout=60)
+    finally:
+        await t.close()
+    assert [c.route for c in fake.calls_to("message.create", "message.reply") if c.status != 200] == []
+    assert {chat: t.texts(chat) for chat in chats} == {chat: ["Hello there."] for chat in chats}
+    assert every_card_closed(fake)
+
+
+async def test_the_apps_rate_limit_on_a_send_pauses_every_chats_sends_however_long(tmp_path, fake_openai, fake):
+    """Feishu answers a send past the app's limit with 99991400 and the seconds to wait (``x-ogw-ratelimit-reset``,
+    often longer than one request may take). Every send of the app then waits that out, the other chat's too
+    (the sends are a second apart here, so the other chat's would come during the pause), and the wait is not
+    counted against a call's bound (two seconds here, the reset seven): each chat is answered once, in its
+    card, and no send reaches the platform before the reset has passed."""
+    fake_openai.default = Text("Hello there.")
+    refusal = fake.rate_limit("message.reply", reset=7, nth=1)
+    t = await feishu_harness(tmp_path, fake_openai, fake, mode="webhook", app_sends_per_second=1, call_timeout=2.0,
+                             core={"delivery_wait_timeout": 60.0})
+    chats = ["oc_paused0", "oc_paused1"]
+    try:
+        for chat in chats:
+            fake.chat(chat, "p2p")
+        await asyncio.gather(*(t.say("hi", chat=chat, chat_type="p2p") for chat in chats))
+        await t.settle(timeout=60)
+    finally:
+        await t.close()
+    assert refusal.hits == 1
+    assert {chat: t.texts(chat) for chat in chats} == {chat: ["Hello there."] for chat in chats}
+    sends = fake.calls_to("message.create", "message.reply")
+    [refused] = [c for c in sends if c.status != 200]
+    assert [c for c in sends if refused.at < c.at < refused.at + 7] == []
+    assert every_card_closed(fake)

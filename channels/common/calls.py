@@ -13,6 +13,11 @@ Each attempt is bounded by the policy's ``timeout``. Then:
   attempt (at most ``max_pauses`` of them per call, so a call stays bounded);
 - anything else is raised at once, as is the last failure.
 
+A budget that only part of an attempt counts against (Feishu's sends, shared by the app, inside a streamed
+update that also creates and updates a card) is taken inside the attempt with ``pace``; its wait, like the
+pace before an attempt, does not count against the attempt's bound (the bound is suspended while it waits),
+so a long queue for the budget never turns into a timed-out, half-done attempt.
+
 ``retry=False`` tries once: a live update is superseded by the next one, which repeats the whole target
 state with newer content, so retrying it would only show something stale later. Its 429 still pauses the
 scope. Retrying is tenacity's business; the first try runs bare (``core.retrying``).
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -35,6 +41,9 @@ from core.metrics import CallResult
 from core.retrying import run_with_retries
 
 T = TypeVar("T")
+
+_bound: ContextVar[asyncio.Timeout | None] = ContextVar("attempt_bound", default=None)
+"""The bound of the attempt running in this task (``Calls.call``), if any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +129,12 @@ class Calls:
                 if bound is None:
                     result = await fn()
                 else:
-                    async with asyncio.timeout(bound):
-                        result = await fn()
+                    async with asyncio.timeout(bound) as timer:
+                        token = _bound.set(timer)
+                        try:
+                            result = await fn()
+                        finally:
+                            _bound.reset(token)
             except TimeoutError:
                 self._observe("error")
                 raise PlatformError(f"no answer within {bound:g}s", kind="transient", outcome_unknown=True) from None
@@ -141,6 +154,22 @@ class Calls:
                                  retry=retry_if_exception(_retryable), reraise=True)
 
         return await run_with_retries(policy, attempt)
+
+    async def pace(self, scopes: Sequence[Scope]) -> None:
+        """Take a slot in ``scopes`` from inside an attempt. The attempt's bound stands still while this waits
+        (the time left is kept, not the deadline), as the pace before an attempt is not counted either."""
+        timer = _bound.get()
+        when = timer.when() if timer is not None else None
+        if timer is None or when is None or self.throttle.ready_in(scopes) <= 0:
+            await self.throttle.reserve(scopes)
+            return
+        loop = asyncio.get_running_loop()
+        left = when - loop.time()
+        timer.reschedule(None)
+        try:
+            await self.throttle.reserve(scopes)
+        finally:
+            timer.reschedule(loop.time() + left)
 
     def _observe(self, result: CallResult) -> None:
         if self.observe is not None:

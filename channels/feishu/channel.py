@@ -118,6 +118,8 @@ class FeishuSettings:
     """Seconds a pushed message waits for core to store it before the ack (Feishu allows 3)."""
     setup_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
     request_timeout: float = 30.0
+    app_sends_per_second: float = 50.0
+    """Feishu lets an app send (create or reply) at most 50 messages a second; sends are paced under that."""
     connection_domain: str = ""
     """Where the long connection asks for its address; ``domain`` unless set (tests run it apart)."""
 

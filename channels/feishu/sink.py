@@ -6,7 +6,10 @@ element's whole content (Feishu types the difference when the old text is a pref
 card's next ``sequence`` — one counter per card, shared by every card operation, strictly increasing, a
 fresh number for every attempt — and a ``uuid`` per operation, so a repeated operation is a no-op. The card
 also shows the turn's tool activity and pending approvals under the answer (``shows_activity``). Pushes are
-paced by the chat's throttle scope (``stream_interval_ms``, 0.5 s: latest snapshot wins).
+paced by the chat's throttle scope (``stream_interval_ms``, 0.5 s: latest snapshot wins); every message
+sent also takes a slot of the app's send budget (``app_sends_per_second``, shared by all chats), waited for
+inside the call with ``Calls.pace`` so that a long queue for it never times the call out; the app's rate
+limit on a send (99991400, ``x-ogw-ratelimit-reset``) pauses that budget, so every chat's sends wait it out.
 
 Size: the sink splits the reply with this platform's measure (JSON bytes of the card markdown, at most
 ``render.CARD_PART_BYTES``). When the unfinished tail outgrows one card, the shared sink sends the finished
@@ -48,7 +51,7 @@ from channels.common.ops import Capabilities, NativeStream, TextChange
 from channels.common.status import status_lines
 from channels.common.throttle import Scope
 from channels.feishu import approvals, render
-from channels.feishu.api import code_of
+from channels.feishu.api import RATE_LIMITED, code_of
 from channels.feishu.context import FeishuContext
 from core.channel import SinkError
 from core.envelope import TurnTarget
@@ -162,6 +165,8 @@ class FeishuOps:
         self.capabilities = Capabilities(limit=render.CARD_PART_BYTES, unit="bytes", measure=render.card_measure,
                                          can_delete=True, idempotent_sends=True, native_stream=True)
         self.scopes: tuple[Scope, ...] = (Scope(dest.key, channel.stream_interval),)
+        self.send_scopes = (Scope("app:send", 1 / channel.settings.app_sends_per_second),)
+        """The app's budget of sends, shared by every chat (taken when a send goes out, retries included)."""
         self.cards: dict[str, CardState] = {}
         """Messages that show a card entity (by message id)."""
         self.kinds: dict[str, str] = {}
@@ -173,12 +178,23 @@ class FeishuOps:
     async def post(self, msg_type: str, content: str, key: str) -> str:
         d = self.dest
         try:
-            return await self.api.send(d.chat_id, msg_type, content, uuid_for(key), reply_to=d.reply_to)
+            return await self._send(d.chat_id, msg_type, content, key, d.reply_to)
         except PlatformError as exc:
             if exc.kind != "not_found" or not d.reply_to:
                 raise
             # the user's message was recalled meanwhile: the reply goes to the chat itself
-            return await self.api.send(d.chat_id, msg_type, content, uuid_for(key))
+            return await self._send(d.chat_id, msg_type, content, key, None)
+
+    async def _send(self, chat_id: str, msg_type: str, content: str, key: str, reply_to: str | None) -> str:
+        """One send in a slot of the app's budget (waited for outside the call's bound); the app's rate limit
+        (99991400) pauses every send of the app, not only this chat's."""
+        await self.channel.calls.pace(self.send_scopes)
+        try:
+            return await self.api.send(chat_id, msg_type, content, uuid_for(key), reply_to=reply_to)
+        except PlatformError as exc:
+            if code_of(exc) == RATE_LIMITED:
+                exc.scope = self.send_scopes[0].key
+            raise
 
     async def send(self, part: Part, key: str) -> str:
         stream = self.current
