@@ -3,6 +3,8 @@ a try, a send with an unknown outcome is repeated at most once, a live update is
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from channels.common.calls import CallPolicy, Calls
@@ -86,3 +88,28 @@ async def test_permanent_errors_are_not_retried():
     with pytest.raises(PlatformError):
         await calls.call(make(clock), scopes=[A])
     assert len(tries) == 1
+
+
+async def test_a_slot_paced_inside_a_call_is_waited_for_outside_the_calls_bound():
+    """A budget only part of a call counts against (Feishu's app-wide sends) is taken inside the attempt with
+    ``pace``: a wait for it longer than the attempt's bound does not time the attempt out, and the bound
+    still holds for the work after it."""
+    throttle = Throttle()
+    calls = Calls(throttle, CallPolicy(attempts=1, timeout=0.3))
+    app = Scope("app:send", 0.0)
+    throttle.pause(app.key, 0.6)
+
+    async def send() -> str:
+        await calls.pace([app])
+        return "sent"
+
+    assert await calls.call(send) == "sent"
+
+    async def send_then_hang() -> str:
+        await calls.pace([app])
+        await asyncio.sleep(5)
+        return "late"
+
+    throttle.pause(app.key, 0.6)
+    with pytest.raises(PlatformError, match=r"no answer within 0\.3s"):
+        await calls.call(send_then_hang)
