@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from channels.common.calls import CallPolicy, Calls
 from channels.common.errors import PlatformError
+from channels.common.throttle import Throttle
 from channels.feishu import approvals
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.feishu import FakeFeishu, FakeLongConnection
@@ -495,6 +497,23 @@ async def test_stop_marks_the_pending_approval_card_as_ended(bridge, fake_openai
 
 
 # ---- the connection and the token -----------------------------------------------------------------------
+
+
+async def test_requests_in_flight_are_capped_and_waiting_a_turn_does_not_time_a_call_out(fake):
+    """lark-oapi builds a new HTTP client, with a TLS context of its own, for every request, so the channel
+    caps the requests in flight (memory would otherwise grow with every request waiting for the CPU). The Open
+    API answers slowly here (a second each): eight reactions at once reach it at most two at a time, and every
+    one lands although the last waits three seconds or more for its turn, longer than its call's bound (three
+    seconds, for the answer alone)."""
+    from channels.feishu.api import FeishuApi
+    api = FeishuApi(fake.app_id, fake.app_secret, fake.base_url, timeout=5, max_in_flight=2)
+    calls = Calls(Throttle(), CallPolicy(attempts=1, timeout=3.0))
+    messages = [fake.user_message(CHAT, f"hi {i}") for i in range(8)]
+    await api.token()
+    fake.delays["reaction.create"] = 1.0
+    await asyncio.gather(*(calls.call(lambda m=m: api.react(m.message_id, "Typing")) for m in messages))
+    assert all(fake.messages[m.message_id].reactions for m in messages)
+    assert fake.max_in_flight <= 2
 
 
 async def test_the_tenant_token_is_fetched_without_blocking_the_event_loop(fake):

@@ -16,7 +16,8 @@ Each attempt is bounded by the policy's ``timeout``. Then:
 A budget that only part of an attempt counts against (Feishu's sends, shared by the app, inside a streamed
 update that also creates and updates a card) is taken inside the attempt with ``pace``; its wait, like the
 pace before an attempt, does not count against the attempt's bound (the bound is suspended while it waits),
-so a long queue for the budget never turns into a timed-out, half-done attempt.
+so a long queue for the budget never turns into a timed-out, half-done attempt. ``outside_bound`` does the
+same for any other wait of the bridge's own inside an attempt (a channel's cap on requests in flight).
 
 ``retry=False`` tries once: a live update is superseded by the next one, which repeats the whole target
 state with newer content, so retrying it would only show something stale later. Its 429 still pauses the
@@ -26,7 +27,8 @@ scope. Retrying is tenacity's business; the first try runs bare (``core.retrying
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
@@ -157,20 +159,32 @@ class Calls:
 
     async def pace(self, scopes: Sequence[Scope]) -> None:
         """Take a slot in ``scopes`` from inside an attempt. The attempt's bound stands still while this waits
-        (the time left is kept, not the deadline), as the pace before an attempt is not counted either."""
-        timer = _bound.get()
-        when = timer.when() if timer is not None else None
-        if timer is None or when is None or self.throttle.ready_in(scopes) <= 0:
+        (``outside_bound``), as the pace before an attempt is not counted either."""
+        if self.throttle.ready_in(scopes) <= 0:
             await self.throttle.reserve(scopes)
             return
-        loop = asyncio.get_running_loop()
-        left = when - loop.time()
-        timer.reschedule(None)
-        try:
+        async with outside_bound():
             await self.throttle.reserve(scopes)
-        finally:
-            timer.reschedule(loop.time() + left)
 
     def _observe(self, result: CallResult) -> None:
         if self.observe is not None:
             self.observe(result)
+
+
+@contextlib.asynccontextmanager
+async def outside_bound() -> AsyncIterator[None]:
+    """Inside, the bound of the attempt running in this task (``Calls.call``) stands still, keeping the time it
+    had left: for a wait that is the bridge's own queue (a budget's slot, a turn among requests in flight),
+    not the platform being slow to answer. Outside an attempt it does nothing."""
+    timer = _bound.get()
+    when = timer.when() if timer is not None else None
+    if timer is None or when is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    left = when - loop.time()
+    timer.reschedule(None)
+    try:
+        yield
+    finally:
+        timer.reschedule(loop.time() + left)

@@ -20,6 +20,13 @@ on the business ``code`` only (Feishu says its ``msg`` texts change):
 - card content Feishu cannot render: ``format``;
 - anything else: ``permanent``.
 
+Requests in flight are capped (``max_in_flight``, 32): lark-oapi builds a new HTTP client for every request,
+with a TLS context of its own (the CA bundle loaded again: about 0.9 MiB and 30-50 ms of CPU), so without a cap
+the memory grows with the number of requests waiting for the CPU at once, which under load is every chat
+streaming. Over the cap a request waits its turn; that wait is the bridge's own queue, so it is not counted
+against the call's bound (``channels.common.calls.outside_bound``). The CPU, not the cap, is what limits the
+requests a second (about 30 on one core at that cost per request).
+
 ``str()`` of an error carries the API name, HTTP status and code, never a token or a request body.
 """
 
@@ -63,6 +70,7 @@ from lark_oapi.api.im.v1 import (
     UpdateMessageRequestBody,
 )
 
+from channels.common.calls import outside_bound
 from channels.common.download import stream_url
 from channels.common.errors import PlatformError
 
@@ -80,11 +88,14 @@ FORMAT = frozenset({230099, 200621, 11310, 200570, 200220, 300303})
 TRANSIENT = frozenset({1500, 2200, 5000, 300120})
 TOKEN_EARLY = 600.0
 """Seconds before its expiry a tenant token is replaced (as lark-oapi's own cache does)."""
+MAX_IN_FLIGHT = 32
 
 
 class FeishuApi:
-    def __init__(self, app_id: str, app_secret: str, domain: str, *, timeout: float = 30.0) -> None:
+    def __init__(self, app_id: str, app_secret: str, domain: str, *, timeout: float = 30.0,
+                 max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.app_id = app_id
+        self._in_flight = asyncio.Semaphore(max_in_flight)
         self._secret = app_secret
         self.domain = domain
         self.client = (lark.Client.builder().app_id(app_id).app_secret(app_secret).domain(domain)
@@ -126,6 +137,11 @@ class FeishuApi:
 
     async def _send(self, what: str, fn: Callable[[], Awaitable[R]]) -> R:
         """One request, its failures as PlatformError (the response must have code 0)."""
+        if self._in_flight.locked():
+            async with outside_bound():
+                await self._in_flight.acquire()
+        else:
+            await self._in_flight.acquire()
         try:
             resp: Any = await fn()
         except httpx.TimeoutException:
@@ -135,6 +151,8 @@ class FeishuApi:
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             # a gateway's HTML error page, a dropped connection: the request may have been carried out
             raise PlatformError(f"{what}: {type(exc).__name__}", kind="transient", outcome_unknown=True) from None
+        finally:
+            self._in_flight.release()
         code = int(resp.code or 0)
         if code == 0:
             return resp  # type: ignore[no-any-return]

@@ -26,6 +26,7 @@ documented HTTP status, business code and message):
   ``sequence`` that must be strictly greater than the card's last one (300317); element content needs
   ``streaming_mode`` on (300309) and a markdown or plain_text element (300310); a card must stay within
   30 KB (200860). CardKit's ``uuid`` makes a repeated operation a no-op.
+- Slow answers (``delays``: seconds per route), and the most requests handled at once (``max_in_flight``).
 - Faults per call (``fail``): by route and/or method, the nth call of a route, a predicate on the request;
   any HTTP status, business code, headers (e.g. 99991400 with 429 and ``x-ogw-ratelimit-reset``), a raw
   non-JSON body (a gateway 5xx), a hang (a client timeout), or carrying the call out before failing (a lost
@@ -345,6 +346,11 @@ class FakeFeishu:
         self.tokens: dict[str, float] = {}
         """Issued tenant tokens → expiry (monotonic)."""
         self.clock: Callable[[], float] = time.monotonic
+        self.delays: dict[str, float] = {}
+        """Route → seconds every call of it waits before it is handled (a slow Open Platform)."""
+        self.in_flight = 0
+        self.max_in_flight = 0
+        """The most requests this server was handling at once."""
         self._uuids: dict[tuple[str, str], tuple[str, float]] = {}
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
@@ -535,6 +541,18 @@ class FakeFeishu:
 
     def _route(self, name: str, handler: Handler, *, auth: bool = True) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.StreamResponse:
+            with self._lock:
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                if self.delays.get(name):
+                    await asyncio.sleep(self.delays[name])
+                return await answer(request)
+            finally:
+                with self._lock:
+                    self.in_flight -= 1
+
+        async def answer(request: web.Request) -> web.StreamResponse:
             raw = await request.read()
             try:
                 # the SDK's blocking token request sends JSON without a Content-Type: parse whatever came
