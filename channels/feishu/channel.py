@@ -38,7 +38,8 @@ Feishu's message-resource API (``FeishuApi.open_resource``). Both receiving mode
 to core, so both get them.
 
 Sending: every call is one attempt through ``FeishuApi`` under the shared call policy: a chat's scope
-paces it (``stream_interval_ms``), a 99991400/230020 pauses that chat and the call is made again after
+paces it (``stream_interval_ms``), a send also takes a slot of the app's budget (``app_sends_per_second``), a
+99991400/230020 pauses that chat (a send's 99991400: every chat's sends) and the call is made again after
 the pause, 5xx and timeouts are retried, any other error is a failure of that call. The tenant token is
 fetched asynchronously and never blocks the loop (``channels.feishu.api``).
 """
