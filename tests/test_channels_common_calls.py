@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from channels.common.calls import CallPolicy, Calls
+from channels.common.calls import CallPolicy, Calls, outside_bound
 from channels.common.errors import PlatformError
 from channels.common.throttle import Scope, Throttle
 from tests.support.clock import ManualClock
@@ -113,3 +113,23 @@ async def test_a_slot_paced_inside_a_call_is_waited_for_outside_the_calls_bound(
     throttle.pause(app.key, 0.6)
     with pytest.raises(PlatformError, match=r"no answer within 0\.3s"):
         await calls.call(send_then_hang)
+
+
+async def test_a_task_started_inside_a_call_waits_outside_a_bound_that_is_over():
+    """A task started during an attempt inherits its bound; once the attempt is over, a wait of that task
+    outside the bound has nothing to hold and goes on."""
+    calls = Calls(Throttle(), CallPolicy(attempts=1, timeout=1.0))
+    started: list[asyncio.Task[str]] = []
+
+    async def later() -> str:
+        await asyncio.sleep(0.01)
+        async with outside_bound():
+            await asyncio.sleep(0)
+        return "done"
+
+    async def call() -> str:
+        started.append(asyncio.get_running_loop().create_task(later()))
+        return "ok"
+
+    assert await calls.call(call) == "ok"
+    assert await started[0] == "done"

@@ -178,13 +178,18 @@ async def outside_bound() -> AsyncIterator[None]:
     not the platform being slow to answer. Outside an attempt it does nothing."""
     timer = _bound.get()
     when = timer.when() if timer is not None else None
-    if timer is None or when is None:
-        yield
-        return
     loop = asyncio.get_running_loop()
-    left = when - loop.time()
-    timer.reschedule(None)
+    left = 0.0
+    held = False
+    if timer is not None and when is not None:
+        left = when - loop.time()
+        try:
+            timer.reschedule(None)
+            held = True
+        except RuntimeError:  # a task started inside an attempt that is over since: no bound to hold
+            pass
     try:
         yield
     finally:
-        timer.reschedule(loop.time() + left)
+        if held and timer is not None:
+            timer.reschedule(loop.time() + left)
