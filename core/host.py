@@ -17,6 +17,9 @@ Every platform channel gets a :class:`ChannelHost`, bound to its name:
   ``event_id``, which core records together with the message itself; ``mark_seen`` is for keys that must
   be recognised before or apart from that (button presses, retries of events that never become messages).
 - ``count_call(result)`` counts one attempt of a platform call for ``GET /metrics``.
+- ``lead(name)`` waits until this process is the one that receives through ``name`` (a transport the
+  platform allows one consumer of, such as Telegram long polling of one bot) and returns the held lead
+  (``core.leadership``); with one process it is granted at once.
 
 The web chat is itself a client of the sessions (it lists them, reads history, renames, stops, and fans
 core events out to browsers), so it gets a :class:`SessionHost`: the same host plus exactly those reads
@@ -45,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 from core.agent.deciders import Decider, DecideResult
 from core.envelope import InboundEnvelope
 from core.events import CoreEvent
+from core.leadership import Lead
 from core.media.library import Refusal as AttachmentRefused
 from core.messages import AttachmentRef, ChatMessage
 from core.metrics import CallResult
@@ -113,6 +117,11 @@ class ChannelHost(Protocol):
     def count_call(self, result: CallResult) -> None:
         """Count one attempt of a platform call for ``GET /metrics``: ``"ok"``, ``"rate_limited"`` (a 429)
         or ``"error"``. The shared call policy (``channels.common.calls``) counts every attempt it makes."""
+        ...
+
+    async def lead(self, name: str) -> Lead:
+        """Wait until this process leads this channel's ``name`` (never a secret: it may be logged); cancel to
+        give up waiting."""
         ...
 
 
@@ -213,6 +222,9 @@ class CoreHost:
 
     def count_call(self, result: CallResult) -> None:
         self._core.metrics.platform_call(self._channel, result)
+
+    async def lead(self, name: str) -> Lead:
+        return await self._core.leadership.acquire(f"{self._channel}:{name}")
 
     # ---- SessionHost -------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from core.executor import ConversationExecutor
 from core.failures import TurnFailurePresenter
 from core.host import CoreHost
 from core.input_builder import RuntimeContext, TurnInputBuilder, summary_of
+from core.leadership import Leadership, LocalLeadership
 from core.llm.provider import LLMProvider, ProviderError
 from core.media.intake import AttachmentIntake
 from core.media.library import MediaLibrary, Refusal, display_name
@@ -53,11 +54,14 @@ __all__ = ["AdmissionError", "ChatCore", "RouterClosedError", "SubmitResult"]
 class ChatCore:
     def __init__(self, *, store: Store, provider: LLMProvider, settings: CoreSettings | None = None,
                  presenter: TurnFailurePresenter | None = None, tools: ToolRegistry | None = None,
-                 media_dir: Path | None = None, transcriber: Transcriber | None = None) -> None:
+                 media_dir: Path | None = None, transcriber: Transcriber | None = None,
+                 leadership: Leadership | None = None) -> None:
         """``media_dir``: where attachments are stored (None: they are only described to the model);
-        ``transcriber``: turns voice messages into text (None: they are described)."""
+        ``transcriber``: turns voice messages into text (None: they are described); ``leadership``: which
+        process receives through a single-consumer transport (default: this one, the only one)."""
         self.settings = settings or CoreSettings()
         self.store = store
+        self.leadership: Leadership = leadership or LocalLeadership()
         self.provider = provider
         self.presenter = presenter or TurnFailurePresenter()
         self.supervisor = TaskSupervisor()
