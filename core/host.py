@@ -19,7 +19,8 @@ Every platform channel gets a :class:`ChannelHost`, bound to its name:
 - ``count_call(result)`` counts one attempt of a platform call for ``GET /metrics``.
 - ``lead(name)`` waits until this process is the one that receives through ``name`` (a transport the
   platform allows one consumer of, such as Telegram long polling of one bot) and returns the held lead
-  (``core.leadership``); with one process it is granted at once.
+  (``core.leadership``); with one process it is granted at once. ``shared`` says whether other processes
+  on the same database receive for this channel too.
 
 The web chat is itself a client of the sessions (it lists them, reads history, renames, stops, and fans
 core events out to browsers), so it gets a :class:`SessionHost`: the same host plus exactly those reads
@@ -117,6 +118,12 @@ class ChannelHost(Protocol):
     def count_call(self, result: CallResult) -> None:
         """Count one attempt of a platform call for ``GET /metrics``: ``"ok"``, ``"rate_limited"`` (a 429)
         or ``"error"``. The shared call policy (``channels.common.calls``) counts every attempt it makes."""
+        ...
+
+    @property
+    def shared(self) -> bool:
+        """True when other processes on the same database run this channel too: what this process registered
+        with the platform for receiving (a webhook) serves them as well, so stopping must not undo it."""
         ...
 
     async def lead(self, name: str) -> Lead:
@@ -222,6 +229,10 @@ class CoreHost:
 
     def count_call(self, result: CallResult) -> None:
         self._core.metrics.platform_call(self._channel, result)
+
+    @property
+    def shared(self) -> bool:
+        return self._core.leadership.shared
 
     async def lead(self, name: str) -> Lead:
         return await self._core.leadership.acquire(f"{self._channel}:{name}")

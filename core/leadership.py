@@ -46,6 +46,11 @@ class Lead(Protocol):
 
 
 class Leadership(Protocol):
+    @property
+    def shared(self) -> bool:
+        """Whether other processes may receive for the same names (and outlive this one)."""
+        ...
+
     async def acquire(self, name: str) -> Lead:
         """Wait until this process leads ``name`` (however long another holds it); cancel to give up."""
         ...
@@ -71,6 +76,8 @@ class _LocalLead:
 
 class LocalLeadership:
     """One process, so it leads everything; a name has one holder at a time within the process."""
+
+    shared = False
 
     def __init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}

@@ -17,7 +17,8 @@ stand by (``state()`` "standby", healthy) and one of them takes over when the le
 offset the leader last saved. The offset is saved only after core stored the batch, so the new leader
 fetches again at most the last batch, and core's dedupe drops what the old one stored. A leader that loses
 its lead is cancelled at once, mid-poll. Webhook mode needs no leader: Telegram posts each update once, to
-whichever process the load balancer picks. Sending works in every process.
+whichever process the load balancer picks; every process registers the webhook at start, and one that stops
+leaves it registered for the others (a single process deletes it). Sending works in every process.
 
 The polling loop is ours rather than aiogram's Dispatcher because the offset must be persisted only after
 an update was handed to core, and the Dispatcher keeps its offset in memory.
@@ -238,7 +239,8 @@ class TelegramChannel:
             poller.cancel()
             with contextlib.suppress(BaseException):
                 await poller
-        if self.settings.mode == "webhook" and self.ready.is_set():
+        if self.settings.mode == "webhook" and self.ready.is_set() and not self.host.shared:
+            # deleted when this is the only process; processes sharing a database keep receiving through it
             try:
                 await self.client.call(DeleteWebhook(drop_pending_updates=False))
             except PlatformError as exc:

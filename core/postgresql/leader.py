@@ -92,6 +92,8 @@ class PostgresqlLead:
 class PostgresqlLeadership:
     """``core.leadership.Leadership`` over the PostgreSQL database at ``dsn`` (see the module docstring)."""
 
+    shared = True
+
     def __init__(self, dsn: str, *, wait_slice: float = 5.0, check_interval: float = 2.0,
                  check_timeout: float = 5.0, server_timeout: float = 30.0, retry_max_wait: float = 10.0) -> None:
         self._dsn = dsn

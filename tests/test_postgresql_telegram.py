@@ -1,11 +1,17 @@
-"""Telegram long polling with three ``chatbridge run`` processes on one PostgreSQL database: exactly one
+"""Telegram with several chatbridge processes on one PostgreSQL database.
+
+Long polling, with three ``chatbridge run`` processes on one PostgreSQL database: exactly one
 polls the bot (the others stand by, healthy), and when it is SIGKILLed with updates pending, another takes
 over from the saved offset: no update is lost, none is answered twice, and the bot never has two pollers
 at once (Telegram would end one with 409 Conflict; the fake does the same and counts it).
 
 The kill is placed at the worst moment: the leader has stored and answered a batch but not yet saved its
 offset (the test holds the offset's row lock, so the save waits), and a further update waits at Telegram.
-The new leader therefore fetches the answered batch again: core's dedupe must drop it."""
+The new leader therefore fetches the answered batch again: core's dedupe must drop it.
+
+Webhook mode, with two processes (two cores in this one, each with its own store pool): both take updates,
+a retry that lands on the other process is answered once, and a process that stops leaves the webhook
+registered for the other."""
 
 from __future__ import annotations
 
@@ -17,9 +23,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
+from channels.telegram.channel import SECRET_HEADER
+from channels.telegram.settings import WEBHOOK_PATH
 from tests.fakes.openai_server import FakeOpenAI, Function, Text, last_user_text
 from tests.fakes.telegram import FakeTelegram
+from tests.fakes.telegram.harness import TelegramHarness, telegram_harness
 from tests.support.postgres import PostgresCluster
 from tests.support.process import BridgeProcess, fetched_past
 from tests.test_app import free_port
@@ -166,3 +176,54 @@ async def test_one_process_polls_and_another_takes_over_after_a_sigkill_losing_n
             await holder.close()
         for bridge in bridges:
             await bridge.stop()
+
+
+async def test_webhook_mode_takes_updates_in_every_process_and_one_that_stops_leaves_the_webhook_to_the_other(
+        tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, postgres: PostgresCluster) -> None:
+    from core.postgresql.leader import PostgresqlLeadership
+    from core.postgresql.store import PostgresqlStore
+
+    fake_openai.default = Function(lambda body: Text("echo: " + last_user_text(body).split("\n\n")[0]))
+    dsn = postgres.fresh_dsn()
+    processes: list[TelegramHarness] = []
+    runners: list[web.AppRunner] = []
+    urls: list[str] = []
+    try:
+        for i in range(2):
+            t = await telegram_harness(
+                tmp_path / f"p{i}", fake_openai, tg, mode="webhook", webhook_url="https://bot.example.com/telegram/webhook",
+                webhook_secret="s3cret", core={"store": PostgresqlStore(dsn, pool_size=2),
+                                               "leadership": PostgresqlLeadership(dsn)})
+            processes.append(t)
+            app = web.Application()
+            t.channel.routes(app)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            runners.append(runner)
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}{WEBHOOK_PATH}")
+        first = tg.user_message("w1", chat_id=11, enqueue=False)
+        second = tg.user_message("w2", chat_id=12, enqueue=False)
+        async with aiohttp.ClientSession() as http:
+            async def post(url: str, update: dict[str, Any]) -> int:
+                async with http.post(url, json=update, headers={SECRET_HEADER: "s3cret"}) as resp:
+                    return resp.status
+
+            assert await post(urls[0], first) == 200
+            await processes[0].wait_for(lambda: answers(tg, 11) == ["echo: w1"], timeout=30)
+            assert await post(urls[1], first) == 200  # Telegram's retry, landing on the other process
+            await processes[0].channel.stop()
+            assert tg.webhook is not None  # still registered: the other process receives through it
+            assert await post(urls[1], second) == 200
+            await processes[1].wait_for(lambda: answers(tg, 12) == ["echo: w2"], timeout=30)
+        for t in processes:
+            await t.h.settle()
+        assert answers(tg, 11) == ["echo: w1"] and answers(tg, 12) == ["echo: w2"]  # each once
+        assert len(fake_openai.requests) == 2
+        assert tg.count("getUpdates") == 0
+    finally:
+        for t in processes:
+            await t.close()
+        for runner in runners:
+            await runner.cleanup()
