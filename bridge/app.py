@@ -22,6 +22,7 @@ from bridge.mcp import start_mcp_servers
 from channels.common.errors import ChannelStartupError
 from channels.common.http import has_own_body_limit
 from channels.common.masking import mask
+from core.bus import ClusterBus
 from core.channel import ERROR, Channel
 from core.leadership import Leadership, LocalLeadership
 from core.llm.openai_provider import OpenAIProvider
@@ -80,6 +81,16 @@ def build_leadership(config: AppConfig) -> Leadership:
 
         return PostgresqlLeadership(config.store.dsn.strip())
     return LocalLeadership()
+
+
+def build_bus(config: AppConfig) -> ClusterBus | None:
+    """Notes to the other processes on the same PostgreSQL database (``core.bus``); None on SQLite, where
+    this process is alone."""
+    if config.store.backend == "postgresql":
+        from core.postgresql.bus import PostgresqlBus
+
+        return PostgresqlBus(config.store.dsn.strip())
+    return None
 
 
 def store_description(config: AppConfig) -> str:
@@ -266,6 +277,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         provider = build_provider(config)
         store = build_store(config)
         leadership = build_leadership(config)
+        bus = build_bus(config)
     except StartupError as exc:
         print(f"chatbridge: {exc}", file=sys.stderr)
         return ExitCode.STARTUP
@@ -278,7 +290,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
     data_dir = Path(config.bridge.data_dir)
     core = ChatCore(store=store, provider=provider,
                     settings=core_settings_for(config), tools=tools, media_dir=data_dir / "media",
-                    transcriber=build_transcriber(config), leadership=leadership)
+                    transcriber=build_transcriber(config), bus=bus, leadership=leadership)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
