@@ -190,11 +190,13 @@ asyncio.run(main())
 """
 
 
-async def test_acquire_keeps_trying_while_the_database_cannot_be_reached(postgres: PostgresCluster) -> None:
+async def test_acquire_keeps_trying_while_the_database_cannot_be_reached(
+        postgres: PostgresCluster, caplog: pytest.LogCaptureFixture) -> None:
     import asyncpg
 
     name = f"t_late_{os.getpid()}"
-    dsn = postgres.dsn(name)  # not created yet: every connection attempt fails
+    # not created yet: every connection attempt fails (the password is ignored by the test cluster's trust auth)
+    dsn = postgres.dsn(name).replace("postgres@", "postgres:hunter2-secret@")
     waiting = asyncio.ensure_future(postgresql_leadership(dsn).acquire(NAME))
     await asyncio.sleep(0.5)  # several failed attempts
     assert not waiting.done()
@@ -205,6 +207,8 @@ async def test_acquire_keeps_trying_while_the_database_cannot_be_reached(postgre
         await admin.close()
     lead = await asyncio.wait_for(waiting, 20)
     await lead.release()
+    assert f"waiting for the lead of {NAME}" in caplog.text  # the operator sees why it waits...
+    assert "hunter2" not in caplog.text  # ...never the password
 
 
 class ScriptedLead:

@@ -107,13 +107,15 @@ class PostgresqlLeadership:
         return "PostgresqlLeadership(dsn=***)"
 
     async def acquire(self, name: str) -> PostgresqlLead:
+        def waiting(state: tenacity.RetryCallState) -> None:
+            failure = state.outcome.exception() if state.outcome is not None else None
+            delay = state.next_action.sleep if state.next_action is not None else 0.0
+            log.warning("waiting for the lead of %s: %s; trying again in %.1fs", name, failure, delay)
+
         policy = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(StoreError),
             wait=tenacity.wait_exponential(multiplier=0.5, max=self._retry_max_wait),
-            before_sleep=lambda state: log.warning(
-                "waiting for the lead of %s: %s; trying again in %.1fs", name, state.outcome.exception()
-                if state.outcome else "", state.next_action.sleep if state.next_action else 0.0),
-            reraise=True)
+            before_sleep=waiting, reraise=True)
         async for attempt in policy:
             with attempt:
                 return await self._wait_for_lock(name)
