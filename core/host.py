@@ -48,6 +48,7 @@ from core.events import CoreEvent
 from core.media.library import Refusal as AttachmentRefused
 from core.messages import AttachmentRef, ChatMessage
 from core.metrics import CallResult
+from core.relay import Relay
 from core.router import AdmissionError, SubmitResult
 from core.store import AttachmentRecord, SessionRecord
 from core.supervisor import ShuttingDownError
@@ -88,12 +89,13 @@ class ChannelHost(Protocol):
         channel besides the sender of the turn's message; ``"*"`` names nobody. Until set: only the sender."""
         ...
 
-    def decide(self, session_key: str, tool_call_id: str, decision: Decision,
-               decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
+    async def decide(self, session_key: str, tool_call_id: str, decision: Decision,
+                     decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
         """Answer a pending approval on behalf of ``decided_by`` (a bare string is a user id): DECIDED,
         REFUSED (this user may not decide it; it stays pending) or NOT_PENDING (decided, timed out, over).
         ``origin``: the request's own (``ApprovalRequest.origin``) when a child session of ``session_key``
-        asks (``run_subagent``)."""
+        asks (``run_subagent``). With several processes on one store, an approval pending in another
+        process is decided there (``ChatCore.decide_anywhere``): the answer may take up to a few seconds."""
         ...
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -147,6 +149,11 @@ class SessionHost(ChannelHost, Protocol):
         """The caps every attachment is held to (``[media] max_bytes``, ``max_files``)."""
         ...
 
+    def relay(self) -> Relay | None:
+        """Messages between this channel's instances in the other processes sharing the store (``core.relay``,
+        topic ``channel.<name>``); None when this process shares the store with nobody."""
+        ...
+
     async def upload(self, key: str, name: str | None, chunks: AsyncIterator[bytes]) -> AttachmentRef:
         """Store one file for session ``key`` (its message follows); raises AttachmentRefused with the reason
         in a few words (too large, not safe to open, no media store), keeping nothing."""
@@ -193,10 +200,10 @@ class CoreHost:
     def set_deciders(self, allow_from: Iterable[str]) -> None:
         self._core.set_deciders(self._channel, allow_from)
 
-    def decide(self, session_key: str, tool_call_id: str, decision: Decision,
-               decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
-        return self._core.decide(self._own(session_key), tool_call_id, decision, decided_by, channel=self._channel,
-                                 origin=origin)
+    async def decide(self, session_key: str, tool_call_id: str, decision: Decision,
+                     decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
+        return await self._core.decide_anywhere(self._own(session_key), tool_call_id, decision, decided_by,
+                                                channel=self._channel, origin=origin)
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         return self._core.supervisor.spawn(name, coro)
@@ -234,6 +241,9 @@ class CoreHost:
 
     def subscribe(self, listener: Callable[[CoreEvent], None]) -> Callable[[], None]:
         return self._core.events.subscribe(listener)
+
+    def relay(self) -> Relay | None:
+        return self._core.relay(f"channel.{self._channel}")
 
     def media_limits(self) -> MediaLimits:
         s = self._core.settings
