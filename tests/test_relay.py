@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from core.bus import MAX_PAYLOAD_BYTES, check_note
-from core.relay import NOTE_BYTES, Reassembler, Relay, split_message
+from core.bus import MAX_PAYLOAD_BYTES, LocalBus, check_note
+from core.relay import NOTE_BYTES, Reassembler, Relay, join_items, split_items, split_message
 
 BOUND = 10.0
 
@@ -91,6 +91,69 @@ def test_after_a_reset_any_next_note_starts_afresh() -> None:
 def test_notes_without_a_relay_header_are_ignored() -> None:
     joiner = Reassembler("me")
     assert feed_all(joiner, ["no header", "x:1:0/1", "a:1:2/1\nbad index"]) == [(None, None, False)] * 3
+
+
+@pytest.mark.parametrize("items", [[], [""], ["a"], ["12:34", "", "汉字🙂:9", "x" * 20000]])
+def test_items_joined_into_one_message_come_apart_again(items: list[str]) -> None:
+    assert split_items(join_items(items)) == items
+
+
+@pytest.mark.parametrize("bad", ["5:abc", "x:abc", "3abc", "-1:a"])
+def test_a_message_that_is_not_a_join_of_items_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        split_items(bad)
+
+
+class Tasks:
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def spawn(self, name: str, coro: Any) -> asyncio.Task[None]:
+        self.tasks.append(asyncio.get_running_loop().create_task(coro, name=name))
+        return self.tasks[-1]
+
+    async def cancel(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def test_messages_queued_together_travel_in_fewer_notes_and_arrive_one_by_one_in_order() -> None:
+    bus, tasks = LocalBus(), Tasks()
+    notes: list[str] = []
+    bus.subscribe("channel.web", notes.append)
+    a, b = Relay(bus, "channel.web", "aaaa", tasks.spawn), Relay(bus, "channel.web", "bbbb", tasks.spawn)
+    got: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    gaps: list[str] = []
+    b.listen(lambda s, m: got.put_nowait((s, m)), lambda: gaps.append("gap"))
+    sent = [f"message {i}: " + "é" * (i % 7) for i in range(200)] + ["large: " + "汉" * 10_000]
+    try:
+        for text in sent:
+            a.send(text)  # all queued before the first note is out
+        assert [await asyncio.wait_for(got.get(), BOUND) for _ in sent] == [("aaaa", t) for t in sent]
+        assert len(notes) <= 10 and gaps == []  # ~4 kB of small messages fit one note
+        a.send("one more")
+        assert await asyncio.wait_for(got.get(), BOUND) == ("aaaa", "one more")
+        with pytest.raises(ValueError, match="surrogate"):
+            a.send("bad \ud800")
+    finally:
+        await tasks.cancel()
+
+
+async def test_a_message_dropped_from_a_full_outbox_is_a_gap_for_the_receivers() -> None:
+    bus, tasks = LocalBus(), Tasks()
+    a = Relay(bus, "channel.web", "aaaa", tasks.spawn, outbox_limit=2)
+    b = Relay(bus, "channel.web", "bbbb", tasks.spawn)
+    got: asyncio.Queue[str] = asyncio.Queue()
+    b.listen(lambda s, m: got.put_nowait(m), lambda: got.put_nowait("<gap>"))
+    try:
+        a.send("first")
+        assert await asyncio.wait_for(got.get(), BOUND) == "first"
+        for text in ("1", "2", "3 is dropped"):
+            a.send(text)
+        assert [await asyncio.wait_for(got.get(), BOUND) for _ in range(3)] == ["<gap>", "1", "2"]
+    finally:
+        await tasks.cancel()
 
 
 async def test_relays_of_two_processes_carry_large_messages_in_order_both_ways(postgres: Any) -> None:
