@@ -190,3 +190,22 @@ async def test_relays_of_two_processes_carry_large_messages_in_order_both_ways(p
         await asyncio.gather(*tasks, return_exceptions=True)
         for bus in buses:
             await bus.close()
+
+
+async def test_a_process_alone_on_its_store_has_no_relay_and_decides_only_here(tmp_path: Any, fake_openai: Any) -> None:
+    import aiohttp
+
+    from tests.browser.server import start_web_chat
+
+    chat = await start_web_chat(tmp_path, fake_openai)  # SQLite, LocalBus
+    try:
+        assert chat.core.relay("channel.web") is None and chat.core.relay("approvals") is None
+        assert chat.channel.fanout is None and chat.hub.share is None
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{chat.base_url}/api/sessions") as resp:
+                sid = (await resp.json())["id"]
+            async with http.post(f"{chat.base_url}/api/sessions/{sid}/approvals/call_X",
+                                 json={"decision": "allow"}) as resp:
+                assert resp.status == 404  # nothing asked elsewhere, nothing waited for
+    finally:
+        await chat.close()
