@@ -234,8 +234,12 @@ class SessionStream:
                 return self._remote_turn(data)
             if name == "subagent":
                 self.child_event(str(data["turn_id"]), list(data["origin"]), dict(data["event"]))
-            else:
-                self.append(name, data)
+                return True
+            if name == "turn_committed" and self.live is not None and not self.live.held_here:
+                # a commit closes the turn (a page treats it so); its terminal event may never come, when
+                # another process closed it for a process that died
+                self.live.state = "committed" if self.live.state == "running" else self.live.state
+            self.append(name, data)
             return True
         finally:
             self._mirroring = False
