@@ -9,7 +9,8 @@ Every platform channel gets a :class:`ChannelHost`, bound to its name:
 - ``decide(...)`` answers a pending tool approval of one of this channel's sessions on behalf of a user;
   core decides whether that user may (``core.agent.deciders``: the sender of the turn's message, or a user
   the allow list given to ``set_deciders`` names) and says so in its answer, which the channel only
-  translates for the platform ("not yours", "no longer pending");
+  translates for the platform ("not yours", "no longer pending"). With several processes on one store, an
+  approval another process holds is decided there (``ChatCore.decide_anywhere``), so the answer is awaited;
 - ``spawn(name, coro)`` runs work as a supervised task (bounded shutdown; a failed spawn raises);
 - ``get_state`` / ``set_state`` keep small durable values across restarts (a polling offset, a cursor);
 - ``mark_seen(key)`` is durable dedupe on the channel's own keys (e.g. a Slack ``event_id`` on top of the
