@@ -9,7 +9,8 @@ Every platform channel gets a :class:`ChannelHost`, bound to its name:
 - ``decide(...)`` answers a pending tool approval of one of this channel's sessions on behalf of a user;
   core decides whether that user may (``core.agent.deciders``: the sender of the turn's message, or a user
   the allow list given to ``set_deciders`` names) and says so in its answer, which the channel only
-  translates for the platform ("not yours", "no longer pending");
+  translates for the platform ("not yours", "no longer pending"). With several processes on one store, an
+  approval another process holds is decided there (``ChatCore.decide_anywhere``), so the answer is awaited;
 - ``spawn(name, coro)`` runs work as a supervised task (bounded shutdown; a failed spawn raises);
 - ``get_state`` / ``set_state`` keep small durable values across restarts (a polling offset, a cursor);
 - ``mark_seen(key)`` is durable dedupe on the channel's own keys (e.g. a Slack ``event_id`` on top of the
@@ -53,6 +54,7 @@ from core.leadership import Lead
 from core.media.library import Refusal as AttachmentRefused
 from core.messages import AttachmentRef, ChatMessage
 from core.metrics import CallResult
+from core.relay import Relay
 from core.router import AdmissionError, SubmitResult
 from core.store import AttachmentRecord, SessionRecord
 from core.supervisor import ShuttingDownError
@@ -93,12 +95,13 @@ class ChannelHost(Protocol):
         channel besides the sender of the turn's message; ``"*"`` names nobody. Until set: only the sender."""
         ...
 
-    def decide(self, session_key: str, tool_call_id: str, decision: Decision,
-               decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
+    async def decide(self, session_key: str, tool_call_id: str, decision: Decision,
+                     decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
         """Answer a pending approval on behalf of ``decided_by`` (a bare string is a user id): DECIDED,
         REFUSED (this user may not decide it; it stays pending) or NOT_PENDING (decided, timed out, over).
         ``origin``: the request's own (``ApprovalRequest.origin``) when a child session of ``session_key``
-        asks (``run_subagent``)."""
+        asks (``run_subagent``). With several processes on one store, an approval pending in another
+        process is decided there (``ChatCore.decide_anywhere``): the answer may take up to a few seconds."""
         ...
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -163,6 +166,11 @@ class SessionHost(ChannelHost, Protocol):
         """The caps every attachment is held to (``[media] max_bytes``, ``max_files``)."""
         ...
 
+    def relay(self) -> Relay | None:
+        """Messages between this channel's instances in the other processes sharing the store (``core.relay``,
+        topic ``channel.<name>``); None when this process shares the store with nobody."""
+        ...
+
     async def upload(self, key: str, name: str | None, chunks: AsyncIterator[bytes]) -> AttachmentRef:
         """Store one file for session ``key`` (its message follows); raises AttachmentRefused with the reason
         in a few words (too large, not safe to open, no media store), keeping nothing."""
@@ -209,10 +217,10 @@ class CoreHost:
     def set_deciders(self, allow_from: Iterable[str]) -> None:
         self._core.set_deciders(self._channel, allow_from)
 
-    def decide(self, session_key: str, tool_call_id: str, decision: Decision,
-               decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
-        return self._core.decide(self._own(session_key), tool_call_id, decision, decided_by, channel=self._channel,
-                                 origin=origin)
+    async def decide(self, session_key: str, tool_call_id: str, decision: Decision,
+                     decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
+        return await self._core.decide_anywhere(self._own(session_key), tool_call_id, decision, decided_by,
+                                                channel=self._channel, origin=origin)
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         return self._core.supervisor.spawn(name, coro)
@@ -257,6 +265,9 @@ class CoreHost:
 
     def subscribe(self, listener: Callable[[CoreEvent], None]) -> Callable[[], None]:
         return self._core.events.subscribe(listener)
+
+    def relay(self) -> Relay | None:
+        return self._core.relay(f"channel.{self._channel}")
 
     def media_limits(self) -> MediaLimits:
         s = self._core.settings

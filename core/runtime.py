@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
+from core.agent.approval_relay import TOPIC as APPROVALS_TOPIC
+from core.agent.approval_relay import ApprovalRelay
 from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor, summary_message
 from core.agent.deciders import NOBODY_ELSE, Decider, DecideResult, Deciders
@@ -37,6 +40,7 @@ from core.media.vision import VisionPolicy
 from core.messages import AttachmentRef, ChatMessage
 from core.metrics import Metrics
 from core.redelivery import Redelivery
+from core.relay import Relay
 from core.router import AdmissionError, IngressRouter, RouterClosedError, SubmitResult
 from core.runner import TurnRunner
 from core.session import Admitted, SessionManager
@@ -65,6 +69,9 @@ class ChatCore:
         self.store = store
         self.bus: ClusterBus = bus or LocalBus()
         self.leadership: Leadership = leadership or LocalLeadership()
+        self.node = secrets.token_hex(6)
+        """This process's name among those sharing the store (new for every start)."""
+        self._relays: dict[str, Relay] = {}
         self.provider = provider
         self.presenter = presenter or TurnFailurePresenter()
         self.supervisor = TaskSupervisor()
@@ -77,6 +84,9 @@ class ChatCore:
         self.tools = tools or ToolRegistry()
         self.approvals = ApprovalBroker()
         self._deciders: dict[str, Deciders] = {}
+        approvals_relay = self.relay(APPROVALS_TOPIC)
+        self._approval_relay = ApprovalRelay(approvals_relay, self._decide_here) \
+            if approvals_relay is not None else None
         self.vision = VisionPolicy(s.vision, provider.name, str(getattr(provider, "model", "")))
         self.media = MediaLibrary(media_dir, store, s) if media_dir is not None else None
         self._transcriber = transcriber
@@ -112,6 +122,16 @@ class ChatCore:
     def add_channel(self, channel: Channel) -> None:
         """Register ``channel`` for delivery: turn targets and notices naming it go through it."""
         self.channels.add(channel)
+
+    def relay(self, topic: str) -> Relay | None:
+        """The relay of ``topic`` to the other processes sharing the store (``core.relay``); None when this
+        process shares it with nobody (``LocalBus``), so a process alone never sends or waits for notes."""
+        if isinstance(self.bus, LocalBus):
+            return None
+        relay = self._relays.get(topic)
+        if relay is None:
+            relay = self._relays[topic] = Relay(self.bus, topic, self.node, self.supervisor.spawn)
+        return relay
 
     def host_for(self, channel: str) -> CoreHost:
         """What the channel named ``channel`` is handed instead of this object (``core.host``)."""
@@ -236,6 +256,24 @@ class ChatCore:
         target = origin[-1] if origin else session_key
         return self.approvals.decide(target, tool_call_id, decision, decided_by, deciders)
 
+    def _decide_here(self, session_key: str, tool_call_id: str, decision: Literal["allow", "deny"],
+                     decided_by: Decider | None, channel: str | None, origin: Sequence[str]) -> DecideResult:
+        return self.decide(session_key, tool_call_id, decision, decided_by, channel=channel, origin=origin)
+
+    async def decide_anywhere(self, session_key: str, tool_call_id: str, decision: Literal["allow", "deny"],
+                              decided_by: Decider | str | None, *, channel: str | None = None,
+                              origin: Sequence[str] = ()) -> DecideResult:
+        """``decide``, wherever the turn runs: an approval not pending in this process is forwarded to the
+        process sharing the store that holds it, which decides it by the same rule and answers
+        (``core.agent.approval_relay``; NOT_PENDING when none answers in time)."""
+        result = self.decide(session_key, tool_call_id, decision, decided_by, channel=channel, origin=origin)
+        if result is not DecideResult.NOT_PENDING or self._approval_relay is None:
+            return result
+        if origin and not descends(session_key, origin):
+            return result
+        return await self._approval_relay.decide(session_key, tool_call_id, decision, Decider.of(decided_by),
+                                                 channel, origin)
+
     async def compact(self, key: str) -> str:
         """/compact: summarize the session's context now (not while a reply is being written)."""
         if self.sessions.is_running(key):
@@ -316,6 +354,8 @@ class ChatCore:
         total = self.settings.shutdown_timeout
         self.router.close()
         await asyncio.gather(self.router.drain(total / 2), self.sessions.shutdown(total / 2))
+        if self._approval_relay is not None:
+            self._approval_relay.close()
         stragglers = await self.supervisor.shutdown(total / 2)
         try:
             await self.provider.aclose()

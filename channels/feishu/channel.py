@@ -484,7 +484,7 @@ class FeishuChannel:
         decision = action.approval.decision
         who = action.operator
         names = tuple(n for n in (who.user_id, who.union_id) if n)
-        result = self.host.decide(entry.session_key, entry.call_id, decision, Decider(who.open_id, names),
+        result = await self.host.decide(entry.session_key, entry.call_id, decision, Decider(who.open_id, names),
                                   origin=entry.origin)
         if result is DecideResult.REFUSED:
             return approvals.toast("warning", approvals.NOT_YOURS)

@@ -476,7 +476,7 @@ class SlackChannel:
         if not await self.host.mark_seen(f"press:{press.message_ts}:{press.user_id}:{action_ts}"):
             return  # a redelivered press
         names = (press.user_name,) if press.user_name else ()
-        result = self.host.decide(press.action.session_key, press.action.call_id, press.decision,
+        result = await self.host.decide(press.action.session_key, press.action.call_id, press.decision,
                                   decided_by=Decider(press.user_id, names), origin=press.action.origin)
         entry = self.prompts_by_call.get(press.action)
         if entry is None:
