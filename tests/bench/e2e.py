@@ -1,9 +1,10 @@
 """Benchmark: N concurrent streaming chats end to end, on each platform's fake, the product against a floor.
 
 Every piece runs in a process of its own on 127.0.0.1: the fake OpenAI-compatible model (each reply
-``--chunks`` chunks, one every ``--chunk-ms`` ms), the platform (the fake Telegram Bot API, the fake Slack
-with Socket Mode, the fake Feishu Open API with a webhook sender, or for the web chat a client that opens
-each conversation's event stream and posts to it), and the pipeline measured:
+``--chunks`` chunks, one every ``--chunk-ms`` ms; ``--llm-processes`` processes serve its port), the platform
+(the fake Telegram Bot API, the fake Slack with Socket Mode, the fake Feishu Open API with a webhook sender,
+or for the web chat a client that opens each conversation's event stream and posts to it), and the pipeline
+measured:
 
 - product: ``chatbridge run`` with a generated config (SQLite, core, the channel, its SDK);
 - minimal: the floor, receive → stream from the same model fake (the same ``openai`` SDK call) →
@@ -68,6 +69,9 @@ FEISHU_TOKEN = "vt_bench_verification_token"
 FEISHU_KEY = "ek_bench_encrypt_key"
 CHAT_PREFIX = {"telegram": "", "slack": "D", "feishu": "oc_", "web": "s"}
 """Chat ids as each platform spells them (a Telegram chat id is a number)."""
+LLM_PROCESSES = 4
+"""Processes of the fake model: one process streams a few thousand chunks a second on a shared machine (its
+fair share of the CPU), less than 100 chats at 300 chunks in 3 s ask for."""
 WEB_UPDATE_INTERVAL = 0.05  # channels.web.channel.UPDATE_INTERVAL
 
 
@@ -945,7 +949,7 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     llm_proc, llm = start_child("tests.bench.e2e", "--serve-llm", "--chunks", str(args.chunks),
-                                "--chunk-ms", str(args.chunk_ms))
+                                "--chunk-ms", str(args.chunk_ms), "--llm-processes", str(args.llm_processes))
     rows: list[dict[str, Any]] = []
     try:
         for platform in args.platform:
@@ -966,6 +970,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--profile", action="store_true",
                         help="sample the product with py-spy and print where its CPU goes (SDKs' shares)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the replies of one run")
+    parser.add_argument("--llm-processes", type=int, default=LLM_PROCESSES,
+                        help="processes serving the fake model's port (SO_REUSEPORT); "
+                             f"{LLM_PROCESSES} unless given (python -m tests.bench.model_fake measures it alone)")
     parser.add_argument("--serve-llm", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve-platform", choices=PLATFORMS, help=argparse.SUPPRESS)
     parser.add_argument("--serve-minimal", choices=PLATFORMS, help=argparse.SUPPRESS)
@@ -975,7 +982,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args.chats = args.chats or ([50] if args.quick else [100, 1000])
     args.chunks = args.chunks or (100 if args.quick else 300)
     if args.serve_llm:
-        serve_llm(args.chunks, args.chunk_ms)
+        serve_llm(args.chunks, args.chunk_ms, args.llm_processes)
         return []
     if args.serve_platform:
         serve_platform(args.serve_platform)
@@ -984,7 +991,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         serve_minimal(args.serve_minimal, args.llm, json.loads(args.fake))
         return []
     print(f"{' and '.join(map(str, args.chats))} chats at once on each platform, one message each, a reply of "
-          f"{args.chunks} chunks ({len(reply_text(args.chunks))} characters), one every {args.chunk_ms:g} ms; "
+          f"{args.chunks} chunks ({len(reply_text(args.chunks))} characters), one every {args.chunk_ms:g} ms "
+          f"from {args.llm_processes} model process{'es' if args.llm_processes > 1 else ''}; "
           f"{os.cpu_count()} cores", flush=True)
     started = time.monotonic()
     rows = asyncio.run(run(args))
