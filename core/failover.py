@@ -1,0 +1,216 @@
+"""SessionFailover: several processes on one database serve each session in exactly one of them.
+
+``core.leases`` says which process runs a session's worker; this module is what the processes do about it
+(with ``LocalLeases`` — one process per database — none of it runs, and start-up stays as it was):
+
+- **Heartbeat**: every held lease is renewed every ``ttl / 3`` in one statement; the sessions whose lease
+  was lost start nothing more (``SessionManager.lost``).
+- **Takeover** (``take``, called by a worker that was just granted a lease): a turn still recorded as
+  running for that session belonged to a holder that died (a live holder keeps its lease, so nobody else
+  is granted it): it is closed as interrupted and its notice sent — by the one process holding the lease,
+  so once. The session's undelivered turns are sent again, but only those that ended more than
+  ``settle`` seconds ago: until then the process that ran the turn may still be retrying it
+  (``core.redelivery``).
+- **Waiting messages** (``waiting``): the session's stored messages, whichever process admitted them;
+  one too old to answer gets its notice instead, in the session's order.
+- **Signals** over the cluster bus (``ClusterSignals``, optional): ``/stop`` and ``/new`` sent to a process
+  that does not hold the session are forwarded to the holder (``session.stop``, ``session.new``). Messages
+  need no signal: a holder reads the store after each turn and once more after releasing its lease.
+- **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, running or settled undelivered
+  turns) and no live lease are woken here; whichever process gets the lease takes them over. It is what
+  moves a dead holder's sessions, and the safety net for a signal that was lost; at start-up it runs
+  at once instead of today's global restart recovery, which would close other live processes' turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from core.envelope import InboundEnvelope
+from core.leases import SessionLeases
+from core.session import Admitted, SessionManager
+from core.settings import CoreSettings
+from core.store import Store, TurnRecord, UndeliveredTurn
+from core.supervisor import ShuttingDownError, TaskSupervisor
+
+log = logging.getLogger(__name__)
+
+STOP = "session.stop"
+NEW = "session.new"
+
+SWEEP_LIMIT = 100
+"""Sessions woken per sweep; the next sweep takes the rest."""
+
+
+class ClusterSignals(Protocol):
+    """The part of the cluster bus (``core.bus``) this module uses."""
+
+    async def publish(self, topic: str, payload: str) -> None: ...
+
+    def subscribe(self, topic: str, callback: Callable[[str], None]) -> Callable[[], None]: ...
+
+
+class Recovery(Protocol):
+    """What ChatCore does for a session taken over (the same steps its start-up does for every session)."""
+
+    async def interrupted(self, turn: TurnRecord) -> None: ...
+
+    async def redeliver(self, item: UndeliveredTurn) -> None: ...
+
+    async def too_old(self, envelope: InboundEnvelope, seq: int, age: float) -> None: ...
+
+    async def stop_here(self, envelope: InboundEnvelope) -> None:
+        """``/stop`` forwarded to this process (the holder)."""
+        ...
+
+    def new_here(self, envelope: InboundEnvelope) -> None:
+        """``/new`` forwarded to this process (the holder)."""
+        ...
+
+
+class SessionFailover:
+    def __init__(self, *, store: Store, leases: SessionLeases, settings: CoreSettings, supervisor: TaskSupervisor,
+                 recovery: Recovery, bus: ClusterSignals | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._leases = leases
+        self._settings = settings
+        self._supervisor = supervisor
+        self._recovery = recovery
+        self._bus = bus
+        self._clock = clock
+        self.sessions: SessionManager | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
+        self.settle = sum(settings.redelivery_delays) + 2 * leases.ttl
+        """Seconds after its end before another process sends an undelivered turn again."""
+
+    @property
+    def shared(self) -> bool:
+        return self._leases.shared
+
+    def _manager(self) -> SessionManager:
+        assert self.sessions is not None, "SessionFailover.sessions is set by ChatCore"
+        return self.sessions
+
+    async def start(self) -> None:
+        """Subscribe to the signals, start the heartbeat and the sweeper (which sweeps at once)."""
+        if self._bus is not None:
+            self._unsubscribe = [self._bus.subscribe(STOP, self._on_stop),
+                                 self._bus.subscribe(NEW, self._on_new)]
+        self._supervisor.spawn("leases:heartbeat", self._heartbeat())
+        self._supervisor.spawn("leases:sweeper", self._sweeper())
+
+    def close(self) -> None:
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe = []
+
+    # -- what a worker calls (core.session.Takeover)
+
+    async def take(self, key: str) -> None:
+        for turn in await self._store.close_interrupted_turns(key=key):
+            log.info("taking over %s: its turn %s was left running by a process that stopped", key, turn.turn_id)
+            await self._recovery.interrupted(turn)
+        now = self._clock()
+        for item in await self._store.undelivered_turns(now - self._settings.resume_max_age, key=key,
+                                                        ended_before=now - self.settle):
+            await self._recovery.redeliver(item)
+
+    async def waiting(self, key: str) -> list[Admitted]:
+        now = self._clock()
+        fresh: list[Admitted] = []
+        for record in await self._store.waiting_inbound(key=key):
+            try:
+                envelope = InboundEnvelope.model_validate_json(record.payload)
+            except ValueError:
+                log.warning("inbound message %s is unreadable and is dropped", record.seq)
+                await self._store.finish_inbound([record.seq])
+                continue
+            age = now - envelope.received_at
+            if age <= self._settings.resume_max_age:
+                fresh.append((envelope, record.seq))
+            else:
+                await self._recovery.too_old(envelope, record.seq, age)
+        return fresh
+
+    # -- commands sent to a process that does not hold the session
+
+    async def forward_stop(self, envelope: InboundEnvelope) -> bool:
+        """``/stop`` for a session another live process holds: sent there (True); False when none does."""
+        if self._bus is None or not await self._leases.held_elsewhere(envelope.key()):
+            return False
+        await self._bus.publish(STOP, envelope.model_dump_json())
+        return True
+
+    async def forward_new(self, envelope: InboundEnvelope) -> None:
+        if self._bus is None:
+            log.warning("/new for %s reached a process that does not hold the session and has no cluster bus",
+                        envelope.key())
+            return
+        await self._bus.publish(NEW, envelope.model_dump_json())
+
+    # -- signals from the other processes
+
+    def _on_stop(self, payload: str) -> None:
+        envelope = self._envelope(payload)
+        if envelope is not None and self._manager().holds(envelope.key()):
+            self._spawn(f"command:stop:{envelope.key()}", self._recovery.stop_here(envelope))
+
+    def _on_new(self, payload: str) -> None:
+        envelope = self._envelope(payload)
+        if envelope is not None and self._manager().holds(envelope.key()):
+            try:
+                self._recovery.new_here(envelope)
+            except ShuttingDownError:
+                pass
+
+    @staticmethod
+    def _envelope(payload: str) -> InboundEnvelope | None:
+        try:
+            return InboundEnvelope.model_validate_json(payload)
+        except ValueError:
+            log.warning("an unreadable session signal was ignored")
+            return None
+
+    def _wake(self, key: str) -> None:
+        try:
+            self._manager().wake(key)
+        except ShuttingDownError:
+            pass
+
+    def _spawn(self, name: str, work: Awaitable[None]) -> None:
+        async def run() -> None:
+            await work
+
+        try:
+            self._supervisor.spawn(name, run())
+        except ShuttingDownError:
+            pass
+
+    # -- loops
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self._leases.ttl / 3)
+            try:
+                lost = await self._leases.renew()
+            except Exception as exc:  # the next beat tries again; holds() says no once the ttl ran out
+                log.warning("renewing the session leases failed: %s", exc)
+                continue
+            if lost:
+                self._manager().lost(lost)
+
+    async def _sweeper(self) -> None:
+        while True:
+            try:
+                now = self._clock()
+                for key in await self._leases.orphans(since=now - self._settings.resume_max_age,
+                                                      settled_before=now - self.settle, limit=SWEEP_LIMIT):
+                    self._wake(key)
+            except Exception as exc:
+                log.warning("looking for sessions without a holder failed: %s", exc)
+            await asyncio.sleep(self._leases.ttl / 2)
