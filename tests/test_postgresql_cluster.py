@@ -65,7 +65,8 @@ async def wait_for(cond: Callable[[], Any], bridges: list[BridgeProcess], timeou
         if result:
             return
         await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached; logs:\n" + "\n----\n".join(b.log()[-3000:] for b in bridges))
+    raise AssertionError("condition not reached; logs:\n" + "\n----\n".join(
+        b.log()[-3000:] for b in bridges if b.log_path.exists()))
 
 
 class Cluster:
@@ -83,7 +84,7 @@ class Cluster:
         for i in which or range(len(self.bridges)):
             async def up(i: int = i) -> bool:
                 return bool(await get_json(f"{self.base(i)}/healthz"))
-            await wait_for(up, self.bridges)
+            await wait_for(up, self.bridges, timeout=90)
 
     async def stop(self) -> None:
         for bridge in self.bridges:
