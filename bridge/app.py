@@ -23,6 +23,7 @@ from channels.common.errors import ChannelStartupError
 from channels.common.http import has_own_body_limit
 from channels.common.masking import mask
 from core.agent.subagents import CHILD_GLOB
+from core.bus import ClusterBus
 from core.channel import ERROR, Channel
 from core.leases import SessionLeases
 from core.llm.openai_provider import OpenAIProvider
@@ -81,6 +82,14 @@ def build_leases(config: AppConfig) -> SessionLeases | None:
     from core.postgresql.leases import PostgresqlLeases
 
     return PostgresqlLeases(config.store.dsn.strip(), ttl=float(config.store.lease_seconds), exclude_glob=CHILD_GLOB)
+def build_bus(config: AppConfig) -> ClusterBus | None:
+    """Notes to the other processes on the same PostgreSQL database (``core.bus``); None on SQLite, where
+    this process is alone."""
+    if config.store.backend == "postgresql":
+        from core.postgresql.bus import PostgresqlBus
+
+        return PostgresqlBus(config.store.dsn.strip())
+    return None
 
 
 def store_description(config: AppConfig) -> str:
@@ -266,6 +275,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         check_channels(config)
         provider = build_provider(config)
         store = build_store(config)
+        bus = build_bus(config)
     except StartupError as exc:
         print(f"chatbridge: {exc}", file=sys.stderr)
         return ExitCode.STARTUP
@@ -278,7 +288,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
     data_dir = Path(config.bridge.data_dir)
     core = ChatCore(store=store, provider=provider,
                     settings=core_settings_for(config), tools=tools, media_dir=data_dir / "media",
-                    transcriber=build_transcriber(config), leases=build_leases(config))
+                    transcriber=build_transcriber(config), bus=bus, leases=build_leases(config))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

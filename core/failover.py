@@ -13,7 +13,7 @@
   (``core.redelivery``).
 - **Waiting messages** (``waiting``): the session's stored messages, whichever process admitted them;
   one too old to answer gets its notice instead, in the session's order.
-- **Signals** over the cluster bus (``ClusterSignals``, optional): ``/stop`` and ``/new`` sent to a process
+- **Signals** over the cluster bus (``core.bus``): ``/stop`` and ``/new`` sent to a process
   that does not hold the session are forwarded to the holder (``session.stop``, ``session.new``). Messages
   need no signal: a holder reads the store after each turn and once more after releasing its lease.
 - **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, running or settled undelivered
@@ -25,11 +25,15 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from core.bus import ClusterBus
 from core.envelope import InboundEnvelope
 from core.leases import SessionLeases
 from core.session import Admitted, SessionManager
@@ -42,16 +46,11 @@ log = logging.getLogger(__name__)
 STOP = "session.stop"
 NEW = "session.new"
 
+SEEN_NOTES = 1024
+"""Note ids remembered, so a note delivered twice is acted on once."""
+
 SWEEP_LIMIT = 100
 """Sessions woken per sweep; the next sweep takes the rest."""
-
-
-class ClusterSignals(Protocol):
-    """The part of the cluster bus (``core.bus``) this module uses."""
-
-    async def publish(self, topic: str, payload: str) -> None: ...
-
-    def subscribe(self, topic: str, callback: Callable[[str], None]) -> Callable[[], None]: ...
 
 
 class Recovery(Protocol):
@@ -74,7 +73,7 @@ class Recovery(Protocol):
 
 class SessionFailover:
     def __init__(self, *, store: Store, leases: SessionLeases, settings: CoreSettings, supervisor: TaskSupervisor,
-                 recovery: Recovery, bus: ClusterSignals | None = None,
+                 recovery: Recovery, bus: ClusterBus | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._leases = leases
@@ -85,6 +84,7 @@ class SessionFailover:
         self._clock = clock
         self.sessions: SessionManager | None = None
         self._unsubscribe: list[Callable[[], None]] = []
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.settle = sum(settings.redelivery_delays) + 2 * leases.ttl
         """Seconds after its end before another process sends an undelivered turn again."""
 
@@ -139,42 +139,66 @@ class SessionFailover:
 
     # -- commands sent to a process that does not hold the session
 
-    async def forward_stop(self, envelope: InboundEnvelope) -> bool:
-        """``/stop`` for a session another live process holds: sent there (True); False when none does."""
-        if self._bus is None or not await self._leases.held_elsewhere(envelope.key()):
+    async def forward_stop(self, key: str, envelope: InboundEnvelope | None = None) -> bool:
+        """Stop ``key``'s turn in the live process that holds the session (True: sent there; the holder stops
+        it, or answers ``envelope``'s chat that nothing runs); False when no other process holds it."""
+        if self._bus is None or not await self._leases.held_elsewhere(key):
             return False
-        await self._bus.publish(STOP, envelope.model_dump_json())
+        await self._publish(STOP, key, envelope)
         return True
 
     async def forward_new(self, envelope: InboundEnvelope) -> None:
+        """``/new`` for a session another process holds (its worker was refused the lease here)."""
         if self._bus is None:
-            log.warning("/new for %s reached a process that does not hold the session and has no cluster bus",
-                        envelope.key())
+            log.warning("/new for %s reached a process that does not hold the session", envelope.key())
             return
-        await self._bus.publish(NEW, envelope.model_dump_json())
+        await self._publish(NEW, envelope.key(), envelope)
 
-    # -- signals from the other processes
+    async def _publish(self, topic: str, key: str, envelope: InboundEnvelope | None) -> None:
+        assert self._bus is not None
+        note = {"id": uuid.uuid4().hex, "key": key,
+                "envelope": envelope.model_dump_json() if envelope is not None else None}
+        await self._bus.publish(topic, json.dumps(note))
+
+    # -- signals from the other processes (a note may come twice: its id is remembered)
 
     def _on_stop(self, payload: str) -> None:
-        envelope = self._envelope(payload)
-        if envelope is not None and self._manager().holds(envelope.key()):
-            self._spawn(f"command:stop:{envelope.key()}", self._recovery.stop_here(envelope))
+        note = self._note(payload)
+        if note is None:
+            return
+        key, envelope = note
+        if not self._manager().holds(key):
+            return
+        if envelope is not None:
+            self._spawn(f"command:stop:{key}", self._recovery.stop_here(envelope))
+        else:
+            self._spawn(f"command:stop:{key}", self._manager().stop(key))
 
     def _on_new(self, payload: str) -> None:
-        envelope = self._envelope(payload)
-        if envelope is not None and self._manager().holds(envelope.key()):
+        note = self._note(payload)
+        if note is None:
+            return
+        key, envelope = note
+        if envelope is not None and self._manager().holds(key):
             try:
                 self._recovery.new_here(envelope)
             except ShuttingDownError:
                 pass
 
-    @staticmethod
-    def _envelope(payload: str) -> InboundEnvelope | None:
+    def _note(self, payload: str) -> tuple[str, InboundEnvelope | None] | None:
         try:
-            return InboundEnvelope.model_validate_json(payload)
-        except ValueError:
-            log.warning("an unreadable session signal was ignored")
+            note = json.loads(payload)
+            note_id, key, raw = str(note["id"]), str(note["key"]), note["envelope"]
+            envelope = InboundEnvelope.model_validate_json(raw) if raw is not None else None
+        except (ValueError, KeyError, TypeError):
+            log.warning("an unreadable session note was ignored")
             return None
+        if note_id in self._seen:
+            return None
+        self._seen[note_id] = None
+        while len(self._seen) > SEEN_NOTES:
+            self._seen.popitem(last=False)
+        return key, envelope
 
     def _wake(self, key: str) -> None:
         try:
@@ -182,7 +206,7 @@ class SessionFailover:
         except ShuttingDownError:
             pass
 
-    def _spawn(self, name: str, work: Awaitable[None]) -> None:
+    def _spawn(self, name: str, work: Awaitable[object]) -> None:
         async def run() -> None:
             await work
 

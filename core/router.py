@@ -205,7 +205,7 @@ class IngressRouter:
         target = envelope.target()
         if command == "stop":
             if self._failover is not None and not self._sessions.holds(envelope.key()) \
-                    and await self._failover.forward_stop(envelope):
+                    and await self._failover.forward_stop(envelope.key(), envelope):
                 return  # the holder stops it, or says there is nothing to stop
             await self.stop_here(envelope)
         elif command == "compact" and self._compact is not None:

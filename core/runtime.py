@@ -18,13 +18,14 @@ from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor, summary_message
 from core.agent.deciders import NOBODY_ELSE, Decider, DecideResult, Deciders
 from core.agent.subagents import CHILD_GLOB, SubagentTool, descends, is_child_key
+from core.bus import BusError, ClusterBus, LocalBus
 from core.channel import Channel, ChannelRegistry
 from core.committer import TurnCommitter
 from core.delivery import PlainSender, TurnDeliveryService
 from core.envelope import InboundEnvelope, TurnTarget
 from core.events import EventBus, SessionTitleChanged, TurnCommitted
 from core.executor import ConversationExecutor
-from core.failover import ClusterSignals, SessionFailover
+from core.failover import SessionFailover
 from core.failures import TurnFailurePresenter
 from core.host import CoreHost
 from core.input_builder import RuntimeContext, TurnInputBuilder, summary_of
@@ -41,7 +42,15 @@ from core.router import AdmissionError, IngressRouter, RouterClosedError, Submit
 from core.runner import TurnRunner
 from core.session import Admitted, SessionManager
 from core.settings import CoreSettings
-from core.store import AttachmentRecord, SessionRecord, StaleStateError, Store, TurnRecord, UndeliveredTurn
+from core.store import (
+    AttachmentRecord,
+    SessionRecord,
+    StaleStateError,
+    Store,
+    StoreError,
+    TurnRecord,
+    UndeliveredTurn,
+)
 from core.supervisor import TaskSupervisor
 from core.text import sound_text
 from core.title import TitleService
@@ -56,13 +65,15 @@ class ChatCore:
     def __init__(self, *, store: Store, provider: LLMProvider, settings: CoreSettings | None = None,
                  presenter: TurnFailurePresenter | None = None, tools: ToolRegistry | None = None,
                  media_dir: Path | None = None, transcriber: Transcriber | None = None,
-                 leases: SessionLeases | None = None, bus: ClusterSignals | None = None) -> None:
+                 bus: ClusterBus | None = None, leases: SessionLeases | None = None) -> None:
         """``media_dir``: where attachments are stored (None: they are only described to the model);
-        ``transcriber``: turns voice messages into text (None: they are described); ``leases``: shared
+        ``transcriber``: turns voice messages into text (None: they are described); ``bus``: notes to the
+        other processes sharing the store (``core.bus``; None: this process is alone); ``leases``: shared
         session leases when several processes use one database (``core.failover``; None: this process is
-        the only one), ``bus`` the signals between those processes."""
+        the only one)."""
         self.settings = settings or CoreSettings()
         self.store = store
+        self.bus: ClusterBus = bus or LocalBus()
         self.provider = provider
         self.presenter = presenter or TurnFailurePresenter()
         self.supervisor = TaskSupervisor()
@@ -101,7 +112,7 @@ class ChatCore:
             if self.media is not None else None)
         self.leases = leases or LocalLeases()
         self.failover = SessionFailover(store=store, leases=self.leases, settings=s, supervisor=self.supervisor,
-                                        recovery=self, bus=bus) if self.leases.shared else None
+                                        recovery=self, bus=self.bus) if self.leases.shared else None
         self.sessions = SessionManager(store, self.executor, self.supervisor, s, leases=self.leases,
                                        takeover=self.failover)
         if self.failover is not None:
@@ -129,6 +140,10 @@ class ChatCore:
         than ``resume_max_age`` gets a notice instead of an answer."""
         await self.store.open()
         self._started = True
+        try:
+            await self.bus.open()
+        except BusError as exc:
+            raise StoreError(str(exc)) from None
         if self.media is not None:
             await self.media.open()
             self.supervisor.spawn("media:expiry", self._expire_media(self.media))
@@ -228,7 +243,11 @@ class ChatCore:
         return await self.router.submit(envelope)
 
     async def stop(self, key: str) -> bool:
-        return await self.sessions.stop(key)
+        """Stop ``key``'s running turn, here or in the process that holds the session (True: a turn ran
+        here and was stopped, or the stop went to the holder)."""
+        if await self.sessions.stop(key):
+            return True
+        return self.failover is not None and await self.failover.forward_stop(key)
 
     async def stop_here(self, envelope: InboundEnvelope) -> None:
         """``/stop`` another process received for a session this one holds."""
@@ -352,5 +371,8 @@ class ChatCore:
                 await self._transcriber.aclose()
         finally:
             if self._started:
-                await self.store.close()
+                try:
+                    await self.bus.close()
+                finally:
+                    await self.store.close()
         return stragglers

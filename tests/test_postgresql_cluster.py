@@ -104,7 +104,7 @@ async def new_session(http: aiohttp.ClientSession, base: str) -> str:
 
 
 async def post(http: aiohttp.ClientSession, base: str, sid: str, text: str) -> None:
-    body = {"text": text, "client_id": text.replace(" ", "-")}  # a retried post is not stored twice
+    body = {"text": text, "client_id": text.replace(" ", "-").replace("/", "cmd-")}  # a retry is stored once
     async with http.post(f"{base}/api/sessions/{sid}/messages", json=body) as resp:
         assert resp.status == 202, await resp.text()
 
@@ -251,5 +251,52 @@ async def test_sigkill_of_the_holder_moves_the_conversation_to_another_process(
         assert model.overlaps == []
         cluster.clean(*others)
         print(f"\ntaken over {took:.2f} s after the SIGKILL (lease {LEASE_SECONDS} s)")
+    finally:
+        await cluster.stop()
+
+
+async def test_stop_and_new_sent_to_another_process_reach_the_holder(
+        tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
+    never = asyncio.Event()
+
+    async def reply(body: dict[str, Any]) -> Reply:
+        if asked(body) in ("c0 first", "c0 second"):
+            return Text(f"{asked(body)} is being answered", hold=never, hold_after=8)
+        return Text(f"answer to {asked(body)}")
+
+    fake_openai.default = Function(reply)
+    cluster = Cluster(tmp_path, fake_openai, postgres.fresh_dsn(), 2)
+    try:
+        await cluster.start()
+        async with aiohttp.ClientSession() as http:
+            sid = await new_session(http, cluster.base(0))
+            await post(http, cluster.base(0), sid, "c0 first")
+            await wait_for(lambda: len(fake_openai.requests) == 1, cluster.bridges)
+            holder = int(fake_openai.auth_headers[0].removeprefix("Bearer sk-p"))
+            other = cluster.base(1 - holder)
+            await post(http, other, sid, "/stop")
+
+            async def stopped() -> bool:
+                shown = await history(other, sid)
+                return bool(shown) and shown[-1] == ("assistant", "⏹ Stopped.")
+            await wait_for(stopped, cluster.bridges)
+
+            await post(http, cluster.base(holder), sid, "c0 second")
+            await wait_for(lambda: len(fake_openai.requests) == 2, cluster.bridges)
+            assert int(fake_openai.auth_headers[1].removeprefix("Bearer sk-p")) == holder
+            await post(http, other, sid, "c0 third")  # waits for the holder: /new ends it unanswered
+            await post(http, other, sid, "/new")
+
+            async def second_stopped() -> bool:
+                shown = await history(other, sid)
+                return [text for _, text in shown].count("⏹ Stopped.") == 2
+            await wait_for(second_stopped, cluster.bridges)
+            await post(http, other, sid, "c0 fourth")
+            await wait_for(lambda: len(fake_openai.requests) == 3, cluster.bridges)
+        fresh = fake_openai.requests[2]
+        assert asked(fresh) == "c0 fourth"
+        assert [m["role"] for m in fresh["messages"]] == ["system", "user"]  # a new conversation
+        assert "c0 third" not in [asked(r) for r in fake_openai.requests]
+        cluster.clean(0, 1)
     finally:
         await cluster.stop()
