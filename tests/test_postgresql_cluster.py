@@ -260,7 +260,7 @@ async def test_stop_and_new_sent_to_another_process_reach_the_holder(
     never = asyncio.Event()
 
     async def reply(body: dict[str, Any]) -> Reply:
-        if asked(body) in ("c0 first", "c0 second"):
+        if asked(body) in ("c0 first", "c0 second", "c0 fifth"):
             return Text(f"{asked(body)} is being answered", hold=never, hold_after=8)
         return Text(f"answer to {asked(body)}")
 
@@ -293,6 +293,15 @@ async def test_stop_and_new_sent_to_another_process_reach_the_holder(
             await wait_for(second_stopped, cluster.bridges)
             await post(http, other, sid, "c0 fourth")
             await wait_for(lambda: len(fake_openai.requests) == 3, cluster.bridges)
+            await post(http, cluster.base(holder), sid, "c0 fifth")  # held like the first
+            await wait_for(lambda: len(fake_openai.requests) == 4, cluster.bridges)
+            elsewhere = cluster.base(1 - int(fake_openai.auth_headers[3].removeprefix("Bearer sk-p")))
+            async with http.post(f"{elsewhere}/api/sessions/{sid}/stop") as resp:  # the web chat's stop button
+                assert (await resp.json())["stopped"] is True
+
+            async def third_stopped() -> bool:
+                return [text for _, text in await history(elsewhere, sid)].count("⏹ Stopped.") == 3
+            await wait_for(third_stopped, cluster.bridges)
         fresh = fake_openai.requests[2]
         assert asked(fresh) == "c0 fourth"
         assert [m["role"] for m in fresh["messages"]] == ["system", "user"]  # a new conversation
