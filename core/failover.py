@@ -16,8 +16,10 @@
 - **Signals** over the cluster bus (``core.bus``): ``/stop`` and ``/new`` sent to a process
   that does not hold the session are forwarded to the holder (``session.stop``, ``session.new``). Messages
   need no signal: a holder reads the store after each turn and once more after releasing its lease.
-- **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, running or settled undelivered
-  turns) and no live lease are woken here; whichever process gets the lease takes them over. It is what
+- **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, a turn left running) and no live
+  lease are woken here; whichever process gets the lease takes them over. A turn that only waits for its
+  delivery does not wake its session (a platform that keeps refusing it would be tried every sweep): it is
+  sent when its session is next taken over, like after a restart. It is what
   moves a dead holder's sessions, and the safety net for a signal that was lost; at start-up it runs
   at once instead of today's global restart recovery, which would close other live processes' turns.
 """
@@ -231,9 +233,7 @@ class SessionFailover:
     async def _sweeper(self) -> None:
         while True:
             try:
-                now = self._clock()
-                for key in await self._leases.orphans(since=now - self._settings.resume_max_age,
-                                                      settled_before=now - self.settle, limit=SWEEP_LIMIT):
+                for key in await self._leases.orphans(limit=SWEEP_LIMIT):
                     self._wake(key)
             except Exception as exc:
                 log.warning("looking for sessions without a holder failed: %s", exc)

@@ -10,8 +10,8 @@ that could not be renewed is *lost* (another process may take it once it expires
 never lost, and costs no write. ``core.postgresql.leases`` keeps them in the shared database, for several
 processes on one PostgreSQL server (``shared``): there a lease ends at its expiry unless renewed, so a
 process that died leaves its sessions to the others after at most ``ttl`` seconds, and ``orphans`` lists
-the sessions that have work (waiting messages, a running or undelivered turn) and no live lease, for a
-sweeper to take over.
+the sessions that have work (waiting messages, a turn left running) and no live lease, for a sweeper to
+take over.
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ class SessionLeases(Protocol):
         """Extend every held lease; returns the keys lost (renewal refused, or not renewed within the ttl)."""
         ...
 
-    async def orphans(self, *, since: float, settled_before: float, limit: int) -> list[str]:
-        """Sessions with work and no live lease: waiting inbound messages, running turns, or turns that ended
-        after ``since`` and before ``settled_before`` undelivered; at most ``limit``."""
+    async def orphans(self, *, limit: int) -> list[str]:
+        """Sessions with work and no live lease (waiting inbound messages, or a turn left running); at most
+        ``limit``."""
         ...
 
 
@@ -93,5 +93,5 @@ class LocalLeases:
     async def renew(self) -> list[str]:
         return []
 
-    async def orphans(self, *, since: float, settled_before: float, limit: int) -> list[str]:
+    async def orphans(self, *, limit: int) -> list[str]:
         return []

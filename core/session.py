@@ -374,7 +374,9 @@ class SessionManager:
         session.leased = False
         try:
             await self._leases.release(session.key)
-            if await self._store.waiting_inbound(key=session.key):
+            # (one this worker took already stays taken: a message whose turn failed to begin is not tried
+            # again and again here; the sweeper wakes its session anew)
+            if any(r.seq not in session.taken for r in await self._store.waiting_inbound(key=session.key)):
                 session.refresh = True
         except Exception as exc:  # the lease runs out by itself; the sweeper finds what waits
             log.warning("releasing the lease of %s failed: %s", session.key, exc)

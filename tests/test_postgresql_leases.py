@@ -4,7 +4,6 @@ process took it, given back at close; and the sessions a sweeper must take over.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -99,17 +98,12 @@ async def test_orphans_are_sessions_with_work_and_no_live_lease(dsn: str) -> Non
         await store.commit_turn("web:delivered", [], expect_generation=None, expect_state_version=None,
                                 end_turn=("t4", "completed"))
         await store.mark_delivered("t4")
-        now = time.time()
-        assert sorted(await a.orphans(since=now - 60, settled_before=now + 1, limit=10)) == [
-            "web:running", "web:undelivered", "web:waiting"]
-        # a turn that ended after settled_before may still be retried by the process that ran it
-        assert sorted(await a.orphans(since=now - 60, settled_before=now - 30, limit=10)) == [
-            "web:running", "web:waiting"]
+        assert sorted(await a.orphans(limit=10)) == ["web:running", "web:waiting"]  # no delivery, no child
         assert await a.acquire("web:running")
-        assert await a.orphans(since=now - 60, settled_before=now - 30, limit=10) == ["web:waiting"]
-        assert len(await a.orphans(since=now - 60, settled_before=now + 1, limit=1)) == 1
+        assert await a.orphans(limit=10) == ["web:waiting"]
+        assert len(await a.orphans(limit=1)) == 1
         await expire_all(dsn)
-        assert "web:running" in await a.orphans(since=now - 60, settled_before=now - 30, limit=10)
+        assert sorted(await a.orphans(limit=10)) == ["web:running", "web:waiting"]
     finally:
         await a.close()
         await store.close()

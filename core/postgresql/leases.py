@@ -31,19 +31,16 @@ _ACQUIRE = (
 _RENEW = ("UPDATE leases SET expires_at = clock_timestamp() + make_interval(secs => $3)"
           " WHERE owner = $1 AND name = ANY($2::text[]) RETURNING name")
 
-# Sessions with work and no live lease. Subagent sessions (``exclude`` matches their keys) run inside their
-# parent's turn and never hold a lease of their own.
+# Sessions with work and no live lease: waiting messages, or a turn left running. Subagent sessions
+# (``exclude`` matches their keys) run inside their parent's turn and never hold a lease of their own.
 _ORPHANS = """
 SELECT w.k FROM (
     SELECT session_key AS k FROM inbound WHERE envelope IS NOT NULL AND session_key IS NOT NULL
     UNION SELECT session_key FROM turns WHERE state = 'running'
-    UNION SELECT t.session_key FROM turns t
-          WHERE t.ended_at > $1 AND t.ended_at < $2 AND t.state IN ('completed', 'failed', 'cancelled')
-            AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.turn_id = t.turn_id)
 ) AS w
-WHERE ($3::text IS NULL OR w.k !~ $3)
+WHERE ($1::text IS NULL OR w.k !~ $1)
   AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = w.k AND l.expires_at >= clock_timestamp())
-LIMIT $4"""
+LIMIT $2"""
 
 
 class PostgresqlLeases:
@@ -142,7 +139,7 @@ class PostgresqlLeases:
             self._held.pop(key, None)
         return lost
 
-    async def orphans(self, *, since: float, settled_before: float, limit: int) -> list[str]:
+    async def orphans(self, *, limit: int) -> list[str]:
         with store_errors("orphaned sessions"):
-            found = await self._connected().fetch(_ORPHANS, since, settled_before, self._exclude, limit)
+            found = await self._connected().fetch(_ORPHANS, self._exclude, limit)
         return [str(r[0]) for r in found]
