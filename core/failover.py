@@ -17,11 +17,11 @@
   that does not hold the session are forwarded to the holder (``session.stop``, ``session.new``). Messages
   need no signal: a holder reads the store after each turn and once more after releasing its lease.
 - **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, a turn left running) and no live
-  lease are woken here; whichever process gets the lease takes them over. A turn that only waits for its
-  delivery does not wake its session (a platform that keeps refusing it would be tried every sweep): it is
-  sent when its session is next taken over, like after a restart. It is what
-  moves a dead holder's sessions, and the safety net for a signal that was lost; at start-up it runs
-  at once instead of today's global restart recovery, which would close other live processes' turns.
+  lease are woken here; whichever process gets the lease takes them over. That is what moves a dead
+  holder's sessions; at start-up it runs at once, instead of the recovery of every session a single
+  process does (which would close the turns other live processes are running). A turn that only waits for
+  its delivery does not wake its session (a platform that keeps refusing it would be tried every sweep):
+  it is sent when its session is next taken over.
 """
 
 from __future__ import annotations
