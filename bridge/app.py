@@ -25,6 +25,7 @@ from channels.common.masking import mask
 from core.agent.subagents import CHILD_GLOB
 from core.bus import ClusterBus
 from core.channel import ERROR, Channel
+from core.leadership import Leadership, LocalLeadership
 from core.leases import SessionLeases
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import DEFAULT_MAX_OUTPUT_TOKENS, LLMProvider
@@ -82,6 +83,18 @@ def build_leases(config: AppConfig) -> SessionLeases | None:
     from core.postgresql.leases import PostgresqlLeases
 
     return PostgresqlLeases(config.store.dsn.strip(), ttl=float(config.store.lease_seconds), exclude_glob=CHILD_GLOB)
+
+
+def build_leadership(config: AppConfig) -> Leadership:
+    """Who receives through a single-consumer transport (Telegram long polling): with PostgreSQL, the one
+    process of those sharing the database that holds its advisory lock; with SQLite, this one."""
+    if config.store.backend == "postgresql":
+        from core.postgresql.leader import PostgresqlLeadership  # build_store has checked that asyncpg is there
+
+        return PostgresqlLeadership(config.store.dsn.strip())
+    return LocalLeadership()
+
+
 def build_bus(config: AppConfig) -> ClusterBus | None:
     """Notes to the other processes on the same PostgreSQL database (``core.bus``); None on SQLite, where
     this process is alone."""
@@ -275,6 +288,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         check_channels(config)
         provider = build_provider(config)
         store = build_store(config)
+        leadership = build_leadership(config)
         bus = build_bus(config)
     except StartupError as exc:
         print(f"chatbridge: {exc}", file=sys.stderr)
@@ -288,7 +302,8 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
     data_dir = Path(config.bridge.data_dir)
     core = ChatCore(store=store, provider=provider,
                     settings=core_settings_for(config), tools=tools, media_dir=data_dir / "media",
-                    transcriber=build_transcriber(config), bus=bus, leases=build_leases(config))
+                    transcriber=build_transcriber(config), bus=bus, leadership=leadership,
+                    leases=build_leases(config))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

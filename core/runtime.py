@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
+from core.agent.approval_relay import TOPIC as APPROVALS_TOPIC
+from core.agent.approval_relay import ApprovalRelay
 from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor, summary_message
 from core.agent.deciders import NOBODY_ELSE, Decider, DecideResult, Deciders
@@ -29,6 +32,7 @@ from core.failover import SessionFailover
 from core.failures import TurnFailurePresenter
 from core.host import CoreHost
 from core.input_builder import RuntimeContext, TurnInputBuilder, summary_of
+from core.leadership import Leadership, LocalLeadership
 from core.leases import LocalLeases, SessionLeases
 from core.llm.provider import LLMProvider, ProviderError
 from core.media.intake import AttachmentIntake
@@ -38,6 +42,7 @@ from core.media.vision import VisionPolicy
 from core.messages import AttachmentRef, ChatMessage
 from core.metrics import Metrics
 from core.redelivery import Redelivery
+from core.relay import Relay
 from core.router import AdmissionError, IngressRouter, RouterClosedError, SubmitResult
 from core.runner import TurnRunner
 from core.session import Admitted, SessionManager
@@ -65,15 +70,21 @@ class ChatCore:
     def __init__(self, *, store: Store, provider: LLMProvider, settings: CoreSettings | None = None,
                  presenter: TurnFailurePresenter | None = None, tools: ToolRegistry | None = None,
                  media_dir: Path | None = None, transcriber: Transcriber | None = None,
-                 bus: ClusterBus | None = None, leases: SessionLeases | None = None) -> None:
+                 bus: ClusterBus | None = None, leadership: Leadership | None = None,
+                 leases: SessionLeases | None = None) -> None:
         """``media_dir``: where attachments are stored (None: they are only described to the model);
         ``transcriber``: turns voice messages into text (None: they are described); ``bus``: notes to the
-        other processes sharing the store (``core.bus``; None: this process is alone); ``leases``: shared
-        session leases when several processes use one database (``core.failover``; None: this process is
-        the only one)."""
+        other processes sharing the store (``core.bus``; None: this process is alone); ``leadership``: which
+        process receives through a single-consumer transport (default: this one, the only one); ``leases``:
+        shared session leases when several processes use one database (``core.failover``; None: this process
+        is the only one)."""
         self.settings = settings or CoreSettings()
         self.store = store
         self.bus: ClusterBus = bus or LocalBus()
+        self.leadership: Leadership = leadership or LocalLeadership()
+        self.node = secrets.token_hex(6)
+        """This process's name among those sharing the store (new for every start)."""
+        self._relays: dict[str, Relay] = {}
         self.provider = provider
         self.presenter = presenter or TurnFailurePresenter()
         self.supervisor = TaskSupervisor()
@@ -86,6 +97,9 @@ class ChatCore:
         self.tools = tools or ToolRegistry()
         self.approvals = ApprovalBroker()
         self._deciders: dict[str, Deciders] = {}
+        approvals_relay = self.relay(APPROVALS_TOPIC)
+        self._approval_relay = ApprovalRelay(approvals_relay, self._decide_here) \
+            if approvals_relay is not None else None
         self.vision = VisionPolicy(s.vision, provider.name, str(getattr(provider, "model", "")))
         self.media = MediaLibrary(media_dir, store, s) if media_dir is not None else None
         self._transcriber = transcriber
@@ -127,6 +141,16 @@ class ChatCore:
     def add_channel(self, channel: Channel) -> None:
         """Register ``channel`` for delivery: turn targets and notices naming it go through it."""
         self.channels.add(channel)
+
+    def relay(self, topic: str) -> Relay | None:
+        """The relay of ``topic`` to the other processes sharing the store (``core.relay``); None when this
+        process shares it with nobody (``LocalBus``), so a process alone never sends or waits for notes."""
+        if isinstance(self.bus, LocalBus):
+            return None
+        relay = self._relays.get(topic)
+        if relay is None:
+            relay = self._relays[topic] = Relay(self.bus, topic, self.node, self.supervisor.spawn)
+        return relay
 
     def host_for(self, channel: str) -> CoreHost:
         """What the channel named ``channel`` is handed instead of this object (``core.host``)."""
@@ -280,6 +304,24 @@ class ChatCore:
         target = origin[-1] if origin else session_key
         return self.approvals.decide(target, tool_call_id, decision, decided_by, deciders)
 
+    def _decide_here(self, session_key: str, tool_call_id: str, decision: Literal["allow", "deny"],
+                     decided_by: Decider | None, channel: str | None, origin: Sequence[str]) -> DecideResult:
+        return self.decide(session_key, tool_call_id, decision, decided_by, channel=channel, origin=origin)
+
+    async def decide_anywhere(self, session_key: str, tool_call_id: str, decision: Literal["allow", "deny"],
+                              decided_by: Decider | str | None, *, channel: str | None = None,
+                              origin: Sequence[str] = ()) -> DecideResult:
+        """``decide``, wherever the turn runs: an approval not pending in this process is forwarded to the
+        process sharing the store that holds it, which decides it by the same rule and answers
+        (``core.agent.approval_relay``; NOT_PENDING when none answers in time)."""
+        result = self.decide(session_key, tool_call_id, decision, decided_by, channel=channel, origin=origin)
+        if result is not DecideResult.NOT_PENDING or self._approval_relay is None:
+            return result
+        if origin and not descends(session_key, origin):
+            return result
+        return await self._approval_relay.decide(session_key, tool_call_id, decision, Decider.of(decided_by),
+                                                 channel, origin)
+
     async def compact(self, key: str) -> str:
         """/compact: summarize the session's context now (not while a reply is being written)."""
         if self.sessions.is_running(key):
@@ -362,6 +404,8 @@ class ChatCore:
         if self.failover is not None:
             self.failover.close()
         await asyncio.gather(self.router.drain(total / 2), self.sessions.shutdown(total / 2))
+        if self._approval_relay is not None:
+            self._approval_relay.close()
         stragglers = await self.supervisor.shutdown(total / 2)
         try:
             if self.failover is not None:  # the others take this process's sessions over at once

@@ -6,8 +6,10 @@ strings) and JSON bodies, and answer with Telegram's envelope: ``{"ok": true, "r
 
 What it checks like Telegram does: the token (401), message length in UTF-16 code units (4096), empty
 text, entity offsets and lengths against the text, "message is not modified", "message to edit/delete
-not found", drafts only in private chats, getUpdates 409 while a webhook is set, callback_data of at most
-64 bytes, and a callback query answered at most once (an unknown or repeated id is a 400). getUpdates has real
+not found", drafts only in private chats, getUpdates 409 while a webhook is set, a waiting long poll ended
+with 409 Conflict by a newer getUpdates (two bot instances polling at once; ``conflicts`` counts them),
+callback_data of at most 64 bytes, and a callback query answered at most once (an unknown or repeated id
+is a 400). getUpdates has real
 offset semantics (updates below the offset are confirmed and forgotten) and long polling.
 
 It keeps what every chat shows (``Shown`` messages by id, with text, entities and the inline keyboard,
@@ -154,6 +156,9 @@ class FakeTelegram:
     _query_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(9001))
     _update_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1001))
     _message_ids: dict[int, itertools.count[int]] = field(default_factory=dict)
+    conflicts: int = 0
+    """Long polls ended by a newer ``getUpdates`` of the same bot (409 Conflict): two pollers at once."""
+    _polls: int = 0
     _new_update: asyncio.Event = field(default_factory=asyncio.Event)
     _runner: web.AppRunner | None = None
     _closing: asyncio.Event = field(default_factory=asyncio.Event)
@@ -440,12 +445,19 @@ class FakeTelegram:
         if self.webhook is not None:
             raise _ApiError(409, "Conflict: can't use getUpdates method while webhook is active; use "
                                  "deleteWebhook to delete the webhook first")
+        self._polls += 1
+        poll = self._polls
+        self._new_update.set()  # a poll still waiting ends with a conflict, as on Telegram
         offset = int(p.get("offset") or 0)
         if offset:
             self.updates = [u for u in self.updates if u["update_id"] >= offset]  # confirmed: forgotten
         limit = int(p.get("limit") or 100)
         deadline = time.monotonic() + float(p.get("timeout") or 0)
         while True:
+            if poll != self._polls:
+                self.conflicts += 1
+                raise _ApiError(409, "Conflict: terminated by other getUpdates request; make sure that only one "
+                                     "bot instance is running")
             ready = [u for u in self.updates if u["update_id"] >= offset][:limit]
             if ready or self._closing.is_set():
                 return ready
