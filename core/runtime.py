@@ -28,10 +28,12 @@ from core.delivery import PlainSender, TurnDeliveryService
 from core.envelope import InboundEnvelope, TurnTarget
 from core.events import EventBus, SessionTitleChanged, TurnCommitted
 from core.executor import ConversationExecutor
+from core.failover import SessionFailover
 from core.failures import TurnFailurePresenter
 from core.host import CoreHost
 from core.input_builder import RuntimeContext, TurnInputBuilder, summary_of
 from core.leadership import Leadership, LocalLeadership
+from core.leases import LocalLeases, SessionLeases
 from core.llm.provider import LLMProvider, ProviderError
 from core.media.intake import AttachmentIntake
 from core.media.library import MediaLibrary, Refusal, display_name
@@ -45,7 +47,15 @@ from core.router import AdmissionError, IngressRouter, RouterClosedError, Submit
 from core.runner import TurnRunner
 from core.session import Admitted, SessionManager
 from core.settings import CoreSettings
-from core.store import AttachmentRecord, SessionRecord, StaleStateError, Store, StoreError
+from core.store import (
+    AttachmentRecord,
+    SessionRecord,
+    StaleStateError,
+    Store,
+    StoreError,
+    TurnRecord,
+    UndeliveredTurn,
+)
 from core.supervisor import TaskSupervisor
 from core.text import sound_text
 from core.title import TitleService
@@ -60,11 +70,14 @@ class ChatCore:
     def __init__(self, *, store: Store, provider: LLMProvider, settings: CoreSettings | None = None,
                  presenter: TurnFailurePresenter | None = None, tools: ToolRegistry | None = None,
                  media_dir: Path | None = None, transcriber: Transcriber | None = None,
-                 bus: ClusterBus | None = None, leadership: Leadership | None = None) -> None:
+                 bus: ClusterBus | None = None, leadership: Leadership | None = None,
+                 leases: SessionLeases | None = None) -> None:
         """``media_dir``: where attachments are stored (None: they are only described to the model);
         ``transcriber``: turns voice messages into text (None: they are described); ``bus``: notes to the
         other processes sharing the store (``core.bus``; None: this process is alone); ``leadership``: which
-        process receives through a single-consumer transport (default: this one, the only one)."""
+        process receives through a single-consumer transport (default: this one, the only one); ``leases``:
+        shared session leases when several processes use one database (``core.failover``; None: this process
+        is the only one)."""
         self.settings = settings or CoreSettings()
         self.store = store
         self.bus: ClusterBus = bus or LocalBus()
@@ -111,12 +124,18 @@ class ChatCore:
             events=self.events, settings=s, metrics=self.metrics,
             intake=AttachmentIntake(self.media, s, sources=self.channels.get, transcriber=transcriber)
             if self.media is not None else None)
-        self.sessions = SessionManager(store, self.executor, self.supervisor, s)
+        self.leases = leases or LocalLeases()
+        self.failover = SessionFailover(store=store, leases=self.leases, settings=s, supervisor=self.supervisor,
+                                        recovery=self, bus=self.bus) if self.leases.shared else None
+        self.sessions = SessionManager(store, self.executor, self.supervisor, s, leases=self.leases,
+                                       takeover=self.failover)
+        if self.failover is not None:
+            self.failover.sessions = self.sessions
         self.metrics.watch(queue_depth=self.sessions.queued_count, active_sessions=lambda: self.sessions.active_count,
                            running_turns=self.sessions.running_count)
         self.router = IngressRouter(store=store, sessions=self.sessions, plain=self._plain,
                                     presenter=self.presenter, supervisor=self.supervisor, settings=s,
-                                    new_context=self._new_context, compact=self.compact)
+                                    new_context=self._new_context, compact=self.compact, failover=self.failover)
         self._started = False
 
     def add_channel(self, channel: Channel) -> None:
@@ -152,19 +171,28 @@ class ChatCore:
         if self.media is not None:
             await self.media.open()
             self.supervisor.spawn("media:expiry", self._expire_media(self.media))
+        if self.failover is not None:  # several processes: recover each session as its lease is taken
+            await self.leases.open()
+            await self.failover.start()
+            return
         await self._redeliver()
         for turn in await self.store.close_interrupted_turns():
-            notice = self.presenter.interrupted_by_restart()
-            await self._committer.commit_notice(turn.session_key, turn.turn_id, notice)
-            if is_child_key(turn.session_key):
-                continue  # a subagent's chat is its parent's, which is told once, by the parent's own turn
-            try:
-                target = TurnTarget.model_validate_json(turn.target_json)
-            except ValueError:
-                log.warning("interrupted turn %s has an unreadable target", turn.turn_id)
-                continue
-            await self._plain.send(target, notice)
+            await self.interrupted(turn)
         await self._resume()
+
+    async def interrupted(self, turn: TurnRecord) -> None:
+        """A turn a stopped process left running: its notice goes into its session's history, where a page
+        that reconnects finds it, then its chat is told once."""
+        notice = self.presenter.interrupted_by_restart()
+        await self._committer.commit_notice(turn.session_key, turn.turn_id, notice)
+        if is_child_key(turn.session_key):
+            return  # a subagent's chat is its parent's, which is told once, by the parent's own turn
+        try:
+            target = TurnTarget.model_validate_json(turn.target_json)
+        except ValueError:
+            log.warning("interrupted turn %s has an unreadable target", turn.turn_id)
+            return
+        await self._plain.send(target, notice)
 
     async def _redeliver(self) -> None:
         """Turns a crash cut off between their commit and their delivery, or whose delivery failed and was
@@ -174,28 +202,32 @@ class ChatCore:
         platform does not take now is tried again in the background. Those older than ``resume_max_age``
         are left, like the messages that old."""
         for item in await self.store.undelivered_turns(time.time() - self.settings.resume_max_age):
-            turn_id = item.turn.turn_id
-            if is_child_key(item.turn.session_key):  # a subagent answers its parent, never a chat
-                await self.store.mark_delivered(turn_id)
-                continue
-            try:
-                target = TurnTarget.model_validate_json(item.turn.target_json)
-            except ValueError:
-                log.warning("undelivered turn %s has an unreadable target", turn_id)
-                await self.store.mark_delivered(turn_id)
-                continue
-            channel = self.channels.get(target.channel)
-            # a channel whose clients read the history (the web chat) already shows the committed answer
-            if channel is None or not item.text or getattr(channel, "shows_history", False):
-                if channel is None:
-                    log.warning("undelivered turn %s is for channel %r, which is not running", turn_id,
-                                target.channel)
-                await self.store.mark_delivered(turn_id)
-                continue
-            log.info("sending the %s turn %s again: a restart came before its delivery", item.turn.state, turn_id)
-            rest = await self._redelivery.deliver(turn_id, target, item.text)
-            if rest:
-                self._redelivery.schedule(turn_id, target, rest)
+            await self.redeliver(item)
+
+    async def redeliver(self, item: UndeliveredTurn) -> None:
+        """Send an undelivered turn's terminal message once (see ``_redeliver``)."""
+        turn_id = item.turn.turn_id
+        if is_child_key(item.turn.session_key):  # a subagent answers its parent, never a chat
+            await self.store.mark_delivered(turn_id)
+            return
+        try:
+            target = TurnTarget.model_validate_json(item.turn.target_json)
+        except ValueError:
+            log.warning("undelivered turn %s has an unreadable target", turn_id)
+            await self.store.mark_delivered(turn_id)
+            return
+        channel = self.channels.get(target.channel)
+        # a channel whose clients read the history (the web chat) already shows the committed answer
+        if channel is None or not item.text or getattr(channel, "shows_history", False):
+            if channel is None:
+                log.warning("undelivered turn %s is for channel %r, which is not running", turn_id,
+                            target.channel)
+            await self.store.mark_delivered(turn_id)
+            return
+        log.info("sending the %s turn %s again: a restart came before its delivery", item.turn.state, turn_id)
+        rest = await self._redelivery.deliver(turn_id, target, item.text)
+        if rest:
+            self._redelivery.schedule(turn_id, target, rest)
 
     async def _resume(self) -> None:
         now = time.time()
@@ -217,6 +249,10 @@ class ChatCore:
                                        functools.partial(self._too_old, envelope, record.seq, age))
 
     async def _too_old(self, envelope: InboundEnvelope, seq: int, age: float, _: Sequence[Admitted]) -> None:
+        await self.too_old(envelope, seq, age)
+
+    async def too_old(self, envelope: InboundEnvelope, seq: int, age: float) -> None:
+        """A stored message too old to answer after a restart: one notice instead."""
         await self.store.finish_inbound([seq])  # before the notice: never two notices for one message
         notice = self.presenter.too_old_after_restart(age)
         await self._committer.commit_notice(envelope.key(), None, notice)  # in history too, as above
@@ -231,7 +267,19 @@ class ChatCore:
         return await self.router.submit(envelope)
 
     async def stop(self, key: str) -> bool:
-        return await self.sessions.stop(key)
+        """Stop ``key``'s running turn, here or in the process that holds the session (True: a turn ran
+        here and was stopped, or the stop went to the holder)."""
+        if await self.sessions.stop(key):
+            return True
+        return self.failover is not None and await self.failover.forward_stop(key)
+
+    async def stop_here(self, envelope: InboundEnvelope) -> None:
+        """``/stop`` another process received for a session this one holds."""
+        await self.router.stop_here(envelope)
+
+    def new_here(self, envelope: InboundEnvelope) -> None:
+        """``/new`` another process received for a session this one holds."""
+        self.router.new_here(envelope)
 
     def set_deciders(self, channel: str, allow_from: Iterable[str]) -> None:
         """The users (ids or names, as in ``allow_from``) who may decide any approval of ``channel``'s
@@ -353,11 +401,15 @@ class ChatCore:
         Returns the names of tasks that had to be abandoned."""
         total = self.settings.shutdown_timeout
         self.router.close()
+        if self.failover is not None:
+            self.failover.close()
         await asyncio.gather(self.router.drain(total / 2), self.sessions.shutdown(total / 2))
         if self._approval_relay is not None:
             self._approval_relay.close()
         stragglers = await self.supervisor.shutdown(total / 2)
         try:
+            if self.failover is not None:  # the others take this process's sessions over at once
+                await self.leases.close()
             await self.provider.aclose()
             if self._transcriber is not None:
                 await self._transcriber.aclose()
