@@ -534,6 +534,7 @@ class MinimalTelegram(Minimal):
         from channels.telegram.factory import make_bot
 
         bot = make_bot(self.fake["token"], self.fake["url"])
+        bot_sends = (Scope("bot:sends", 1 / 30),)
 
         async def call(chat: int, method: Any) -> Any:
             scope = (Scope(f"chat:{chat}", 1.0),)
@@ -552,6 +553,7 @@ class MinimalTelegram(Minimal):
                 pieces = [whole[i:i + 4096] for i in range(0, len(whole), 4096)]
                 for i, piece in enumerate(pieces):
                     if i == len(shown):
+                        await self.throttle.reserve(bot_sends)  # Telegram's 30 new messages a second per bot
                         msg = await call(chat, SendMessage(chat_id=chat, text=piece))
                         shown.append((msg.message_id, piece))
                     elif shown[i][1] != piece:

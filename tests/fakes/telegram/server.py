@@ -12,7 +12,8 @@ offset semantics (updates below the offset are confirmed and forgotten) and long
 
 It keeps what every chat shows (``Shown`` messages by id, with text, entities and the inline keyboard,
 deleted ones marked), the answers to callback queries (``callback_answers``),
-every call (``calls``, with a monotonic timestamp), and per-method, per-call faults (``fail``).
+every call (``calls``, with a monotonic timestamp), per-method, per-call faults (``fail``), and held
+methods (``hold``: a call is recorded, then answered only once the test releases it).
 
 Files: ``add_file(file_id, data)`` makes a file known; ``getFile`` answers its ``file_path`` (or Telegram's
 "file is too big" past the Bot API's 20 MB download limit) and ``GET /file/bot<token>/<file_path>`` serves
@@ -23,7 +24,8 @@ paths fetched.
 Rate limits (``enforce_limits``, off unless asked for): Telegram's published pace, a message call answering
 429 ``Too Many Requests: retry after N`` past it. In one chat about one message per second, with short
 bursts allowed (``per_chat`` calls in ``window`` seconds, sends and edits alike); across all chats at most
-30 new messages per second (``overall``; edits do not count). ``limited`` counts the 429s it answered.
+30 new messages per second (``overall``; edits do not count: the Bots FAQ names messages sent, not edits).
+``limited`` counts the 429s it answered.
 """
 
 from __future__ import annotations
@@ -138,6 +140,7 @@ class FakeTelegram:
     commands: list[dict[str, Any]] = field(default_factory=list)
     webhook: dict[str, Any] | None = None
     faults: list[Fault] = field(default_factory=list)
+    holds: dict[str, asyncio.Event] = field(default_factory=dict)
     base_url: str = ""
     updates: list[dict[str, Any]] = field(default_factory=list)
     callback_answers: list[dict[str, Any]] = field(default_factory=list)
@@ -191,6 +194,11 @@ class FakeTelegram:
         fault = Fault(method, **kw)
         self.faults.append(fault)
         return fault
+
+    def hold(self, method: str) -> asyncio.Event:
+        """Hold every call of ``method`` (recorded on arrival) until the returned event is set; then each is
+        answered as usual."""
+        return self.holds.setdefault(method, asyncio.Event())
 
     def enforce_limits(self, *, per_chat: int = 3, window: float = 3.0, overall: int = 30) -> None:
         """Answer 429 as Telegram does past its pace: ``per_chat`` message calls in ``window`` seconds in one
@@ -356,6 +364,9 @@ class FakeTelegram:
             return self._error(400, "Bad Request: invalid parameters")
         call = Call(method, params, time.monotonic())
         self.calls.append(call)
+        held = self.holds.get(method)
+        if held is not None:
+            await held.wait()
         fault = self._fault(method, params)
         handler = getattr(self, f"_m_{method}", None)
         if fault is not None:
