@@ -789,6 +789,11 @@ SDKS = {"openai": "openai SDK", "aiogram": "aiogram", "slack_sdk": "slack_sdk", 
         "lark_oapi": "lark-oapi", "aiosqlite": "aiosqlite (SQLite)"}
 """The official SDKs whose inclusive share of the samples is printed: their own work and what they call."""
 _FRAME_FILE = re.compile(r"\(([^()]*?):\d+\)$")
+_WAITING = (re.compile(r"^\S*select \(selectors\.py:\d+\)$"), re.compile(r"^_connection_worker_thread \(aiosqlite/"))
+"""Innermost frames of a thread that waits rather than works: the event loop in ``select`` and aiosqlite's
+thread waiting for its next statement. py-spy cannot tell these from work here (they showed up in the samples
+of an idle process), so they are left out; when aiosqlite's thread calls into SQLite the innermost frame is
+the statement's own."""
 
 
 def py_spy() -> str | None:
@@ -806,8 +811,8 @@ def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
 
 
 def stop_profile(proc: subprocess.Popen[bytes] | None, out: Path) -> dict[str, float]:
-    """Shares of the samples: by the package of the innermost frame ("self"), and for each SDK every sample
-    with one of its frames on the stack ("SDK incl.")."""
+    """Shares of the samples of work (waits left out, see ``_WAITING``): by the package of the innermost frame
+    ("self"), and for each SDK every sample with one of its frames on the stack ("SDK incl.")."""
     if proc is None:
         return {}
     proc.send_signal(signal.SIGINT)
@@ -823,7 +828,7 @@ def stop_profile(proc: subprocess.Popen[bytes] | None, out: Path) -> dict[str, f
     total = 0
     for line in out.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
+        if not count.isdigit() or any(w.match(stack.rsplit(";", 1)[-1]) for w in _WAITING):
             continue
         n = int(count)
         total += n
