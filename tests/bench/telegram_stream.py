@@ -7,8 +7,7 @@ one message and get one streamed reply of ``--chunks`` chunks (one every ``--chu
 - product: ``chatbridge``'s chain (ChatCore with SQLite, the OpenAI provider, the Telegram channel polling
   through aiogram, the shared live sink editing once per ``edit_interval`` = 1 s per chat);
 - minimal: receive (getUpdates) → stream (the same SDK call the provider makes) → edit the newest text at
-  most once a second per chat (split at 4096 characters; new messages paced under the bot's 30 a second, as
-  the product paces them), and nothing else: no persistence, no snapshots.
+  most once a second per chat (split at 4096 characters), and nothing else: no persistence, no snapshots.
 
 For each it prints the process CPU per turn, the p50 and p90 of a turn's latency (from the update being
 queued to the whole reply visible, measured by the fake Bot API) and the product/minimal ratios; each runs
@@ -186,11 +185,9 @@ class Bench:
         import openai
         from aiogram.methods import EditMessageText, GetUpdates, SendMessage
 
-        from channels.common.throttle import Scope, Throttle
         from channels.telegram.factory import make_bot
 
         bot = make_bot(self.token, self.tg_url)
-        throttle, bot_sends = Throttle(), (Scope("bot:sends", 1 / 30),)  # the product's pace of new messages
         client = openai.AsyncOpenAI(base_url=self.llm_url, api_key="bench", max_retries=0,
                                     http_client=openai.DefaultAioHttpClient(timeout=60))
         tasks: set[asyncio.Task[None]] = set()
@@ -208,7 +205,6 @@ class Bench:
                 pieces = [whole[i:i + 4096] for i in range(0, len(whole), 4096)]
                 for i, piece in enumerate(pieces):
                     if i == len(shown):
-                        await throttle.reserve(bot_sends)
                         msg = await bot(SendMessage(chat_id=chat, text=piece))
                         shown.append((msg.message_id, piece))
                     elif shown[i][1] != piece:
