@@ -22,6 +22,7 @@ from bridge.mcp import start_mcp_servers
 from channels.common.errors import ChannelStartupError
 from channels.common.http import has_own_body_limit
 from channels.common.masking import mask
+from core.bus import ClusterBus
 from core.channel import ERROR, Channel
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import DEFAULT_MAX_OUTPUT_TOKENS, LLMProvider
@@ -69,6 +70,16 @@ def build_store(config: AppConfig) -> Store:
             raise StartupError(ASYNCPG_MISSING + ", then run `chatbridge run` again.") from None
         return PostgresqlStore(config.store.dsn.strip(), pool_size=config.store.pool_size)
     return SqliteStore(Path(config.bridge.data_dir) / "chatbridge.db")
+
+
+def build_bus(config: AppConfig) -> ClusterBus | None:
+    """Notes to the other processes on the same PostgreSQL database (``core.bus``); None on SQLite, where
+    this process is alone."""
+    if config.store.backend == "postgresql":
+        from core.postgresql.bus import PostgresqlBus
+
+        return PostgresqlBus(config.store.dsn.strip())
+    return None
 
 
 def store_description(config: AppConfig) -> str:
@@ -254,6 +265,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         check_channels(config)
         provider = build_provider(config)
         store = build_store(config)
+        bus = build_bus(config)
     except StartupError as exc:
         print(f"chatbridge: {exc}", file=sys.stderr)
         return ExitCode.STARTUP
@@ -266,7 +278,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
     data_dir = Path(config.bridge.data_dir)
     core = ChatCore(store=store, provider=provider,
                     settings=core_settings_for(config), tools=tools, media_dir=data_dir / "media",
-                    transcriber=build_transcriber(config))
+                    transcriber=build_transcriber(config), bus=bus)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

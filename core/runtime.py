@@ -18,6 +18,7 @@ from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor, summary_message
 from core.agent.deciders import NOBODY_ELSE, Decider, DecideResult, Deciders
 from core.agent.subagents import CHILD_GLOB, SubagentTool, descends, is_child_key
+from core.bus import BusError, ClusterBus, LocalBus
 from core.channel import Channel, ChannelRegistry
 from core.committer import TurnCommitter
 from core.delivery import PlainSender, TurnDeliveryService
@@ -39,7 +40,7 @@ from core.router import AdmissionError, IngressRouter, RouterClosedError, Submit
 from core.runner import TurnRunner
 from core.session import Admitted, SessionManager
 from core.settings import CoreSettings
-from core.store import AttachmentRecord, SessionRecord, StaleStateError, Store
+from core.store import AttachmentRecord, SessionRecord, StaleStateError, Store, StoreError
 from core.supervisor import TaskSupervisor
 from core.text import sound_text
 from core.title import TitleService
@@ -53,11 +54,14 @@ __all__ = ["AdmissionError", "ChatCore", "RouterClosedError", "SubmitResult"]
 class ChatCore:
     def __init__(self, *, store: Store, provider: LLMProvider, settings: CoreSettings | None = None,
                  presenter: TurnFailurePresenter | None = None, tools: ToolRegistry | None = None,
-                 media_dir: Path | None = None, transcriber: Transcriber | None = None) -> None:
+                 media_dir: Path | None = None, transcriber: Transcriber | None = None,
+                 bus: ClusterBus | None = None) -> None:
         """``media_dir``: where attachments are stored (None: they are only described to the model);
-        ``transcriber``: turns voice messages into text (None: they are described)."""
+        ``transcriber``: turns voice messages into text (None: they are described); ``bus``: notes to the
+        other processes sharing the store (``core.bus``; None: this process is alone)."""
         self.settings = settings or CoreSettings()
         self.store = store
+        self.bus: ClusterBus = bus or LocalBus()
         self.provider = provider
         self.presenter = presenter or TurnFailurePresenter()
         self.supervisor = TaskSupervisor()
@@ -118,6 +122,10 @@ class ChatCore:
         than ``resume_max_age`` gets a notice instead of an answer."""
         await self.store.open()
         self._started = True
+        try:
+            await self.bus.open()
+        except BusError as exc:
+            raise StoreError(str(exc)) from None
         if self.media is not None:
             await self.media.open()
             self.supervisor.spawn("media:expiry", self._expire_media(self.media))
@@ -312,5 +320,8 @@ class ChatCore:
                 await self._transcriber.aclose()
         finally:
             if self._started:
-                await self.store.close()
+                try:
+                    await self.bus.close()
+                finally:
+                    await self.store.close()
         return stragglers

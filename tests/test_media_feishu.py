@@ -13,14 +13,13 @@ from typing import Any
 import pytest
 
 from core.media.transcribe import Transcriber
-from tests.fakes.feishu import FakeFeishu, FakeLongConnection
-from tests.fakes.feishu.harness import P2P, FeishuHarness, feishu_harness
+from tests.fakes.feishu import FakeFeishu
+from tests.fakes.feishu.harness import MODES, P2P, FeishuHarness, feishu_harness, harnesses
 from tests.fakes.feishu.openapi import Message
 from tests.fakes.openai_server import FakeOpenAI, Function, Text, image_parts, last_user_text
 from tests.support.media import jpeg, pdf, voice_ogg
 
 MB = 1_000_000
-MODES = ["websocket", "webhook"]
 
 
 @pytest.fixture
@@ -31,25 +30,9 @@ async def fake() -> AsyncIterator[FakeFeishu]:
 
 @pytest.fixture(params=MODES)
 async def bridge(request: Any, tmp_path: Any, fake_openai: FakeOpenAI, fake: FakeFeishu) -> AsyncIterator[Any]:
-    """A factory of one harness in the parametrised mode (closed at the end)."""
-    made: list[FeishuHarness] = []
-    conns: list[FakeLongConnection] = []
-
-    async def make(**kw: Any) -> FeishuHarness:
-        conn = None
-        if request.param == "websocket":
-            conn = FakeLongConnection(fake.app_id, fake.app_secret)
-            await asyncio.to_thread(conn.start)
-            conns.append(conn)
-        t = await feishu_harness(tmp_path, fake_openai, fake, mode=request.param, conn=conn, **kw)
-        made.append(t)
-        return t
-
-    yield make
-    for t in made:
-        await t.close()
-    for c in conns:
-        await asyncio.to_thread(c.stop)
+    """A factory of harnesses in the parametrised mode (``harnesses``)."""
+    async with harnesses(request.param, tmp_path, fake_openai, fake) as make:
+        yield make
 
 
 def post(text: str, *nodes: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""SqliteStore against real database files under tmp_path."""
+"""SqliteStore: what only the SQLite backend has (its file, schema upgrades, the writer thread, group commit,
+cancellation and error translation). What every backend promises is in tests/test_store_contract.py."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from collections.abc import AsyncIterator
 import aiosqlite
 import pytest
 
-from core.messages import MessageSource, NewMessage, ToolCall
+from core.messages import MessageSource, NewMessage
 from core.sqlite.schema import MIGRATIONS, migrate, schema_version
 from core.sqlite_store import SqliteStore
-from core.store import StaleStateError, StoreError, UnknownMessageError
+from core.store import StaleStateError, StoreError
 from tests.support import db
 
 KEY = "telegram:chat:1"
@@ -58,73 +59,7 @@ async def test_open_creates_directory_and_wal_database(db_path: pathlib.Path, st
         assert raw.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
 
 
-async def test_get_or_create_session_defaults_and_is_idempotent(store: SqliteStore) -> None:
-    created = await store.get_or_create_session(KEY, default_title="Hello")
-    assert (created.title, created.title_is_default) == ("Hello", True)
-    assert (created.generation, created.state_version, created.history_revision) == (0, 0, 0)
-    assert (created.revision_seq, created.context_start_seq) == (0, 0)
-    again = await store.get_or_create_session(KEY, default_title="Other")
-    assert again == created
-    assert await store.get_session("missing") is None
-
-
-async def test_list_sessions_prefix_is_literal(store: SqliteStore) -> None:
-    for key in ("web:a_1", "web:ab1", "web%x", "slack:1"):
-        await store.get_or_create_session(key)
-    assert {s.key for s in await store.list_sessions(prefix="web:a_")} == {"web:a_1"}
-    assert {s.key for s in await store.list_sessions(prefix="web%")} == {"web%x"}
-    assert len(await store.list_sessions()) == 4
-    assert len(await store.list_sessions(limit=2)) == 2
-
-
-async def test_bump_generation_creates_and_increments(store: SqliteStore) -> None:
-    assert await store.bump_generation(KEY) == 1
-    assert await store.bump_generation(KEY) == 2
-    session = await store.get_session(KEY)
-    assert session is not None and session.generation == 2
-
-
 # --------------------------------------------------------------------------------------------- revisions
-
-
-async def test_commits_form_contiguous_deltas_covering_every_message_once(store: SqliteStore) -> None:
-    first_user, record = await store.append_message(KEY, user("hi"))
-    assert (first_user.seq, record.state_version) == (1, 1)
-    first = await store.commit_turn(KEY, [assistant("hello")], expect_generation=0, expect_state_version=1)
-    assert first.history_revision == 1
-    assert [(m.seq, m.role, m.content) for m in first.messages] == [
-        (1, "user", "hi"),
-        (2, "assistant", "hello"),
-    ]
-
-    await store.append_message(KEY, user("weather?"))
-    turn = [
-        NewMessage(
-            role="assistant",
-            content="",
-            source=MessageSource(kind="assistant"),
-            tool_calls=(ToolCall(id="c1", name="weather", arguments='{"city": "Oslo"}'),),
-        ),
-        NewMessage(role="tool", content="rain", source=MessageSource(kind="tool"), tool_call_id="c1"),
-        assistant("It rains."),
-    ]
-    second = await store.commit_turn(KEY, turn, expect_generation=0, expect_state_version=3)
-    assert second.history_revision == 2
-    assert [m.seq for m in second.messages] == [3, 4, 5, 6]
-    assert second.messages[0].content == "weather?"
-
-    empty = await store.commit_turn(KEY, [], expect_generation=None, expect_state_version=None)
-    assert (empty.history_revision, empty.messages) == (3, ())
-
-    revision, history = await store.history(KEY)
-    assert revision == 3
-    covered = [m for result in (first, second, empty) for m in result.messages]
-    assert covered == history
-    assert len({m.id for m in history}) == len(history) == 6
-
-    session = await store.get_session(KEY)
-    assert session is not None
-    assert (session.state_version, session.history_revision, session.revision_seq) == (4, 3, 6)
 
 
 async def test_append_message_bumps_state_version_but_not_revision(store: SqliteStore) -> None:
@@ -136,141 +71,10 @@ async def test_append_message_bumps_state_version_but_not_revision(store: Sqlite
     assert session is not None and session.history_revision == 0
 
 
-async def test_stale_generation_writes_nothing(store: SqliteStore) -> None:
-    await store.append_message(KEY, user("hi"))
-    await store.bump_generation(KEY)
-    before = await store.get_session(KEY)
-    with pytest.raises(StaleStateError):
-        await store.commit_turn(KEY, [assistant("late")], expect_generation=0, expect_state_version=None)
-    assert await store.get_session(KEY) == before
-    _, history = await store.history(KEY)
-    assert [m.content for m in history] == ["hi"]
-    nxt, _ = await store.append_message(KEY, user("next"))
-    assert nxt.seq == 2
-
-
-async def test_stale_state_version_writes_nothing(store: SqliteStore) -> None:
-    _, rec = await store.append_message(KEY, user("one"))
-    sv = rec.state_version
-    await store.append_message(KEY, user("two"))  # a second message moved the state on
-    before = await store.get_session(KEY)
-    with pytest.raises(StaleStateError):
-        await store.commit_turn(KEY, [assistant("late")], expect_generation=0, expect_state_version=sv)
-    assert await store.get_session(KEY) == before
-    _, history = await store.history(KEY)
-    assert [m.content for m in history] == ["one", "two"]
-
-
-async def test_stale_commit_on_missing_session_creates_nothing(store: SqliteStore) -> None:
-    with pytest.raises(StaleStateError):
-        await store.commit_turn("fresh", [assistant("x")], expect_generation=5, expect_state_version=None)
-    assert await store.get_session("fresh") is None
-
-
-async def test_history_revision_is_consistent_with_messages(store: SqliteStore) -> None:
-    assert await store.history(KEY) == (0, [])
-    await store.append_message(KEY, user("q1"))
-    await store.commit_turn(KEY, [assistant("a1")], expect_generation=None, expect_state_version=None)
-    await store.append_message(KEY, user("q2"))  # not committed yet: included, revision unchanged
-    revision, messages = await store.history(KEY)
-    session = await store.get_session(KEY)
-    assert session is not None
-    assert revision == session.history_revision == 1
-    assert [m.content for m in messages] == ["q1", "a1", "q2"]
-    revision, newest = await store.history(KEY, limit=2)
-    assert (revision, [m.seq for m in newest]) == (1, [2, 3])
-
-
-async def test_history_pages_backwards_from_a_message_id(store: SqliteStore) -> None:
-    for i in range(7):
-        await store.append_message(KEY, user(f"q{i}"))
-        await store.commit_turn(KEY, [assistant(f"a{i}")], expect_generation=None, expect_state_version=None)
-    revision, newest = await store.history(KEY, limit=5)
-    assert revision == 7 and [m.content for m in newest] == ["a4", "q5", "a5", "q6", "a6"]
-    pages, page = [newest], newest
-    while page:
-        _, page = await store.history(KEY, limit=5, before=page[0].id)
-        pages.insert(0, page)
-    everything = [m for p in pages for m in p]
-    assert [m.content for m in everything] == [x for i in range(7) for x in (f"q{i}", f"a{i}")]
-    assert [len(p) for p in pages] == [0, 4, 5, 5]
-    # an id from another session, or none at all, is bad input, not an empty page
-    other, _ = await store.append_message("other", user("elsewhere"))
-    for foreign in (other.id, "no-such-id"):
-        with pytest.raises(UnknownMessageError):
-            await store.history(KEY, before=foreign)
-    with pytest.raises(UnknownMessageError):
-        await store.history("never-created", before=newest[0].id)
-
-
-async def test_new_context_excludes_old_messages_but_history_keeps_them(store: SqliteStore) -> None:
-    await store.append_message(KEY, user("old question"))
-    await store.commit_turn(KEY, [assistant("old answer")], expect_generation=0, expect_state_version=1)
-    before = await store.get_session(KEY)
-    assert before is not None
-
-    fresh = await store.new_context(KEY)
-    assert fresh.context_start_seq == 2
-    assert (fresh.generation, fresh.state_version) == (before.generation + 1, before.state_version + 1)
-    assert await store.context_messages(KEY, limit=50) == (fresh.state_version, [])
-
-    await store.append_message(KEY, user("new 1"))
-    await store.append_message(KEY, user("new 2"))
-    _, last = await store.append_message(KEY, user("new 3"))
-    version, context = await store.context_messages(KEY, limit=2)
-    assert [m.content for m in context] == ["new 2", "new 3"]
-    assert version == last.state_version == fresh.state_version + 3
-    _, history = await store.history(KEY)
-    assert [m.content for m in history] == ["old question", "old answer", "new 1", "new 2", "new 3"]
-
-
 # --------------------------------------------------------------------------------------------- titles
 
 
-async def test_rename_beats_automatic_title(store: SqliteStore) -> None:
-    session = await store.get_or_create_session(KEY)
-    assert await store.set_title_if_default(KEY, "Auto 1", expect_generation=session.generation)
-    assert await store.set_title_if_default(KEY, "Auto 2", expect_generation=session.generation)
-    await store.rename(KEY, "Mine")
-    assert not await store.set_title_if_default(KEY, "Auto 3", expect_generation=session.generation)
-    renamed = await store.get_session(KEY)
-    assert renamed is not None
-    assert (renamed.title, renamed.title_is_default) == ("Mine", False)
-
-
-async def test_automatic_title_with_moved_generation_is_refused(store: SqliteStore) -> None:
-    session = await store.get_or_create_session(KEY)
-    await store.bump_generation(KEY)
-    assert not await store.set_title_if_default(KEY, "Late", expect_generation=session.generation)
-    current = await store.get_session(KEY)
-    assert current is not None and current.title == "New chat"
-    assert not await store.set_title_if_default("missing", "x", expect_generation=0)
-
-
 # --------------------------------------------------------------------------------------------- dedupe
-
-
-async def test_dedupe_survives_reopen_and_ttl_expiry_readmits(db_path: pathlib.Path) -> None:
-    clock = FakeClock()
-    store = SqliteStore(db_path, clock=clock)
-    await store.open()
-    try:
-        assert await store.mark_event_processed("telegram", "e1", ttl_seconds=100)
-        assert not await store.mark_event_processed("telegram", "e1", ttl_seconds=100)
-        assert await store.mark_event_processed("slack", "e1", ttl_seconds=100)
-    finally:
-        await store.close()
-
-    reopened = SqliteStore(db_path, clock=clock)
-    await reopened.open()
-    try:
-        clock.now += 99
-        assert not await reopened.mark_event_processed("telegram", "e1", ttl_seconds=100)
-        clock.now += 2  # TTL ran out
-        assert await reopened.mark_event_processed("telegram", "e1", ttl_seconds=100)
-        assert not await reopened.mark_event_processed("telegram", "e1", ttl_seconds=100)
-    finally:
-        await reopened.close()
 
 
 async def test_expired_dedupe_rows_are_purged(db_path: pathlib.Path) -> None:
@@ -365,31 +169,6 @@ async def test_newer_schema_is_refused(db_path: pathlib.Path) -> None:
 # --------------------------------------------------------------------------------------------- turns, traces
 
 
-async def test_close_interrupted_turns_returns_running_turns_once(store: SqliteStore) -> None:
-    await store.append_message(KEY, user("1"), begin_turn=("t1", '{"chat": 1}'))
-    await store.append_message(KEY, user("2"), begin_turn=("t2", '{"chat": 2}'))
-    await store.append_message("other", user("3"), begin_turn=("t3", "{}"))
-    await store.end_turn("t2", "completed")
-
-    interrupted = await store.close_interrupted_turns()
-    assert [(t.turn_id, t.state, t.target_json) for t in interrupted] == [
-        ("t1", "interrupted", '{"chat": 1}'),
-        ("t3", "interrupted", "{}"),
-    ]
-    assert all(t.ended_at is not None for t in interrupted)
-    assert await store.close_interrupted_turns() == []
-
-
-async def test_traces_are_numbered_per_session_in_order(db_path: pathlib.Path, store: SqliteStore) -> None:
-    for i in range(3):
-        await store.append_traces(KEY, "t1", [("step", {"i": i})])
-    await store.append_traces("other", "t9", [("step", {"i": 99})])
-    await store.append_traces(KEY, "t2", [("step", {"i": 3}), ("step", {"i": 4})])
-    assert [(t.seq, t.turn_id, t.payload["i"]) for t in db.traces(db_path, KEY)] == [
-        (1, "t1", 0), (2, "t1", 1), (3, "t1", 2), (4, "t2", 3), (5, "t2", 4)]
-    assert [(t.seq, t.turn_id) for t in db.traces(db_path, "other")] == [(1, "t9")]
-
-
 # --------------------------------------------------------------------------------------------- concurrency
 
 
@@ -410,12 +189,6 @@ async def test_a_long_read_elsewhere_neither_blocks_a_write_nor_sees_it(db_path:
         rows = list(await reader.execute_fetchall("SELECT count(*) FROM messages"))
         assert rows[0][0] == 1  # the held read transaction still sees its snapshot
         await reader.execute("ROLLBACK")
-
-
-async def test_concurrent_appends_get_distinct_seqs(store: SqliteStore) -> None:
-    results = await asyncio.gather(*(store.append_message(KEY, user(f"m{i}")) for i in range(20)))
-    assert sorted(m.seq for m, _ in results) == list(range(1, 21))
-    assert sorted(r.state_version for _, r in results) == list(range(1, 21))
 
 
 async def test_concurrent_writes_fail_alone_and_whole(store: SqliteStore) -> None:
@@ -565,39 +338,6 @@ async def test_sqlite_errors_become_store_errors_without_content(
     assert malformed.value.__cause__ is None
 
 
-async def test_closed_store_raises_store_error(db_path: pathlib.Path) -> None:
-    store = SqliteStore(db_path)
-    await store.open()
-    await store.close()
-    with pytest.raises(StoreError):
-        await store.append_message(KEY, user("SECRET"))
-    with pytest.raises(StoreError):
-        await store.history(KEY)
-
-
-async def test_turn_record_opens_with_the_message_and_closes_with_the_commit(store: SqliteStore) -> None:
-    await store.append_message(KEY, user("hi"), begin_turn=("t1", '{"channel": "x"}'))
-    await store.commit_turn(KEY, [], expect_generation=None, expect_state_version=None,
-                            end_turn=("t1", "completed"))
-    await store.append_message(KEY, user("again"), begin_turn=("t2", '{"channel": "x"}'))
-    [left_running] = await store.close_interrupted_turns()
-    assert left_running.turn_id == "t2" and left_running.target_json == '{"channel": "x"}'
-
-
-async def test_channel_state_is_durable_and_overwritable(tmp_path) -> None:
-    store = SqliteStore(tmp_path / "state.db")
-    await store.open()
-    assert await store.get_channel_state("telegram", "offset") is None
-    await store.set_channel_state("telegram", "offset", "41")
-    await store.set_channel_state("telegram", "offset", "42")
-    await store.close()
-    reopened = SqliteStore(tmp_path / "state.db")
-    await reopened.open()
-    assert await reopened.get_channel_state("telegram", "offset") == "42"
-    assert await reopened.get_channel_state("slack", "offset") is None
-    await reopened.close()
-
-
 async def test_a_batch_of_traces_lands_in_order_after_earlier_ones(db_path: pathlib.Path,
                                                                     store: SqliteStore) -> None:
     await store.append_traces(KEY, "t1", [("request_begin", {})])
@@ -606,19 +346,6 @@ async def test_a_batch_of_traces_lands_in_order_after_earlier_ones(db_path: path
     assert [(r.seq, r.turn_id, r.kind) for r in records] == [
         (1, "t1", "request_begin"), (2, "t2", "text"), (3, "t2", "request_end")]
     assert records[2].payload == {"status": "completed"}
-
-
-async def test_a_commit_carries_its_turn_trace_and_a_stale_one_writes_none(db_path: pathlib.Path,
-                                                                             store: SqliteStore) -> None:
-    await store.append_message(KEY, user("q"))
-    with pytest.raises(StaleStateError):
-        await store.commit_turn(KEY, [assistant("a")], expect_generation=0, expect_state_version=99,
-                                trace=("t1", [("request_begin", {})]))
-    assert db.traces(db_path, KEY) == []
-    await store.commit_turn(KEY, [assistant("a")], expect_generation=0, expect_state_version=1,
-                            trace=("t1", [("request_begin", {"n": 1}), ("request_end", {"status": "completed"})]))
-    assert [(t.turn_id, t.kind, t.payload) for t in db.traces(db_path, KEY)] == [
-        ("t1", "request_begin", {"n": 1}), ("t1", "request_end", {"status": "completed"})]
 
 
 async def test_an_idle_store_keeps_nothing_of_its_last_write(store: SqliteStore) -> None:
@@ -633,74 +360,7 @@ async def test_an_idle_store_keeps_nothing_of_its_last_write(store: SqliteStore)
     assert gone() is None
 
 
-async def test_a_trace_payload_json_cannot_hold_never_fails_the_commit(db_path: pathlib.Path,
-                                                                        store: SqliteStore) -> None:
-    circular: dict[str, object] = {}
-    circular["self"] = circular
-    await store.append_message(KEY, user("q"))
-    result = await store.commit_turn(KEY, [assistant("a")], expect_generation=0, expect_state_version=1,
-                                     trace=("t1", [("odd", circular), ("fine", {"when": object})]))
-    assert [m.content for m in result.messages] == ["q", "a"]
-    records = db.traces(db_path, KEY)
-    assert records[0].payload == {"unencodable_payload": True}
-    assert records[1].payload["when"].startswith("<class")  # stored as its str()
-
-
 # --------------------------------------------------------------------------------------------- inbound
-
-
-async def test_an_admitted_message_waits_until_served_and_keeps_its_mark(db_path: pathlib.Path) -> None:
-    clock = FakeClock()
-    store = SqliteStore(db_path, clock=clock)
-    await store.open()
-    try:
-        first = await store.admit_inbound("telegram", "555:1", '{"n": 1}', ttl_seconds=100)
-        second = await store.admit_inbound("web", None, '{"n": 2}', ttl_seconds=100)
-        assert first is not None and second is not None and first < second
-        assert await store.admit_inbound("telegram", "555:1", '{"n": 1}', ttl_seconds=100) is None
-        assert await store.event_seen("telegram", "555:1") and not await store.event_seen("telegram", "555:2")
-        assert [(r.seq, r.payload) for r in await store.waiting_inbound()] == [(first, '{"n": 1}'),
-                                                                               (second, '{"n": 2}')]
-        await store.append_message(KEY, user("one"), begin_turn=("t1", "{}"), serves=first)
-    finally:
-        await store.close()
-    reopened = SqliteStore(db_path, clock=clock)
-    await reopened.open()
-    try:
-        assert [r.seq for r in await reopened.waiting_inbound()] == [second]
-        clock.now += 99
-        assert await reopened.event_seen("telegram", "555:1")  # served, the mark stays for its TTL
-        assert await reopened.admit_inbound("telegram", "555:1", "{}", ttl_seconds=100) is None
-        clock.now += 2
-        assert not await reopened.event_seen("telegram", "555:1")
-        assert await reopened.admit_inbound("telegram", "555:1", "{}", ttl_seconds=100) is not None
-    finally:
-        await reopened.close()
-
-
-async def test_a_waiting_message_keeps_its_mark_past_its_ttl(db_path: pathlib.Path) -> None:
-    clock = FakeClock()
-    store = SqliteStore(db_path, clock=clock)
-    await store.open()
-    try:
-        seq = await store.admit_inbound("telegram", "e1", "{}", ttl_seconds=10)
-        clock.now += 60
-        assert await store.admit_inbound("telegram", "e2", "{}", ttl_seconds=10) is not None  # purges
-        assert await store.admit_inbound("telegram", "e1", "{}", ttl_seconds=10) is None
-        assert seq in [r.seq for r in await store.waiting_inbound()]
-    finally:
-        await store.close()
-
-
-async def test_finished_inbound_keeps_its_mark_and_forgotten_inbound_frees_its_event(store: SqliteStore) -> None:
-    done = await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)
-    gone = await store.admit_inbound("web", "c-2", "{}", ttl_seconds=100)
-    assert done is not None and gone is not None
-    await store.finish_inbound([done])
-    await store.forget_inbound(gone)
-    assert await store.waiting_inbound() == []
-    assert await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100) is None
-    assert await store.admit_inbound("web", "c-2", "{}", ttl_seconds=100) is not None
 
 
 async def test_rows_without_an_event_id_go_once_served(db_path: pathlib.Path, store: SqliteStore) -> None:
@@ -709,23 +369,6 @@ async def test_rows_without_an_event_id_go_once_served(db_path: pathlib.Path, st
         assert seq is not None
         await store.append_message(KEY, user(f"m{i}"), serves=seq)
     assert db.rows(db_path, "SELECT count(*) FROM inbound") == [(1,)]  # the last one, until the next admission
-
-
-async def test_new_context_drops_the_waiting_messages_it_is_given(store: SqliteStore) -> None:
-    dropped = await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)
-    kept = await store.admit_inbound("web", "c-2", "{}", ttl_seconds=100)
-    assert dropped is not None and kept is not None
-    await store.new_context(KEY, drop_inbound=[dropped])
-    assert [r.seq for r in await store.waiting_inbound()] == [kept]
-    assert await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100) is None
-
-
-async def test_a_failed_write_serves_nothing(store: SqliteStore) -> None:
-    seq = await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)
-    await store.append_message(KEY, user("first"), begin_turn=("t1", "{}"))
-    with pytest.raises(StoreError):
-        await store.append_message(KEY, user("second"), begin_turn=("t1", "{}"), serves=seq)
-    assert [r.seq for r in await store.waiting_inbound()] == [seq]
 
 
 async def test_every_character_and_timestamp_of_a_commit_round_trips(store: SqliteStore) -> None:
@@ -740,11 +383,3 @@ async def test_every_character_and_timestamp_of_a_commit_round_trips(store: Sqli
     assert (history[1].content, history[1].tool_call_id) == (odd.content, odd.tool_call_id)
     assert history[1].received_at == odd.received_at and history[1].source == odd.source
 
-
-async def test_a_commit_of_many_messages_lands_whole(store: SqliteStore) -> None:
-    await store.append_message(KEY, user("q"))
-    many = [assistant(f"part {i}") for i in range(500)]
-    result = await store.commit_turn(KEY, many, expect_generation=0, expect_state_version=1)
-    assert [m.seq for m in result.messages] == list(range(1, 502))
-    _, history = await store.history(KEY)
-    assert [m.content for m in history] == ["q", *(f"part {i}" for i in range(500))]

@@ -7,9 +7,10 @@ through the real ``lark.ws.Client``) or the webhook (``WebhookSender`` posting t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,33 @@ async def feishu_harness(tmp_path: Path, fake_openai: FakeOpenAI, fake: FakeFeis
     if conn is not None:
         await conn.wait_connected()
     return FeishuHarness(h, channel, fake, mode, conn, sender, runner)
+
+
+MODES = ["websocket", "webhook"]
+
+
+@contextlib.asynccontextmanager
+async def harnesses(mode: str, tmp_path: Path, fake_openai: FakeOpenAI,
+                    fake: FakeFeishu) -> AsyncIterator[Callable[..., Awaitable[FeishuHarness]]]:
+    """A factory of harnesses receiving in ``mode`` (one of MODES); every harness it made is closed, and
+    every long connection it opened stopped, on the way out."""
+    made: list[FeishuHarness] = []
+    conns: list[FakeLongConnection] = []
+
+    async def make(**kw: Any) -> FeishuHarness:
+        conn = None
+        if mode == "websocket":
+            conn = FakeLongConnection(fake.app_id, fake.app_secret)
+            await asyncio.to_thread(conn.start)
+            conns.append(conn)
+        t = await feishu_harness(tmp_path, fake_openai, fake, mode=mode, conn=conn, **kw)
+        made.append(t)
+        return t
+
+    try:
+        yield make
+    finally:
+        for t in made:
+            await t.close()
+        for c in conns:
+            await asyncio.to_thread(c.stop)
