@@ -100,6 +100,8 @@ class TelegramSettings:
     """Nothing is posted before the answer has this many characters..."""
     first_delay: float = 1.0
     """...or this many seconds have passed since the turn began."""
+    bot_sends_per_second: float = 30.0
+    """New messages a second over all chats: Telegram's Bots FAQ allows "about 30" before answering 429."""
     poll_timeout: int = 25
     poll_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -121,7 +123,8 @@ class TelegramChannel:
         self.calls = calls or Calls(Throttle())
         if self.calls.observe is None:
             self.calls.observe = host.count_call  # every Bot API attempt shows in /metrics
-        self.client = TelegramClient(bot, self.calls, chat_interval=settings.edit_interval)
+        self.client = TelegramClient(bot, self.calls, chat_interval=settings.edit_interval,
+                                     bot_sends_per_second=settings.bot_sends_per_second)
         self.limit = limit
         self.renderer = render.TelegramRenderer(limit)
         self.live = LiveSettings(first_chars=settings.first_chars, first_delay=settings.first_delay)
@@ -143,12 +146,8 @@ class TelegramChannel:
         draft = dest.chat_type == "private" and transport != "edit" and not self.drafts_rejected
         sink = LiveSink(TelegramOps(self, dest, draft=draft), self.renderer, self.calls,
                         settings=self.live, prompts=TelegramPrompts(self, target, dest),
-                        spawn=self.host.spawn)
-        try:
-            await sink.typing()
-        except PlatformError as exc:
-            if not exc.transient:  # blocked, kicked, chat gone: live delivery cannot work here
-                raise
+                        spawn=self.host.spawn, send_scopes=(self.client.sends,))
+        sink.start_typing()  # the turn's model request does not wait for this round trip
         return sink
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
