@@ -22,8 +22,11 @@ from bridge.mcp import start_mcp_servers
 from channels.common.errors import ChannelStartupError
 from channels.common.http import has_own_body_limit
 from channels.common.masking import mask
+from core.agent.subagents import CHILD_GLOB
 from core.bus import ClusterBus
 from core.channel import ERROR, Channel
+from core.leadership import Leadership, LocalLeadership
+from core.leases import SessionLeases
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import DEFAULT_MAX_OUTPUT_TOKENS, LLMProvider
 from core.media.transcribe import Transcriber
@@ -70,6 +73,26 @@ def build_store(config: AppConfig) -> Store:
             raise StartupError(ASYNCPG_MISSING + ", then run `chatbridge run` again.") from None
         return PostgresqlStore(config.store.dsn.strip(), pool_size=config.store.pool_size)
     return SqliteStore(Path(config.bridge.data_dir) / "chatbridge.db")
+
+
+def build_leases(config: AppConfig) -> SessionLeases | None:
+    """Shared session leases on the PostgreSQL database (several processes may run on it); None for SQLite,
+    where this process is the only one."""
+    if config.store.backend != "postgresql":
+        return None
+    from core.postgresql.leases import PostgresqlLeases
+
+    return PostgresqlLeases(config.store.dsn.strip(), ttl=float(config.store.lease_seconds), exclude_glob=CHILD_GLOB)
+
+
+def build_leadership(config: AppConfig) -> Leadership:
+    """Who receives through a single-consumer transport (Telegram long polling): with PostgreSQL, the one
+    process of those sharing the database that holds its advisory lock; with SQLite, this one."""
+    if config.store.backend == "postgresql":
+        from core.postgresql.leader import PostgresqlLeadership  # build_store has checked that asyncpg is there
+
+        return PostgresqlLeadership(config.store.dsn.strip())
+    return LocalLeadership()
 
 
 def build_bus(config: AppConfig) -> ClusterBus | None:
@@ -265,6 +288,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         check_channels(config)
         provider = build_provider(config)
         store = build_store(config)
+        leadership = build_leadership(config)
         bus = build_bus(config)
     except StartupError as exc:
         print(f"chatbridge: {exc}", file=sys.stderr)
@@ -278,7 +302,8 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
     data_dir = Path(config.bridge.data_dir)
     core = ChatCore(store=store, provider=provider,
                     settings=core_settings_for(config), tools=tools, media_dir=data_dir / "media",
-                    transcriber=build_transcriber(config), bus=bus)
+                    transcriber=build_transcriber(config), bus=bus, leadership=leadership,
+                    leases=build_leases(config))
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -139,6 +139,9 @@ class StoreConfig(Section):
     dsn: Secret = ""
     """``postgresql://USER:PASSWORD@HOST:PORT/DATABASE``; a secret (it may hold the password)."""
     pool_size: Annotated[Int, Field(ge=1, le=1000)] = 10
+    lease_seconds: Annotated[Float, Field(ge=1, le=600)] = 10.0
+    """With several processes on one PostgreSQL database: how long a process holds a session it stopped
+    renewing (a process that died leaves its sessions to the others after at most this long)."""
 
     def dsn_password(self) -> str:
         """The password inside ``dsn`` (also redacted from logs on its own), or ""."""

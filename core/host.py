@@ -9,7 +9,8 @@ Every platform channel gets a :class:`ChannelHost`, bound to its name:
 - ``decide(...)`` answers a pending tool approval of one of this channel's sessions on behalf of a user;
   core decides whether that user may (``core.agent.deciders``: the sender of the turn's message, or a user
   the allow list given to ``set_deciders`` names) and says so in its answer, which the channel only
-  translates for the platform ("not yours", "no longer pending");
+  translates for the platform ("not yours", "no longer pending"). With several processes on one store, an
+  approval another process holds is decided there (``ChatCore.decide_anywhere``), so the answer is awaited;
 - ``spawn(name, coro)`` runs work as a supervised task (bounded shutdown; a failed spawn raises);
 - ``get_state`` / ``set_state`` keep small durable values across restarts (a polling offset, a cursor);
 - ``mark_seen(key)`` is durable dedupe on the channel's own keys (e.g. a Slack ``event_id`` on top of the
@@ -17,6 +18,10 @@ Every platform channel gets a :class:`ChannelHost`, bound to its name:
   ``event_id``, which core records together with the message itself; ``mark_seen`` is for keys that must
   be recognised before or apart from that (button presses, retries of events that never become messages).
 - ``count_call(result)`` counts one attempt of a platform call for ``GET /metrics``.
+- ``lead(name)`` waits until this process is the one that receives through ``name`` (a transport the
+  platform allows one consumer of, such as Telegram long polling of one bot) and returns the held lead
+  (``core.leadership``); with one process it is granted at once. ``shared`` says whether other processes
+  on the same database receive for this channel too.
 
 The web chat is itself a client of the sessions (it lists them, reads history, renames, stops, and fans
 core events out to browsers), so it gets a :class:`SessionHost`: the same host plus exactly those reads
@@ -45,9 +50,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 from core.agent.deciders import Decider, DecideResult
 from core.envelope import InboundEnvelope
 from core.events import CoreEvent
+from core.leadership import Lead
 from core.media.library import Refusal as AttachmentRefused
 from core.messages import AttachmentRef, ChatMessage
 from core.metrics import CallResult
+from core.relay import Relay
 from core.router import AdmissionError, SubmitResult
 from core.store import AttachmentRecord, SessionRecord
 from core.supervisor import ShuttingDownError
@@ -88,12 +95,13 @@ class ChannelHost(Protocol):
         channel besides the sender of the turn's message; ``"*"`` names nobody. Until set: only the sender."""
         ...
 
-    def decide(self, session_key: str, tool_call_id: str, decision: Decision,
-               decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
+    async def decide(self, session_key: str, tool_call_id: str, decision: Decision,
+                     decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
         """Answer a pending approval on behalf of ``decided_by`` (a bare string is a user id): DECIDED,
         REFUSED (this user may not decide it; it stays pending) or NOT_PENDING (decided, timed out, over).
         ``origin``: the request's own (``ApprovalRequest.origin``) when a child session of ``session_key``
-        asks (``run_subagent``)."""
+        asks (``run_subagent``). With several processes on one store, an approval pending in another
+        process is decided there (``ChatCore.decide_anywhere``): the answer may take up to a few seconds."""
         ...
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -113,6 +121,17 @@ class ChannelHost(Protocol):
     def count_call(self, result: CallResult) -> None:
         """Count one attempt of a platform call for ``GET /metrics``: ``"ok"``, ``"rate_limited"`` (a 429)
         or ``"error"``. The shared call policy (``channels.common.calls``) counts every attempt it makes."""
+        ...
+
+    @property
+    def shared(self) -> bool:
+        """True when other processes on the same database run this channel too: what this process registered
+        with the platform for receiving (a webhook) serves them as well, so stopping must not undo it."""
+        ...
+
+    async def lead(self, name: str) -> Lead:
+        """Wait until this process leads this channel's ``name`` (never a secret: it may be logged); cancel to
+        give up waiting."""
         ...
 
 
@@ -145,6 +164,11 @@ class SessionHost(ChannelHost, Protocol):
 
     def media_limits(self) -> MediaLimits:
         """The caps every attachment is held to (``[media] max_bytes``, ``max_files``)."""
+        ...
+
+    def relay(self) -> Relay | None:
+        """Messages between this channel's instances in the other processes sharing the store (``core.relay``,
+        topic ``channel.<name>``); None when this process shares the store with nobody."""
         ...
 
     async def upload(self, key: str, name: str | None, chunks: AsyncIterator[bytes]) -> AttachmentRef:
@@ -193,10 +217,10 @@ class CoreHost:
     def set_deciders(self, allow_from: Iterable[str]) -> None:
         self._core.set_deciders(self._channel, allow_from)
 
-    def decide(self, session_key: str, tool_call_id: str, decision: Decision,
-               decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
-        return self._core.decide(self._own(session_key), tool_call_id, decision, decided_by, channel=self._channel,
-                                 origin=origin)
+    async def decide(self, session_key: str, tool_call_id: str, decision: Decision,
+                     decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:
+        return await self._core.decide_anywhere(self._own(session_key), tool_call_id, decision, decided_by,
+                                                channel=self._channel, origin=origin)
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         return self._core.supervisor.spawn(name, coro)
@@ -213,6 +237,13 @@ class CoreHost:
 
     def count_call(self, result: CallResult) -> None:
         self._core.metrics.platform_call(self._channel, result)
+
+    @property
+    def shared(self) -> bool:
+        return self._core.leadership.shared
+
+    async def lead(self, name: str) -> Lead:
+        return await self._core.leadership.acquire(f"{self._channel}:{name}")
 
     # ---- SessionHost -------------------------------------------------------------------------------
 
@@ -234,6 +265,9 @@ class CoreHost:
 
     def subscribe(self, listener: Callable[[CoreEvent], None]) -> Callable[[], None]:
         return self._core.events.subscribe(listener)
+
+    def relay(self) -> Relay | None:
+        return self._core.relay(f"channel.{self._channel}")
 
     def media_limits(self) -> MediaLimits:
         s = self._core.settings

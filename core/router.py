@@ -7,6 +7,10 @@ Duplicates (by the envelope's event_id) are dropped; a full queue gets an immedi
 nothing, so the same message may be sent again. Commands run as their own supervised tasks so a slow one
 never holds up another session, except ``/new``, which runs in its session's order and ends the
 conversation for the messages still waiting before it.
+
+With several processes on one database (``core.failover``) a message is stored by whichever process
+received it and served by the one holding its session's lease; ``/stop`` and ``/new`` for a session held
+by another process are forwarded to it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from enum import Enum
 
 from core.delivery import PlainSender
 from core.envelope import InboundEnvelope
+from core.failover import SessionFailover
 from core.failures import TurnFailurePresenter
 from core.session import Admitted, SessionManager
 from core.settings import CoreSettings
@@ -68,7 +73,8 @@ class IngressRouter:
     def __init__(self, *, store: Store, sessions: SessionManager, plain: PlainSender,
                  presenter: TurnFailurePresenter, supervisor: TaskSupervisor, settings: CoreSettings,
                  new_context: Callable[[str, Sequence[int], float], Awaitable[None]],
-                 compact: Callable[[str], Awaitable[str]] | None = None) -> None:
+                 compact: Callable[[str], Awaitable[str]] | None = None,
+                 failover: SessionFailover | None = None) -> None:
         self._store = store
         self._sessions = sessions
         self._plain = plain
@@ -78,6 +84,7 @@ class IngressRouter:
         self._new_context = new_context
         """``/new``: (session key, the waiting inbound messages it ends, when ``/new`` was received)."""
         self._compact = compact
+        self._failover = failover
         self._closed = False
         self._admitting = 0
         self._admitted = asyncio.Event()
@@ -124,7 +131,8 @@ class IngressRouter:
         self._admitted.clear()
         try:
             inbound = await self._store.admit_inbound(envelope.channel, envelope.event_id, envelope.model_dump_json(),
-                                                      ttl_seconds=self._settings.dedupe_ttl_seconds)
+                                                      ttl_seconds=self._settings.dedupe_ttl_seconds,
+                                                      key=envelope.key())
         except Exception as exc:
             place.give_back()
             log.error("storing an inbound message of %s failed: %s", envelope.key(), exc)
@@ -158,14 +166,26 @@ class IngressRouter:
             return SubmitResult.DUPLICATE
         key = envelope.key()
         if command == "new":
-            # Stop the reply being written; the context starts afresh once that turn has ended, in the
-            # session's order, and the messages still waiting before /new are not answered.
-            self._sessions.cancel_running(key)
-            self._sessions.schedule(key, "new", functools.partial(self._new_conversation, envelope),
-                                    take_waiting=True)
+            self.new_here(envelope)
         else:
             self._supervisor.spawn(f"command:{command}:{key}", self._command(command, envelope))
         return SubmitResult.COMMAND
+
+    def new_here(self, envelope: InboundEnvelope) -> None:
+        """``/new``: stop the reply being written; the context starts afresh once that turn has ended, in the
+        session's order, and the messages still waiting before /new are not answered. When another process
+        holds the session, it goes there."""
+        key = envelope.key()
+        self._sessions.cancel_running(key)
+        forward = functools.partial(self._failover.forward_new, envelope) if self._failover is not None else None
+        self._sessions.schedule(key, "new", functools.partial(self._new_conversation, envelope),
+                                take_waiting=True, forward=forward, sent_at=envelope.received_at)
+
+    async def stop_here(self, envelope: InboundEnvelope) -> None:
+        """``/stop`` for a session this process serves."""
+        if not await self._sessions.stop(envelope.key()):
+            await self._plain.send(envelope.target(), self._presenter.nothing_to_stop())
+        # else: the stopped turn's own terminal message says so (never two terminal messages)
 
     async def _first_delivery(self, envelope: InboundEnvelope) -> bool:
         assert envelope.event_id is not None
@@ -184,9 +204,10 @@ class IngressRouter:
     async def _command(self, command: str, envelope: InboundEnvelope) -> None:
         target = envelope.target()
         if command == "stop":
-            if not await self._sessions.stop(envelope.key()):
-                await self._plain.send(target, self._presenter.nothing_to_stop())
-            # else: the stopped turn's own terminal message says so (never two terminal messages)
+            if self._failover is not None and not self._sessions.holds(envelope.key()) \
+                    and await self._failover.forward_stop(envelope.key(), envelope):
+                return  # the holder stops it, or says there is nothing to stop
+            await self.stop_here(envelope)
         elif command == "compact" and self._compact is not None:
             await self._plain.send(target, await self._compact(envelope.key()))
         elif command == "help":

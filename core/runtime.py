@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
+from core.agent.approval_relay import TOPIC as APPROVALS_TOPIC
+from core.agent.approval_relay import ApprovalRelay
 from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor, summary_message
 from core.agent.deciders import NOBODY_ELSE, Decider, DecideResult, Deciders
@@ -25,9 +28,12 @@ from core.delivery import PlainSender, TurnDeliveryService
 from core.envelope import InboundEnvelope, TurnTarget
 from core.events import EventBus, SessionTitleChanged, TurnCommitted
 from core.executor import ConversationExecutor
+from core.failover import SessionFailover
 from core.failures import TurnFailurePresenter
 from core.host import CoreHost
 from core.input_builder import RuntimeContext, TurnInputBuilder, summary_of
+from core.leadership import Leadership, LocalLeadership
+from core.leases import LocalLeases, SessionLeases
 from core.llm.provider import LLMProvider, ProviderError
 from core.media.intake import AttachmentIntake
 from core.media.library import MediaLibrary, Refusal, display_name
@@ -36,11 +42,20 @@ from core.media.vision import VisionPolicy
 from core.messages import AttachmentRef, ChatMessage
 from core.metrics import Metrics
 from core.redelivery import Redelivery
+from core.relay import Relay
 from core.router import AdmissionError, IngressRouter, RouterClosedError, SubmitResult
 from core.runner import TurnRunner
 from core.session import Admitted, SessionManager
 from core.settings import CoreSettings
-from core.store import AttachmentRecord, SessionRecord, StaleStateError, Store, StoreError
+from core.store import (
+    AttachmentRecord,
+    SessionRecord,
+    StaleStateError,
+    Store,
+    StoreError,
+    TurnRecord,
+    UndeliveredTurn,
+)
 from core.supervisor import TaskSupervisor
 from core.text import sound_text
 from core.title import TitleService
@@ -55,13 +70,21 @@ class ChatCore:
     def __init__(self, *, store: Store, provider: LLMProvider, settings: CoreSettings | None = None,
                  presenter: TurnFailurePresenter | None = None, tools: ToolRegistry | None = None,
                  media_dir: Path | None = None, transcriber: Transcriber | None = None,
-                 bus: ClusterBus | None = None) -> None:
+                 bus: ClusterBus | None = None, leadership: Leadership | None = None,
+                 leases: SessionLeases | None = None) -> None:
         """``media_dir``: where attachments are stored (None: they are only described to the model);
         ``transcriber``: turns voice messages into text (None: they are described); ``bus``: notes to the
-        other processes sharing the store (``core.bus``; None: this process is alone)."""
+        other processes sharing the store (``core.bus``; None: this process is alone); ``leadership``: which
+        process receives through a single-consumer transport (default: this one, the only one); ``leases``:
+        shared session leases when several processes use one database (``core.failover``; None: this process
+        is the only one)."""
         self.settings = settings or CoreSettings()
         self.store = store
         self.bus: ClusterBus = bus or LocalBus()
+        self.leadership: Leadership = leadership or LocalLeadership()
+        self.node = secrets.token_hex(6)
+        """This process's name among those sharing the store (new for every start)."""
+        self._relays: dict[str, Relay] = {}
         self.provider = provider
         self.presenter = presenter or TurnFailurePresenter()
         self.supervisor = TaskSupervisor()
@@ -74,6 +97,9 @@ class ChatCore:
         self.tools = tools or ToolRegistry()
         self.approvals = ApprovalBroker()
         self._deciders: dict[str, Deciders] = {}
+        approvals_relay = self.relay(APPROVALS_TOPIC)
+        self._approval_relay = ApprovalRelay(approvals_relay, self._decide_here) \
+            if approvals_relay is not None else None
         self.vision = VisionPolicy(s.vision, provider.name, str(getattr(provider, "model", "")))
         self.media = MediaLibrary(media_dir, store, s) if media_dir is not None else None
         self._transcriber = transcriber
@@ -98,17 +124,33 @@ class ChatCore:
             events=self.events, settings=s, metrics=self.metrics,
             intake=AttachmentIntake(self.media, s, sources=self.channels.get, transcriber=transcriber)
             if self.media is not None else None)
-        self.sessions = SessionManager(store, self.executor, self.supervisor, s)
+        self.leases = leases or LocalLeases()
+        self.failover = SessionFailover(store=store, leases=self.leases, settings=s, supervisor=self.supervisor,
+                                        recovery=self, bus=self.bus) if self.leases.shared else None
+        self.sessions = SessionManager(store, self.executor, self.supervisor, s, leases=self.leases,
+                                       takeover=self.failover)
+        if self.failover is not None:
+            self.failover.sessions = self.sessions
         self.metrics.watch(queue_depth=self.sessions.queued_count, active_sessions=lambda: self.sessions.active_count,
                            running_turns=self.sessions.running_count)
         self.router = IngressRouter(store=store, sessions=self.sessions, plain=self._plain,
                                     presenter=self.presenter, supervisor=self.supervisor, settings=s,
-                                    new_context=self._new_context, compact=self.compact)
+                                    new_context=self._new_context, compact=self.compact, failover=self.failover)
         self._started = False
 
     def add_channel(self, channel: Channel) -> None:
         """Register ``channel`` for delivery: turn targets and notices naming it go through it."""
         self.channels.add(channel)
+
+    def relay(self, topic: str) -> Relay | None:
+        """The relay of ``topic`` to the other processes sharing the store (``core.relay``); None when this
+        process shares it with nobody (``LocalBus``), so a process alone never sends or waits for notes."""
+        if isinstance(self.bus, LocalBus):
+            return None
+        relay = self._relays.get(topic)
+        if relay is None:
+            relay = self._relays[topic] = Relay(self.bus, topic, self.node, self.supervisor.spawn)
+        return relay
 
     def host_for(self, channel: str) -> CoreHost:
         """What the channel named ``channel`` is handed instead of this object (``core.host``)."""
@@ -129,19 +171,28 @@ class ChatCore:
         if self.media is not None:
             await self.media.open()
             self.supervisor.spawn("media:expiry", self._expire_media(self.media))
+        if self.failover is not None:  # several processes: recover each session as its lease is taken
+            await self.leases.open()
+            await self.failover.start()
+            return
         await self._redeliver()
         for turn in await self.store.close_interrupted_turns():
-            notice = self.presenter.interrupted_by_restart()
-            await self._committer.commit_notice(turn.session_key, turn.turn_id, notice)
-            if is_child_key(turn.session_key):
-                continue  # a subagent's chat is its parent's, which is told once, by the parent's own turn
-            try:
-                target = TurnTarget.model_validate_json(turn.target_json)
-            except ValueError:
-                log.warning("interrupted turn %s has an unreadable target", turn.turn_id)
-                continue
-            await self._plain.send(target, notice)
+            await self.interrupted(turn)
         await self._resume()
+
+    async def interrupted(self, turn: TurnRecord) -> None:
+        """A turn a stopped process left running: its notice goes into its session's history, where a page
+        that reconnects finds it, then its chat is told once."""
+        notice = self.presenter.interrupted_by_restart()
+        await self._committer.commit_notice(turn.session_key, turn.turn_id, notice)
+        if is_child_key(turn.session_key):
+            return  # a subagent's chat is its parent's, which is told once, by the parent's own turn
+        try:
+            target = TurnTarget.model_validate_json(turn.target_json)
+        except ValueError:
+            log.warning("interrupted turn %s has an unreadable target", turn.turn_id)
+            return
+        await self._plain.send(target, notice)
 
     async def _redeliver(self) -> None:
         """Turns a crash cut off between their commit and their delivery, or whose delivery failed and was
@@ -151,28 +202,32 @@ class ChatCore:
         platform does not take now is tried again in the background. Those older than ``resume_max_age``
         are left, like the messages that old."""
         for item in await self.store.undelivered_turns(time.time() - self.settings.resume_max_age):
-            turn_id = item.turn.turn_id
-            if is_child_key(item.turn.session_key):  # a subagent answers its parent, never a chat
-                await self.store.mark_delivered(turn_id)
-                continue
-            try:
-                target = TurnTarget.model_validate_json(item.turn.target_json)
-            except ValueError:
-                log.warning("undelivered turn %s has an unreadable target", turn_id)
-                await self.store.mark_delivered(turn_id)
-                continue
-            channel = self.channels.get(target.channel)
-            # a channel whose clients read the history (the web chat) already shows the committed answer
-            if channel is None or not item.text or getattr(channel, "shows_history", False):
-                if channel is None:
-                    log.warning("undelivered turn %s is for channel %r, which is not running", turn_id,
-                                target.channel)
-                await self.store.mark_delivered(turn_id)
-                continue
-            log.info("sending the %s turn %s again: a restart came before its delivery", item.turn.state, turn_id)
-            rest = await self._redelivery.deliver(turn_id, target, item.text)
-            if rest:
-                self._redelivery.schedule(turn_id, target, rest)
+            await self.redeliver(item)
+
+    async def redeliver(self, item: UndeliveredTurn) -> None:
+        """Send an undelivered turn's terminal message once (see ``_redeliver``)."""
+        turn_id = item.turn.turn_id
+        if is_child_key(item.turn.session_key):  # a subagent answers its parent, never a chat
+            await self.store.mark_delivered(turn_id)
+            return
+        try:
+            target = TurnTarget.model_validate_json(item.turn.target_json)
+        except ValueError:
+            log.warning("undelivered turn %s has an unreadable target", turn_id)
+            await self.store.mark_delivered(turn_id)
+            return
+        channel = self.channels.get(target.channel)
+        # a channel whose clients read the history (the web chat) already shows the committed answer
+        if channel is None or not item.text or getattr(channel, "shows_history", False):
+            if channel is None:
+                log.warning("undelivered turn %s is for channel %r, which is not running", turn_id,
+                            target.channel)
+            await self.store.mark_delivered(turn_id)
+            return
+        log.info("sending the %s turn %s again: a restart came before its delivery", item.turn.state, turn_id)
+        rest = await self._redelivery.deliver(turn_id, target, item.text)
+        if rest:
+            self._redelivery.schedule(turn_id, target, rest)
 
     async def _resume(self) -> None:
         now = time.time()
@@ -194,6 +249,10 @@ class ChatCore:
                                        functools.partial(self._too_old, envelope, record.seq, age))
 
     async def _too_old(self, envelope: InboundEnvelope, seq: int, age: float, _: Sequence[Admitted]) -> None:
+        await self.too_old(envelope, seq, age)
+
+    async def too_old(self, envelope: InboundEnvelope, seq: int, age: float) -> None:
+        """A stored message too old to answer after a restart: one notice instead."""
         await self.store.finish_inbound([seq])  # before the notice: never two notices for one message
         notice = self.presenter.too_old_after_restart(age)
         await self._committer.commit_notice(envelope.key(), None, notice)  # in history too, as above
@@ -208,7 +267,19 @@ class ChatCore:
         return await self.router.submit(envelope)
 
     async def stop(self, key: str) -> bool:
-        return await self.sessions.stop(key)
+        """Stop ``key``'s running turn, here or in the process that holds the session (True: a turn ran
+        here and was stopped, or the stop went to the holder)."""
+        if await self.sessions.stop(key):
+            return True
+        return self.failover is not None and await self.failover.forward_stop(key)
+
+    async def stop_here(self, envelope: InboundEnvelope) -> None:
+        """``/stop`` another process received for a session this one holds."""
+        await self.router.stop_here(envelope)
+
+    def new_here(self, envelope: InboundEnvelope) -> None:
+        """``/new`` another process received for a session this one holds."""
+        self.router.new_here(envelope)
 
     def set_deciders(self, channel: str, allow_from: Iterable[str]) -> None:
         """The users (ids or names, as in ``allow_from``) who may decide any approval of ``channel``'s
@@ -232,6 +303,24 @@ class ChatCore:
         deciders = self._deciders.get(channel, NOBODY_ELSE) if channel is not None else NOBODY_ELSE
         target = origin[-1] if origin else session_key
         return self.approvals.decide(target, tool_call_id, decision, decided_by, deciders)
+
+    def _decide_here(self, session_key: str, tool_call_id: str, decision: Literal["allow", "deny"],
+                     decided_by: Decider | None, channel: str | None, origin: Sequence[str]) -> DecideResult:
+        return self.decide(session_key, tool_call_id, decision, decided_by, channel=channel, origin=origin)
+
+    async def decide_anywhere(self, session_key: str, tool_call_id: str, decision: Literal["allow", "deny"],
+                              decided_by: Decider | str | None, *, channel: str | None = None,
+                              origin: Sequence[str] = ()) -> DecideResult:
+        """``decide``, wherever the turn runs: an approval not pending in this process is forwarded to the
+        process sharing the store that holds it, which decides it by the same rule and answers
+        (``core.agent.approval_relay``; NOT_PENDING when none answers in time)."""
+        result = self.decide(session_key, tool_call_id, decision, decided_by, channel=channel, origin=origin)
+        if result is not DecideResult.NOT_PENDING or self._approval_relay is None:
+            return result
+        if origin and not descends(session_key, origin):
+            return result
+        return await self._approval_relay.decide(session_key, tool_call_id, decision, Decider.of(decided_by),
+                                                 channel, origin)
 
     async def compact(self, key: str) -> str:
         """/compact: summarize the session's context now (not while a reply is being written)."""
@@ -312,9 +401,15 @@ class ChatCore:
         Returns the names of tasks that had to be abandoned."""
         total = self.settings.shutdown_timeout
         self.router.close()
+        if self.failover is not None:
+            self.failover.close()
         await asyncio.gather(self.router.drain(total / 2), self.sessions.shutdown(total / 2))
+        if self._approval_relay is not None:
+            self._approval_relay.close()
         stragglers = await self.supervisor.shutdown(total / 2)
         try:
+            if self.failover is not None:  # the others take this process's sessions over at once
+                await self.leases.close()
             await self.provider.aclose()
             if self._transcriber is not None:
                 await self._transcriber.aclose()

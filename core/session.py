@@ -14,6 +14,18 @@ A worker exists only while its session has work; after ``session_idle_seconds`` 
 the session costs nothing but its database row. ``stop`` reaches the running turn directly, never through
 the queue. At shutdown the running turns are stopped and nothing queued is answered: every queued message
 is stored, and the next start resumes it.
+
+A worker serves only while its process holds the session's lease (``core.leases``). With one process per
+database (``LocalLeases``) that is always, at no cost. With several processes on one database the worker
+first waits until the messages queued in it are stored, then takes the lease: granted, it first takes the
+session over (``Takeover.take``: a turn a dead holder left running is closed with its notice, its
+undelivered turns are sent) and reads the session's waiting messages from the store, whichever process
+admitted them (``Takeover.waiting``); refused, it drops its queue (every message in it is stored): the
+holder reads the store after each turn, and serves them. A holder with nothing left releases the lease at
+once (so whichever process receives the next message serves it), then reads the store once more. Because a
+message is stored before the lease is asked for, a message is never left waiting with nobody to serve it;
+one read from the store and also queued here is served once (by its inbound seq). A worker whose lease was
+lost (not renewed in time) starts nothing more.
 """
 
 from __future__ import annotations
@@ -23,11 +35,13 @@ import collections
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from core.cancel_signal import CancelSignal
 from core.context_cache import ContextCache
 from core.envelope import InboundEnvelope
 from core.executor import ConversationExecutor
+from core.leases import LocalLeases, SessionLeases
 from core.settings import CoreSettings
 from core.store import Store
 from core.supervisor import TaskSupervisor
@@ -41,10 +55,21 @@ Admitted = tuple[InboundEnvelope, int]
 class Place:
     """A message's place in its session's queue, reserved before the message is stored."""
 
-    __slots__ = ("_admitted",)
+    __slots__ = ("_admitted", "loaded")
 
-    def __init__(self) -> None:
+    def __init__(self, *, loaded: bool = False) -> None:
         self._admitted: asyncio.Future[Admitted | None] = asyncio.get_running_loop().create_future()
+        self.loaded = loaded
+        """Read from the store (``refresh``) rather than queued by this process's router."""
+
+    @property
+    def pending(self) -> bool:
+        """Not yet filled nor given back."""
+        return not self._admitted.done()
+
+    @property
+    def filled(self) -> Admitted | None:
+        return self._admitted.result() if self._admitted.done() else None
 
     def fill(self, envelope: InboundEnvelope, inbound: int) -> None:
         """The message is durably admitted as ``inbound``: it will be served in this place."""
@@ -69,6 +94,22 @@ class _Job:
     name: str
     run: Job
     taken: list[Place] = field(default_factory=list)
+    forward: Callable[[], Awaitable[None]] | None = None
+    """How the job reaches the session's holder when another process holds the lease (None: dropped)."""
+    sent_at: float | None = None
+    """With ``take_waiting``: messages other processes stored that were received before this are taken too."""
+
+
+class Takeover(Protocol):
+    """What a worker needs besides its queue when the lease is shared (``ChatCore`` provides it)."""
+
+    async def take(self, key: str) -> None:
+        """The lease was just granted: finish what a previous holder left (interrupted and undelivered turns)."""
+        ...
+
+    async def waiting(self, key: str) -> list[Admitted]:
+        """The session's stored messages waiting for an answer, in arrival order (others are dealt with)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -83,6 +124,11 @@ class _ActiveSession:
     cancel: CancelSignal | None = None
     """Cancel signal of the turn being executed, if any."""
     worker: asyncio.Task[None] | None = None
+    leased: bool = False
+    refresh: bool = False
+    """Read the session's waiting messages from the store before serving more (a shared lease only)."""
+    taken: set[int] = field(default_factory=set)
+    """Inbound seqs queued from the store or served: a message both read and queued here is served once."""
 
     def put(self, item: Place | _Job) -> None:
         self.items.append(item)
@@ -94,11 +140,14 @@ class _ActiveSession:
 
 class SessionManager:
     def __init__(self, store: Store, executor: ConversationExecutor, supervisor: TaskSupervisor,
-                 settings: CoreSettings) -> None:
+                 settings: CoreSettings, *, leases: SessionLeases | None = None,
+                 takeover: Takeover | None = None) -> None:
         self._store = store
         self._executor = executor
         self._supervisor = supervisor
         self._settings = settings
+        self._leases: SessionLeases = leases or LocalLeases()
+        self._takeover = takeover
         self._active: dict[str, _ActiveSession] = {}
         self._closing = False
 
@@ -122,6 +171,32 @@ class SessionManager:
         s = self._active.get(key)
         return bool(s and s.cancel is not None)
 
+    def holds(self, key: str) -> bool:
+        """Whether this process serves ``key`` now (its worker holds the session's lease)."""
+        s = self._active.get(key)
+        return bool(s and s.leased and self._leases.holds(key))
+
+    def wake(self, key: str) -> None:
+        """Stored messages may wait for ``key``: read them (when this process holds the lease, or can take it).
+
+        Raises SupervisorClosedError when shutting down."""
+        if self._closing:
+            return
+        session = self._session(key)
+        session.refresh = True
+        session.wakeup.set()
+
+    def lost(self, keys: Sequence[str]) -> None:
+        """The leases of ``keys`` could not be renewed: their workers start nothing more (the running turn
+        ends as it would; the next holder finds the queued messages in the store)."""
+        for key in keys:
+            session = self._active.get(key)
+            if session is not None:
+                log.warning("lost the lease of %s; its queued messages are left to the next holder", key)
+                session.items.clear()
+                session.refresh = False
+                session.wakeup.set()
+
     def reserve(self, key: str) -> Place | None:
         """A place at the end of ``key``'s queue, or None when the queue is full. Never blocks.
 
@@ -140,17 +215,22 @@ class SessionManager:
         place.fill(envelope, inbound)
         self._session(envelope.key()).put(place)
 
-    def schedule(self, key: str, name: str, job: Job, *, take_waiting: bool = False) -> None:
+    def schedule(self, key: str, name: str, job: Job, *, take_waiting: bool = False,
+                 forward: Callable[[], Awaitable[None]] | None = None, sent_at: float | None = None) -> None:
         """Run ``job`` in ``key``'s order, after everything queued so far. With ``take_waiting`` the messages
         queued so far are taken out of the queue and handed to the job instead of being served (if the job
-        fails, they are served after all)."""
+        fails, they are served after all); with a shared lease, the session's messages stored by other
+        processes received before ``sent_at`` are read first and taken too. When another process holds the
+        lease, ``forward`` is called instead (to reach the holder)."""
         session = self._session(key)
+        if take_waiting and self._leases.shared:
+            session.refresh = True
         taken: list[Place] = []
         if take_waiting:
             kept = [item for item in session.items if not isinstance(item, Place)]
             taken = [item for item in session.items if isinstance(item, Place)]
             session.items = collections.deque(kept)
-        session.put(_Job(name, job, taken))
+        session.put(_Job(name, job, taken, forward, sent_at if take_waiting else None))
 
     def cancel_running(self, key: str) -> None:
         """Signal the running turn of ``key`` to stop, without a generation bump (``stop`` bumps first)."""
@@ -178,9 +258,15 @@ class SessionManager:
         return session
 
     async def _work(self, session: _ActiveSession) -> None:
+        shared = self._leases.shared
         try:
             while not self._closing:
-                if not session.items:
+                if not session.items and not session.refresh:
+                    if shared:  # idle: the lease goes at once, so any process can serve what comes next
+                        if not session.leased:
+                            return  # no await between the check and the removal
+                        await self._release(session)
+                        continue
                     session.wakeup.clear()
                     try:
                         async with asyncio.timeout(self._settings.session_idle_seconds):  # no task per wait
@@ -188,6 +274,16 @@ class SessionManager:
                     except TimeoutError:
                         if not session.items:  # no await between this check and the removal
                             return
+                    continue
+                if not session.leased:
+                    if not await self._take_lease(session):
+                        return
+                    continue
+                if shared and not self._leases.holds(session.key):
+                    return  # lost: what is queued is stored; the next holder serves it
+                if session.refresh:
+                    session.refresh = False
+                    await self._refresh(session)
                     continue
                 item = session.items.popleft()
                 session.busy = True
@@ -198,16 +294,102 @@ class SessionManager:
                         await self._run_job(session, item)
                 finally:
                     session.busy = False
+                    # messages stored by other processes meanwhile are read before the next one is served
+                    session.refresh = shared
         finally:
             if self._active.get(session.key) is session:
                 del self._active[session.key]
             # Whatever is still queued (shutdown) is stored: the next start resumes it.
+
+    async def _take_lease(self, session: _ActiveSession) -> bool:
+        """Take the session's lease before serving it; False when another process holds it (the queue went
+        to that process) or it could not be asked for (the queue stays stored for the sweeper)."""
+        if not self._leases.shared:
+            session.leased = True
+            return True
+        while any(isinstance(i, Place) and i.pending for i in session.items):
+            for item in list(session.items):  # every message is stored before the lease is asked for
+                if isinstance(item, Place):
+                    await item.admitted()
+        session.items = collections.deque(i for i in session.items if not isinstance(i, Place) or i.filled)
+        if not session.items and not session.refresh:
+            return True  # nothing to serve after all (duplicates): idle, unleased
+        try:
+            granted = await self._leases.acquire(session.key)
+        except Exception as exc:
+            log.warning("could not ask for the lease of %s: %s; its messages wait in the store", session.key, exc)
+            granted = False
+        if granted:
+            session.leased = True
+            session.refresh = True
+            if self._takeover is not None:
+                try:
+                    await self._takeover.take(session.key)
+                except Exception:
+                    log.exception("taking over %s failed", session.key)
+            return True
+        # the holder reads the stored messages after its current turn, or this process after it releases
+        forwards = [item.forward for item in session.items if isinstance(item, _Job) and item.forward is not None]
+        session.items.clear()
+        session.refresh = False
+        try:
+            for forward in forwards:
+                await forward()
+        except Exception as exc:
+            log.warning("could not reach the holder of %s: %s", session.key, exc)
+        return False
+
+    async def _refresh(self, session: _ActiveSession) -> None:
+        """Queue the session's stored messages not queued here yet, in arrival order."""
+        if self._takeover is None:
+            return
+        try:
+            waiting = await self._takeover.waiting(session.key)
+        except Exception as exc:
+            log.warning("reading the waiting messages of %s failed: %s", session.key, exc)
+            return
+        queued = {f[1] for i in session.items if isinstance(i, Place) and (f := i.filled) is not None}
+        loaded = []
+        for envelope, seq in waiting:
+            if seq in session.taken or seq in queued:
+                continue
+            session.taken.add(seq)
+            place = Place(loaded=True)
+            place.fill(envelope, seq)
+            loaded.append(place)
+        # a /new queued here takes those received before it: they belong to the conversation it ends
+        job = next((i for i in session.items if isinstance(i, _Job) and i.sent_at is not None), None)
+        for place in loaded:
+            admitted = place.filled
+            if job is not None and job.sent_at is not None and admitted is not None \
+                    and admitted[0].received_at <= job.sent_at:
+                job.taken.append(place)
+            else:
+                session.items.append(place)
+
+    async def _release(self, session: _ActiveSession) -> None:
+        """Give the lease back (the worker's own step, so it never races the next ``acquire`` here), then
+        read the store once more: a message stored while this process held the lease was refused the lease
+        in its own process and waits for this one."""
+        session.leased = False
+        try:
+            await self._leases.release(session.key)
+            # (one this worker took already stays taken: a message whose turn failed to begin is not tried
+            # again and again here; the sweeper wakes its session anew)
+            if any(r.seq not in session.taken for r in await self._store.waiting_inbound(key=session.key)):
+                session.refresh = True
+        except Exception as exc:  # the lease runs out by itself; the sweeper finds what waits
+            log.warning("releasing the lease of %s failed: %s", session.key, exc)
 
     async def _serve(self, session: _ActiveSession, place: Place) -> None:
         admitted = await place.admitted()
         if admitted is None or self._closing:
             return
         envelope, inbound = admitted
+        if self._leases.shared and not place.loaded:  # (SQLite may number a later message like a served one)
+            if inbound in session.taken:
+                return  # read from the store and queued already
+            session.taken.add(inbound)
         session.cancel = CancelSignal()
         try:
             await self._executor.execute(envelope, session.cancel, session.context, inbound=inbound)

@@ -16,6 +16,7 @@ message content; ``StaleStateError`` from ``commit_turn`` passes through unchang
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import time
 import uuid
@@ -263,13 +264,13 @@ class SqliteStore:
     # -- inbound messages and dedupe
 
     async def admit_inbound(self, channel: str, event_id: str | None, payload: str, *,
-                            ttl_seconds: float) -> int | None:
+                            ttl_seconds: float, key: str | None = None) -> int | None:
         """Keep an accepted inbound message until it is served; None when its event was seen within its TTL.
 
         A message without an event id has no dedupe mark to keep: its row goes once it is served."""
         now = self._clock()
         return await self._admit("admit_inbound", Admission(
-            channel, event_id, payload, now, now + ttl_seconds if event_id is not None else now))
+            channel, event_id, payload, now, now + ttl_seconds if event_id is not None else now, key))
 
     async def mark_event_processed(self, channel: str, event_id: str, *, ttl_seconds: float) -> bool:
         """True if this event is new (and is now recorded); False if it was seen within its TTL.
@@ -287,9 +288,10 @@ class SqliteStore:
             "event_seen", "SELECT 1 FROM inbound WHERE channel = ? AND event_id = ?"
             " AND (envelope IS NOT NULL OR expires_at > ?)", (channel, event_id, self._clock())))
 
-    async def waiting_inbound(self) -> list[InboundRecord]:
+    async def waiting_inbound(self, *, key: str | None = None, after_seq: int = 0) -> list[InboundRecord]:
         found = await self._read("waiting_inbound", "SELECT seq, envelope, admitted_at FROM inbound"
-                                 " WHERE envelope IS NOT NULL ORDER BY seq")
+                                 " WHERE envelope IS NOT NULL AND seq > :after AND (:key IS NULL OR session_key = :key)"
+                                 " ORDER BY seq", {"key": key, "after": after_seq})
         return [InboundRecord(seq=r[0], payload=r[1], admitted_at=r[2]) for r in found]
 
     async def finish_inbound(self, seqs: Sequence[int]) -> None:
@@ -308,13 +310,16 @@ class SqliteStore:
     async def mark_delivered(self, turn_id: str) -> None:
         await self._write("mark_delivered", writes.MARK_DELIVERED, (turn_id, self._clock()))
 
-    async def undelivered_turns(self, since: float) -> list[UndeliveredTurn]:
-        found = await self._read("undelivered_turns", writes.UNDELIVERED_TURNS, (since,))
+    async def undelivered_turns(self, since: float, *, key: str | None = None,
+                                ended_before: float | None = None) -> list[UndeliveredTurn]:
+        found = await self._read("undelivered_turns", writes.UNDELIVERED_TURNS, {
+            "since": since, "key": key, "before": ended_before if ended_before is not None else math.inf})
         return [UndeliveredTurn(turn=rows.turn_from_row(r), text=r[6]) for r in found]
 
-    async def close_interrupted_turns(self) -> list[TurnRecord]:
-        """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""
-        found = await self._write("close_interrupted_turns", writes.CLOSE_INTERRUPTED_TURNS, (self._clock(),))
+    async def close_interrupted_turns(self, *, key: str | None = None) -> list[TurnRecord]:
+        """Mark every turn still 'running' as 'interrupted' (only ``key``'s with a key) and return them."""
+        found = await self._write("close_interrupted_turns", writes.CLOSE_INTERRUPTED_TURNS,
+                                  {"now": self._clock(), "key": key})
         return sorted((rows.turn_from_row(r) for r in found), key=lambda t: (t.started_at, t.turn_id))
 
     # -- attachments

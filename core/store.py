@@ -185,12 +185,13 @@ class Store(Protocol):
 
     # inbound messages and dedupe
     async def admit_inbound(self, channel: str, event_id: str | None, payload: str, *,
-                            ttl_seconds: float) -> int | None:
+                            ttl_seconds: float, key: str | None = None) -> int | None:
         """Durably keep an accepted inbound message until its turn starts; returns its seq (arrival order).
 
         With an ``event_id``, the same transaction records the dedupe mark (kept ``ttl_seconds`` past
         admission, and while the message waits), and None means the event was seen within its TTL: nothing
-        is written. ``payload`` is opaque to the store."""
+        is written. ``payload`` is opaque to the store; ``key`` is the session it waits for (what
+        ``waiting_inbound(key=...)`` finds it by)."""
         ...
 
     async def mark_event_processed(self, channel: str, event_id: str, *, ttl_seconds: float) -> bool:
@@ -202,8 +203,9 @@ class Store(Protocol):
         """Whether a dedupe mark for this event exists (read only)."""
         ...
 
-    async def waiting_inbound(self) -> list[InboundRecord]:
-        """Every admitted inbound message not yet served, in arrival order (read at start-up)."""
+    async def waiting_inbound(self, *, key: str | None = None, after_seq: int = 0) -> list[InboundRecord]:
+        """Every admitted inbound message not yet served, in arrival order (read at start-up); with ``key``
+        only those admitted for that session, and only those with a seq above ``after_seq``."""
         ...
 
     async def finish_inbound(self, seqs: Sequence[int]) -> None:
@@ -222,14 +224,17 @@ class Store(Protocol):
         """The turn's terminal state is visible in its chat (its sink or a plain message was accepted)."""
         ...
 
-    async def undelivered_turns(self, since: float) -> list[UndeliveredTurn]:
+    async def undelivered_turns(self, since: float, *, key: str | None = None,
+                                ended_before: float | None = None) -> list[UndeliveredTurn]:
         """Turns that ended after ``since`` (completed, failed or cancelled) and were never marked delivered:
         a crash came between their commit and their delivery, or the platform never took their terminal
-        message (read at start-up), oldest first."""
+        message (read at start-up), oldest first. ``key``: only that session's; ``ended_before``: only those
+        that ended before it."""
         ...
 
-    async def close_interrupted_turns(self) -> list[TurnRecord]:
-        """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""
+    async def close_interrupted_turns(self, *, key: str | None = None) -> list[TurnRecord]:
+        """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up); with
+        ``key`` only that session's (a process taking over the session from one that died)."""
         ...
 
     # attachments

@@ -27,6 +27,21 @@ settings.register_profile("explore", max_examples=2000)
 settings.load_profile("default-run")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true",
+                     help="also run the long variants (marked `long`): more crash seeds, every platform's "
+                          "benchmark smoke")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="a long variant: `pytest --long` runs it")
+    for item in items:
+        if item.get_closest_marker("long") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _logging_is_restored_after_each_test() -> Iterator[None]:
     """``chatbridge run`` (``configure_logging``) replaces the root handlers and levels for the whole

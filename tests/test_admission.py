@@ -32,14 +32,14 @@ class FlakyStore(SqliteStore):
         self.at_gate = 0
         """Admissions that reached the gate."""
 
-    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds):  # type: ignore[override]
+    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds, key=None):  # type: ignore[override]
         if self.admission_gate is not None:
             self.at_gate += 1
             await self.admission_gate.wait()
         if self.fail_admissions:
             self.fail_admissions -= 1
             raise StoreError("sqlite store: admit_inbound failed (OperationalError: disk I/O error)")
-        return await super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds)
+        return await super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds, key=key)
 
     async def append_message(self, key, message, **kw):  # type: ignore[override]
         if self.fail_appends:

@@ -43,7 +43,7 @@ async def test_a_channel_acts_only_on_its_own_messages_and_sessions(tmp_path, fa
     with pytest.raises(ValueError):
         await host.submit(h.channel.envelope("hi"))  # an envelope of channel "test"
     with pytest.raises(ValueError):
-        host.decide("test:c1", "call_1", "allow", "u1")
+        await host.decide("test:c1", "call_1", "allow", "u1")
     with pytest.raises(ValueError):
         await host.history("test:c1")
     await host.create_session("web:abc")
@@ -73,11 +73,11 @@ async def _pending_approval(tmp_path, fake_openai, sender: str = "alice", allow_
 
 async def test_core_refuses_a_decision_from_anyone_but_the_asker(tmp_path, fake_openai):
     h, host, tool, events = await _pending_approval(tmp_path, fake_openai)
-    assert host.decide(KEY, "call_L", "allow", decided_by="mallory") is DecideResult.REFUSED
-    assert host.decide(KEY, "call_L", "allow", decided_by=Decider("mallory", ("alice",))) is DecideResult.REFUSED
-    assert host.decide(KEY, "call_L", "allow", decided_by=None) is DecideResult.REFUSED
+    assert await host.decide(KEY, "call_L", "allow", decided_by="mallory") is DecideResult.REFUSED
+    assert await host.decide(KEY, "call_L", "allow", decided_by=Decider("mallory", ("alice",))) is DecideResult.REFUSED
+    assert await host.decide(KEY, "call_L", "allow", decided_by=None) is DecideResult.REFUSED
     assert not any(e.kind == "approval_decision" for e in events) and tool.calls == []  # still pending
-    assert host.decide(KEY, "call_L", "allow", decided_by="alice") is DecideResult.DECIDED
+    assert await host.decide(KEY, "call_L", "allow", decided_by="alice") is DecideResult.DECIDED
     await h.settle()
     assert tool.calls == [{}] and h.platform.visible("c1") == ["Looked it up."]
     decision = next(e for e in events if e.kind == "approval_decision")
@@ -87,8 +87,8 @@ async def test_core_refuses_a_decision_from_anyone_but_the_asker(tmp_path, fake_
 
 async def test_a_user_the_allow_list_names_may_decide_by_id_or_by_name(tmp_path, fake_openai):
     h, host, tool, events = await _pending_approval(tmp_path, fake_openai, allow_from=("4242", "@Bob"))
-    assert host.decide(KEY, "call_L", "deny", decided_by=Decider("7", ("carol",))) is DecideResult.REFUSED
-    assert host.decide(KEY, "call_L", "deny", decided_by=Decider("99", ("bob",))) is DecideResult.DECIDED
+    assert await host.decide(KEY, "call_L", "deny", decided_by=Decider("7", ("carol",))) is DecideResult.REFUSED
+    assert await host.decide(KEY, "call_L", "deny", decided_by=Decider("99", ("bob",))) is DecideResult.DECIDED
     await h.settle()
     assert tool.calls == []
     decision = next(e for e in events if e.kind == "approval_decision")
@@ -98,11 +98,11 @@ async def test_a_user_the_allow_list_names_may_decide_by_id_or_by_name(tmp_path,
 
 async def test_everyone_may_use_the_bot_but_only_the_asker_decides(tmp_path, fake_openai):
     h, host, tool, _ = await _pending_approval(tmp_path, fake_openai, allow_from=("*",))
-    assert host.decide(KEY, "call_L", "allow", decided_by="somebody") is DecideResult.REFUSED
+    assert await host.decide(KEY, "call_L", "allow", decided_by="somebody") is DecideResult.REFUSED
     # another channel's allow list does not count here
     h.core.host_for("web").set_deciders(["somebody"])
-    assert host.decide(KEY, "call_L", "allow", decided_by="somebody") is DecideResult.REFUSED
-    assert host.decide(KEY, "call_L", "allow", decided_by="alice")
+    assert await host.decide(KEY, "call_L", "allow", decided_by="somebody") is DecideResult.REFUSED
+    assert await host.decide(KEY, "call_L", "allow", decided_by="alice")
     await h.settle()
     assert tool.calls == [{}]
     await h.core.shutdown()

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
+import contextlib
 
-from channels.common.throttle import Scope, Throttle
+import pytest
+
+from channels.common.throttle import Clock, Scope, Throttle
 from tests.support.clock import ManualClock
 
 A, B = Scope("chat:a", 1.0), Scope("chat:b", 1.0)
@@ -34,19 +36,27 @@ async def test_a_call_in_two_scopes_waits_for_both_and_takes_both():
     assert th.ready_in([app]) == 0.25
 
 
+class StillClock(Clock):
+    """Time stands still; a sleep ends at once and records how long it was asked to last."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+
+    def now(self) -> float:
+        return 0.0
+
+    async def sleep(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        await asyncio.sleep(0)
+
+
 async def test_concurrent_callers_never_share_a_slot():
-    th = Throttle()
+    clock = StillClock()
+    th = Throttle(clock=clock)
     scope = Scope("chat:c", 0.05)
-    stamps: list[float] = []
-
-    async def one() -> None:
-        await th.reserve([scope])
-        stamps.append(th.clock.now())
-
-    await asyncio.gather(*(one() for _ in range(6)))
-    stamps.sort()
-    gaps = [b - a for a, b in itertools.pairwise(stamps)]
-    assert all(g >= 0.045 for g in gaps), gaps
+    await asyncio.gather(*(th.reserve([scope]) for _ in range(6)))
+    # the first goes at once; each of the others is given its own slot, one interval after the one before
+    assert sorted(clock.asked) == pytest.approx([0.05, 0.10, 0.15, 0.20, 0.25])
 
 
 async def test_a_429_pause_blocks_the_scope_until_retry_after_however_long():
@@ -71,3 +81,53 @@ async def test_paused_total_counts_overlapping_pauses_once():
     th.pause(A.key, 12.0)  # extends it by 2 s
     assert th.paused_total([A]) == 12.0
     assert th.paused_total([B]) == 0.0
+
+
+class CountingClock(Clock):
+    """Real time, counting the sleeps."""
+
+    def __init__(self) -> None:
+        self.sleeps = 0
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        await super().sleep(seconds)
+
+
+async def test_callers_sharing_a_scope_queue_in_order_and_each_sleeps_once():
+    # a bot's budget of new messages is shared by every chat: hundreds of callers may wait on it at once,
+    # and each must sleep once for its own slot rather than all wake for every slot
+    clock = CountingClock()
+    th = Throttle(clock=clock)
+    shared = Scope("bot:sends", 0.01)
+    order: list[int] = []
+
+    async def one(i: int) -> None:
+        await th.reserve([Scope(f"chat:{i}", 1.0), shared])
+        order.append(i)
+
+    await asyncio.gather(*(one(i) for i in range(20)))
+    assert order == list(range(20))
+    assert clock.sleeps == 19  # the first went at once
+
+
+class HeldClock(Clock):
+    """Time stands still and a sleep never ends (until cancelled)."""
+
+    def now(self) -> float:
+        return 0.0
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_caller_that_gives_up_waiting_gives_its_slot_back():
+    th = Throttle(clock=HeldClock())
+    await th.reserve([A])  # takes the slot at 0; the next is at 1
+    waiting = asyncio.ensure_future(th.reserve([A]))  # books the slot at 1 and waits for it
+    await asyncio.sleep(0)
+    assert th.ready_in([A]) == 2.0
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+    assert th.ready_in([A]) == 1.0

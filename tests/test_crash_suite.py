@@ -1,20 +1,22 @@
 """Kill a real ``chatbridge run`` at random points, again and again, on one data directory: every accepted
 message ends with exactly one answer or one notice, none twice, none lost; the database stays sound.
 
-One process serves Telegram, Slack and Feishu at once, so every kill hits all three. The kill points are the
-ones a crash can hit in a turn's life: while the reply streams (the model holds the head's stream until the
-kill, so it is cut off for certain), while a tool call waits for approval, and with messages queued behind
-the head. Which one each round hits, how many messages wait behind it on each platform, which Slack and
-Feishu events are still unacknowledged when the kill comes and which ones the platform delivers again after
-the restart comes from a seeded random generator (the seed is in the test id, so a failure can be replayed).
-Each seed runs the other receiving mode of Slack (Socket Mode / HTTP events) and Feishu (long connection /
-webhook).
+One process serves Telegram, Slack, Feishu and the web chat at once, so every kill hits all four. The kill
+points are the ones a crash can hit in a turn's life: while the reply streams (the model holds the head's
+stream until the kill, so it is cut off for certain), while a tool call waits for approval, and with messages
+queued behind the head. Which one each round hits, how many messages wait behind it on each platform, which
+Slack and Feishu events are still unacknowledged when the kill comes and which ones the platform delivers
+again after the restart comes from a seeded random generator (the seed is in the test id, so a failure can be
+replayed). Each seed runs the other receiving mode of Slack (Socket Mode / HTTP events) and Feishu (long
+connection / webhook); the default run has the first (``pytest --long`` adds the second).
 
 Telegram never delivers a confirmed update twice: a message the bridge accepted and then forgot would simply
 be missing. Slack and Feishu deliver an unacknowledged event again (Slack's ``retry_attempt`` /
-``X-Slack-Retry-Num``, Feishu's redelivered frame or request), and may deliver an acknowledged one again too:
-the test does both after every restart, and the bridge must answer each message once. How each platform
-shows which message a bot message answers is in ``tests.support.platforms``.
+``X-Slack-Retry-Num``, Feishu's redelivered frame or request), and may deliver an acknowledged one again too: the test
+does both after every restart, and the bridge must answer each message once. A web client whose post got no
+answer (the kill came first) sends it again with the same ``client_id``, and now and then one that was
+answered: a message stored before the kill is answered ``duplicate``, never twice. How each platform shows
+which message a bot message answers is in ``tests.support.platforms``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from tests.support.platforms import (
     Platform,
     SlackPlatform,
     TelegramPlatform,
+    WebPlatform,
     feishu_fakes,
 )
 from tests.support.process import BridgeProcess, wait_for
@@ -128,13 +131,21 @@ async def crash_round(r: int, rng: random.Random, bridge: Bridge, model: Model, 
     asked: list[tuple[Platform, str]] = []
     for p, head in heads.items():
         if point == "approval":  # the head's tool call waits for a press, its request recorded
-            await wait_for(lambda p=p, head=head: p.approval(head) is not None  # type: ignore[misc]
-                           and p.approval_recorded(data_dir, p.approval(head) or ""), process, timeout=60)
+            async def waiting(p: Platform = p, head: str = head) -> bool:
+                await p.refresh()
+                request = p.approval(head)
+                return request is not None and p.approval_recorded(data_dir, request)
+
+            await wait_for(waiting, process, timeout=60)
             request = p.approval(head)
             assert request is not None
             asked.append((p, request))
         else:  # the head's reply is being shown, unfinished (and held: it stays so until the kill)
-            await wait_for(lambda p=p, head=head: p.previewing(head), process, timeout=60)  # type: ignore[misc]
+            async def previewing(p: Platform = p, head: str = head) -> bool:
+                await p.refresh()
+                return p.previewing(head)
+
+            await wait_for(previewing, process, timeout=60)
     await wait_for(bridge.confirmed, process)  # every delivery so far acknowledged to its platform
     strays: list[tuple[Platform, Delivery]] = []
     for p, head in heads.items():  # sent as the kill comes: acknowledged or not, nobody knows
@@ -162,16 +173,21 @@ async def crash_round(r: int, rng: random.Random, bridge: Bridge, model: Model, 
     return process, asked
 
 
+async def settled(bridge: Bridge) -> bool:
+    await bridge.refresh()
+    return bridge.settled()
+
+
 async def wait_settled(bridge: Bridge, process: BridgeProcess, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
-    while not bridge.settled():
+    while not await settled(bridge):
         if time.monotonic() > deadline:
             raise AssertionError(f"unsettled: {bridge.endings()}\n{bridge.describe()}\n{process.log()[-4000:]}")
         await asyncio.sleep(0.05)
 
 
 @pytest.mark.parametrize(("seed", "slack_mode", "feishu_mode"),
-                         [(7, "socket", "websocket"), (2024, "http", "webhook")])
+                         [(7, "socket", "websocket"), pytest.param(2024, "http", "webhook", marks=pytest.mark.long)])
 async def test_repeated_sigkills_lose_nothing_and_answer_nothing_twice(
         tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, fake_slack: FakeSlack, seed: int,
         slack_mode: Literal["socket", "http"], feishu_mode: Literal["websocket", "webhook"]) -> None:
@@ -182,7 +198,8 @@ async def test_repeated_sigkills_lose_nothing_and_answer_nothing_twice(
     data_dir = tmp_path / "data"
     async with feishu_fakes(feishu_mode) as (feishu, conn, origin):
         bridge = Bridge([TelegramPlatform(tg, [GROUP]), SlackPlatform(fake_slack, slack_mode, port),
-                         FeishuPlatform(feishu, feishu_mode, port, conn=conn, origin=origin)], port)
+                         FeishuPlatform(feishu, feishu_mode, port, conn=conn, origin=origin), WebPlatform(port)],
+                        port)
         config = write_config(tmp_path, fake_openai, bridge.config(), port)
         process = await BridgeProcess(config, tmp_path / "bridge.log").start()
         closed: list[tuple[Platform, str]] = []
@@ -193,9 +210,13 @@ async def test_repeated_sigkills_lose_nothing_and_answer_nothing_twice(
                 process, asked = await crash_round(r, rng, bridge, model, process, data_dir)
                 closed += asked
                 for p, request in asked:  # the approvals left waiting say the restart denied them
-                    await wait_for(lambda p=p, request=request: p.approval_closed_by_restart(request),  # type: ignore[misc]
-                                   process, what=f"{p.name}: approval closed\n{p.describe()}")
+                    async def denied(p: Platform = p, request: str = request) -> bool:
+                        await p.refresh()
+                        return p.approval_closed_by_restart(request)
+
+                    await wait_for(denied, process, what=f"{p.name}: approval closed\n{p.describe()}")
             await wait_settled(bridge, process)
+            await bridge.refresh(now=True)  # what the web chat shows, read last while it can be
         finally:
             code = await process.stop()  # an orderly stop: after it, nothing more can be shown
         assert code == 0
@@ -204,7 +225,7 @@ async def test_repeated_sigkills_lose_nothing_and_answer_nothing_twice(
         assert twice == {p: {} for p in endings}, f"{twice}\n{bridge.describe()}"
         for p, e in endings.items():  # a message that waited behind the crash is answered, not given up
             assert {i: k for i, k in e.items() if "-head" not in i and k != ["answer"]} == {}, p
-        assert [p.live_buttons() for p in bridge.platforms] == [0, 0, 0]  # no approval button left looking live
+        assert [p.live_buttons() for p in bridge.platforms] == [0] * 4  # no approval button left looking live
         assert all(p.approval_closed_by_restart(request) for p, request in closed)
         assert sum(len(p.idents) for p in bridge.platforms) >= 3 * ROUNDS * 1
     with contextlib.closing(sqlite3.connect(data_dir / "chatbridge.db")) as db:

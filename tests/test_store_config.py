@@ -31,7 +31,8 @@ def problems(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> li
 def test_the_default_store_is_sqlite_with_nothing_to_set() -> None:
     cfg = load_config(None, env={})
     assert (cfg.store.backend, cfg.store.dsn, cfg.store.pool_size) == ("sqlite", "", 10)
-    assert cfg.masked_dump()["store"] == {"backend": "sqlite", "dsn": "", "pool_size": 10}
+    assert cfg.masked_dump()["store"] == {"backend": "sqlite", "dsn": "", "pool_size": 10,
+                                                 "lease_seconds": 10.0}
 
 
 def test_a_postgresql_dsn_is_a_secret_with_its_password(tmp_path: Path) -> None:
@@ -77,6 +78,7 @@ def _check(tmp_path: Path, dsn: str, capsys: pytest.CaptureFixture[str]) -> tupl
 def test_check_reaches_postgresql_and_reports_the_schema_version(
         tmp_path: Path, postgres: PostgresCluster, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from core.postgresql.schema import MIGRATIONS
     from core.postgresql.store import PostgresqlStore
 
     monkeypatch.chdir(tmp_path)
@@ -91,7 +93,7 @@ def test_check_reaches_postgresql_and_reports_the_schema_version(
 
     asyncio.run(migrate())
     code, out = _check(tmp_path, dsn, capsys)
-    assert code == 0 and "store: PostgreSQL reachable; schema version 1 (current)" in out
+    assert code == 0 and f"store: PostgreSQL reachable; schema version {len(MIGRATIONS)} (current)" in out
     assert PASSWORD not in out and dsn not in out
 
 

@@ -339,6 +339,20 @@ async def test_an_admitted_message_waits_until_served_and_keeps_its_mark(backend
         await store.close()
 
 
+async def test_waiting_messages_are_found_by_session_and_after_a_seq(store: Store) -> None:
+    a1 = await store.admit_inbound("web", "a-1", '{"a": 1}', ttl_seconds=100, key="web:a")
+    b1 = await store.admit_inbound("web", None, '{"b": 1}', ttl_seconds=100, key="web:b")
+    a2 = await store.admit_inbound("web", None, '{"a": 2}', ttl_seconds=100, key="web:a")
+    assert a1 is not None and b1 is not None and a2 is not None
+    assert [r.payload for r in await store.waiting_inbound(key="web:a")] == ['{"a": 1}', '{"a": 2}']
+    assert [r.seq for r in await store.waiting_inbound(key="web:a", after_seq=a1)] == [a2]
+    assert [r.seq for r in await store.waiting_inbound(key="web:b")] == [b1]
+    assert await store.waiting_inbound(key="web:none") == []
+    assert [r.seq for r in await store.waiting_inbound()] == [a1, b1, a2]
+    await store.append_message("web:a", user("one"), begin_turn=("t1", "{}"), serves=a1)
+    assert [r.seq for r in await store.waiting_inbound(key="web:a")] == [a2]
+
+
 async def test_a_waiting_message_keeps_its_mark_past_its_ttl(backend: Backend, clock: FakeClock) -> None:
     store = await reopened(backend, clock)
     try:
@@ -394,6 +408,34 @@ async def test_close_interrupted_turns_returns_running_turns_once(store: Store) 
         ("t1", "interrupted", '{"chat": 1}'), ("t3", "interrupted", "{}")]
     assert all(t.ended_at is not None for t in interrupted)
     assert await store.close_interrupted_turns() == []
+
+
+async def test_close_interrupted_turns_of_one_session_leaves_the_others_running(store: Store) -> None:
+    await store.append_message(KEY, user("1"), begin_turn=("t1", '{"chat": 1}'))
+    await store.append_message("other", user("2"), begin_turn=("t2", "{}"))
+    [closed] = await store.close_interrupted_turns(key=KEY)
+    assert (closed.turn_id, closed.state) == ("t1", "interrupted")
+    assert await store.close_interrupted_turns(key=KEY) == []
+    assert [t.turn_id for t in await store.close_interrupted_turns()] == ["t2"]
+
+
+async def test_undelivered_turns_of_one_session_and_before_a_time(backend: Backend, clock: FakeClock) -> None:
+    store = await reopened(backend, clock)
+    try:
+        for turn_id, key in (("t1", KEY), ("t2", "other"), ("t3", KEY)):
+            clock.now += 10
+            await store.append_message(key, user(turn_id), begin_turn=(turn_id, "{}"))
+            await store.commit_turn(key, [assistant(f"answer {turn_id}", turn_id)], expect_generation=None,
+                                    expect_state_version=None, end_turn=(turn_id, "completed"))
+        since = clock.now - 100
+        assert [u.turn.turn_id for u in await store.undelivered_turns(since, key=KEY)] == ["t1", "t3"]
+        assert [u.turn.turn_id for u in await store.undelivered_turns(since, ended_before=clock.now - 5)] == [
+            "t1", "t2"]
+        assert [u.turn.turn_id for u in await store.undelivered_turns(since, key=KEY, ended_before=clock.now - 5)
+                ] == ["t1"]
+        assert [u.text for u in await store.undelivered_turns(since, key="other")] == ["answer t2"]
+    finally:
+        await store.close()
 
 
 async def test_undelivered_turns_carry_their_answer_until_marked_delivered(store: Store, clock: FakeClock) -> None:

@@ -356,3 +356,46 @@ async def test_in_a_group_the_answer_that_replaces_a_stale_preview_still_quotes_
         assert tg.count("deleteMessage") == 1  # the first attempt's preview was replaced
     finally:
         await t.close()
+
+
+async def test_the_model_is_asked_while_a_slow_typing_indicator_is_still_on_its_way(tmp_path, fake_openai, tg):
+    # the typing call runs beside the turn instead of in front of it; the answer waits for it to land, so
+    # the chat never shows "typing…" after the answer
+    release = tg.hold("sendChatAction")
+    fake_openai.script(Text(ANSWER))
+    # opening the live reply may take as long as it likes: the answer must not be a plain one sent because
+    # the opening gave up
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"sink_open_timeout": 60.0})
+    try:
+        tg.user_message("capital of France?")
+        await t.wait_for(lambda: t.h.commits())  # the whole answer was written while the typing call hung
+        assert len(fake_openai.requests) == 1 and tg.count("sendChatAction") == 1
+        assert tg.messages(CHAT) == []
+        release.set()
+        await t.settle()
+        assert tg.visible(CHAT) == [SHOWN]
+        methods = [c.method for c in tg.calls_to(CHAT)]
+        assert methods.index("sendChatAction") < methods.index("sendMessage")
+        assert "sendChatAction" not in methods[methods.index("sendMessage"):]
+    finally:
+        await t.close()
+
+
+async def test_a_burst_of_chats_gets_no_429_from_the_bots_limit_of_new_messages(tmp_path, fake_openai, tg):
+    # Telegram refuses more than about 30 new messages a second over all of a bot's chats (edits are not
+    # counted); the fake enforces that, scaled down to 3 a second, and the channel paces its new messages
+    # under the bot's budget (1 a second here, so scheduling delays cannot crowd them into one second)
+    answer = "Hello there, this is the whole answer."
+    fake_openai.default = Text(answer)
+    tg.enforce_limits(per_chat=100, window=1.0, overall=3)
+    t = await telegram_harness(tmp_path, fake_openai, tg, bot_sends_per_second=1.0)
+    chats = [9001 + i for i in range(6)]
+    try:
+        for chat in chats:
+            tg.user_message("hi", chat_id=chat)
+        await t.wait_for(lambda: all(tg.visible(chat) == [answer] for chat in chats), timeout=30)
+        await t.settle()
+    finally:
+        await t.close()
+    assert tg.limited == 0
+    assert all(tg.visible(chat) == [answer] for chat in chats)

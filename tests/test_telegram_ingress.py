@@ -238,12 +238,12 @@ class GatedAdmissions(SqliteStore):
         self.gate.set()
         self.failures = 0
 
-    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds):  # type: ignore[override]
+    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds, key=None):  # type: ignore[override]
         await self.gate.wait()
         if self.failures:
             self.failures -= 1
             raise StoreError("sqlite store: admit_inbound failed (OperationalError: database is locked)")
-        return await super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds)
+        return await super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds, key=key)
 
 
 async def test_an_update_core_could_not_store_is_fetched_again_and_answered_once(tmp_path, fake_openai, tg):
@@ -348,11 +348,11 @@ class RefusesOne(SqliteStore):
         super().__init__(path)
         self.refused = refused
 
-    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds):  # type: ignore[override]
+    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds, key=None):  # type: ignore[override]
         if self.refused and self.refused in payload:
             self.refused = ""
             raise StoreError("sqlite store: admit_inbound failed (OperationalError: database is locked)")
-        return await super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds)
+        return await super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds, key=key)
 
 
 async def test_a_batch_is_confirmed_up_to_the_update_core_could_not_store(tmp_path, fake_openai, tg):

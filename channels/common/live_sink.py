@@ -4,7 +4,11 @@ A platform supplies its message operations, rendering and approval prompts (``ch
 this is the rest of the ``TurnSink`` contract:
 
 - First-message gate: nothing is posted until the answer has ``first_chars`` characters or ``first_delay``
-  seconds have passed; a typing indicator shows meanwhile (repeated every ``typing_every`` seconds).
+  seconds have passed; a typing indicator shows meanwhile (repeated every ``typing_every`` seconds). The
+  first one may be sent without the turn waiting for it (``start_typing``): the model request then starts
+  at once, and the first text shown and the end both wait for that call to land, so the indicator never
+  comes after text. A chat that refuses it for good (the bot blocked, the chat gone) gets no live updates,
+  only the final attempt.
 - Latest wins by pulling: ``follow`` runs in the turn's delivery task and takes the newest snapshot when
   the chat's next slot comes (``Throttle.ready_in``), never a backlog. It sleeps until that slot and is
   woken early only by what must be shown at once (new or ended approvals, the end of the turn). A
@@ -54,6 +58,7 @@ from channels.common.ops import (
 from channels.common.reconciler import Reconciler
 from channels.common.splitter import Chunk, split
 from channels.common.status import status_lines
+from channels.common.throttle import Scope
 from core.agent.approvals import DENIED_BY_TIMEOUT
 from core.channel import SinkError, TurnFeed
 from core.snapshot import ApprovalRequest, TurnSnapshot
@@ -117,7 +122,7 @@ class _Paced:
 
     async def send(self, part: Part, key: str) -> str:
         s = self._sink
-        return await s.calls.call(lambda: s.ops.send(part, key), scopes=s.ops.scopes, retry=s.final,
+        return await s.calls.call(lambda: s.ops.send(part, key), scopes=s.ops.scopes + s.send_scopes, retry=s.final,
                                   idempotent=s.ops.capabilities.idempotent_sends)
 
     async def edit(self, message_id: str, part: Part) -> None:
@@ -133,11 +138,15 @@ class LiveSink:
     """A ``core.channel.TurnSink`` over a platform's ``MessageOps``."""
 
     def __init__(self, ops: MessageOps, render: Renderer, calls: Calls, *, settings: LiveSettings | None = None,
-                 prompts: ApprovalPrompts | None = None, spawn: Spawn | None = None) -> None:
-        """``spawn`` runs the approval prompts' calls as supervised tasks (needed with ``prompts``)."""
+                 prompts: ApprovalPrompts | None = None, spawn: Spawn | None = None,
+                 send_scopes: tuple[Scope, ...] = ()) -> None:
+        """``spawn`` runs the approval prompts' calls and the opening typing indicator as supervised tasks
+        (needed with ``prompts`` and for ``start_typing``); ``send_scopes`` are the budgets a new message
+        counts against besides ``ops.scopes`` (a bot's sends over all its chats)."""
         if prompts is not None and spawn is None:
             raise ValueError("approval prompts need a spawn function")
         self.ops = ops
+        self.send_scopes = send_scopes
         self.render = render
         self.calls = calls
         self.settings = settings or LiveSettings()
@@ -172,6 +181,8 @@ class LiveSink:
         self._asked: dict[tuple[tuple[str, ...], str], _Asked] = {}
         """Posted prompts by (origin, call id): a subagent's call ids are its own, they may repeat the turn's."""
         self._paused_at_open = calls.throttle.paused_total(ops.scopes)
+        self._opening: asyncio.Task[None] | None = None
+        """The opening typing indicator's call while nothing has waited for it yet (``start_typing``)."""
         self._final_cache: tuple[int, bool, list[Part]] | None = None
 
     @property
@@ -184,6 +195,28 @@ class LiveSink:
         """Show the typing indicator now (raises PlatformError: a channel may refuse to open on it)."""
         self._typing_at = self._loop.time()
         await self.calls.call(self.ops.typing, scopes=self.ops.scopes, paced=False, retry=False)
+
+    def start_typing(self) -> None:
+        """Show the typing indicator without waiting for it (so the model request does not wait behind a
+        platform round trip); needs ``spawn``. What is shown next waits for this call to land."""
+        self._typing_at = self._loop.time()
+        self._opening = self._spawn("typing", self._open_typing())
+
+    async def _open_typing(self) -> None:
+        try:
+            await self.calls.call(self.ops.typing, scopes=self.ops.scopes, paced=False, retry=False)
+        except PlatformError as exc:
+            if exc.transient:
+                log.debug("typing indicator failed: %s", exc)
+                return
+            log.info("the chat refused the typing indicator (%s): no live updates, only the final", exc)
+            self._live_broken = True
+
+    async def _typing_landed(self) -> None:
+        """Wait for the opening typing indicator's call, if it was not waited for yet (typing before text)."""
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            await asyncio.wait((opening,))
 
     async def follow(self, turn: TurnFeed) -> None:
         while not self._aborted and not self._finishing:
@@ -214,6 +247,7 @@ class LiveSink:
     async def finish(self, snapshot: TurnSnapshot) -> None:
         self._finishing = True
         self.final = True
+        await self._typing_landed()
         self._sync_approvals(snapshot)  # a terminal snapshot has none pending: the prompts are marked
         parts = self._final_parts(snapshot)
         try:
@@ -272,6 +306,10 @@ class LiveSink:
     async def _flush(self, snap: TurnSnapshot, *, urgent: bool = False) -> None:
         """Show ``snap`` with one step of platform calls (each taking its own slot; a stream that shows
         approvals shows a change of them at once)."""
+        if self._opening is not None:
+            await self._typing_landed()
+            if self._live_broken:
+                return
         self._flushed = (snap.text_epoch, len(snap.text), status_lines(snap))
         self._flushed_version = snap.version
         try:
@@ -372,7 +410,7 @@ class LiveSink:
         self._shown = True
 
     async def _quiet_typing(self) -> None:
-        if self.calls.throttle.paused_for(self.ops.scopes) > 0:
+        if self.calls.throttle.paused_for(self.ops.scopes) > 0 or (self._opening and not self._opening.done()):
             return
         try:
             await self.typing()

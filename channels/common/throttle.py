@@ -2,8 +2,8 @@
 
 A scope is a budget a platform enforces: one chat (Telegram: about one message per second per chat),
 one workspace or app, or one method tier of a workspace (Slack). A call names every scope it counts
-against and waits until each of them has a free slot; ``reserve`` then takes a slot in all of them at
-once, so concurrent callers never exceed any scope's pace. ``pause`` (a 429's retry_after) blocks every
+against; ``reserve`` books the earliest slot free in all of them at once and waits for it, so concurrent
+callers never exceed any scope's pace and queue in order. ``pause`` (a 429's retry_after) blocks every
 slot of a scope until it has passed, however long.
 
 One ``Throttle`` per channel instance is shared by every sink and send of that channel, so two turns in
@@ -99,13 +99,29 @@ class Throttle:
         return ready - now
 
     async def reserve(self, scopes: Sequence[Scope]) -> None:
-        """Wait for a free slot in every scope and take them (the next caller waits one interval more)."""
-        while (left := self.ready_in(scopes)) > 0:
-            # re-check after sleeping: another caller may have taken the slot, or a 429 extended a pause
-            await self.clock.sleep(left)
-        now = self.clock.now()
-        for scope in scopes:
-            self._pace(scope.key).next_slot = now + scope.interval
+        """Take the earliest slot free in every scope, then wait for it. The slot is booked before the wait
+        (the next caller is given the one after it), so callers queue in the order they came and each sleeps
+        once, however many share a scope (a bot's budget of new messages over all its chats); a 429 pause
+        that begins while one waits is waited out as well."""
+        while True:
+            now = self.clock.now()
+            start = now + self.ready_in(scopes)
+            booked: list[tuple[_Pace, float, float]] = []
+            for scope in scopes:
+                pace = self._pace(scope.key)
+                booked.append((pace, pace.next_slot, start + scope.interval))
+                pace.next_slot = start + scope.interval
+            if start <= now:
+                return
+            try:
+                await self.clock.sleep(start - now)
+            except asyncio.CancelledError:
+                for pace, before, mine in booked:  # give the slot back unless someone booked after it
+                    if pace.next_slot == mine:
+                        pace.next_slot = before
+                raise
+            if self.paused_for(scopes) <= 0:
+                return
 
     async def wait_unpaused(self, scopes: Sequence[Scope]) -> None:
         """Wait out 429 pauses only (for calls that are not paced, such as a typing indicator)."""

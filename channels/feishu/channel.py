@@ -18,6 +18,11 @@ Receiving, in one of two modes:
   request it refuses is answered 401 without reaching core. An accepted message is answered 200 only after
   core stored it (503 otherwise, and Feishu delivers it again).
 
+Several processes on one database need no leader here. Feishu's long connection works in cluster mode:
+each process opens its own (an app may hold up to 50), and Feishu pushes every event to one of them at
+random, never to all; a webhook request reaches whichever process the load balancer picks. A re-push (an
+ack later than 3 s) may reach another process, and the dedupe below drops it there too.
+
 Dedupe is durable and on two keys: the envelope's ``event_id`` is ``msg:<message_id>``, which core records
 with the message (so a redelivered event, and the same message pushed again under a new event id as Feishu
 documents, are answered once, also after a restart); a press's ``header.event_id`` goes through
@@ -482,7 +487,7 @@ class FeishuChannel:
         decision = action.approval.decision
         who = action.operator
         names = tuple(n for n in (who.user_id, who.union_id) if n)
-        result = self.host.decide(entry.session_key, entry.call_id, decision, Decider(who.open_id, names),
+        result = await self.host.decide(entry.session_key, entry.call_id, decision, Decider(who.open_id, names),
                                   origin=entry.origin)
         if result is DecideResult.REFUSED:
             return approvals.toast("warning", approvals.NOT_YOURS)

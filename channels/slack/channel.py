@@ -16,6 +16,12 @@ turn itself runs afterwards. A message core could not store (shutting down, a fa
 listener fail, which answers 500 / leaves the envelope unacked, so Slack delivers it again. Button presses
 and slash commands are acked first thing, and their platform calls run as supervised tasks.
 
+Several processes on one database need no leader here. In Socket Mode each process opens its own
+connection, and Slack hands every event (and every button press or slash command) to one of an app's open
+connections, at most 10 of them, sending it again when it is not acknowledged; in HTTP mode the load
+balancer picks one process per request. Either way an event reaches one process, and a redelivery is
+dropped by the dedupe below, whichever process it reaches.
+
 Dedupe is durable and happens in core, atomically with storing the message: the envelope's ``event_id`` is
 the message's ``(channel, ts)``. Every Slack ``event_id`` belongs to exactly one ``(channel, ts)``, so this
 one key drops an HTTP retry (``X-Slack-Retry-Num``, same event_id), a Socket Mode redelivery, and the second
@@ -470,7 +476,7 @@ class SlackChannel:
         if not await self.host.mark_seen(f"press:{press.message_ts}:{press.user_id}:{action_ts}"):
             return  # a redelivered press
         names = (press.user_name,) if press.user_name else ()
-        result = self.host.decide(press.action.session_key, press.action.call_id, press.decision,
+        result = await self.host.decide(press.action.session_key, press.action.call_id, press.decision,
                                   decided_by=Decider(press.user_id, names), origin=press.action.origin)
         entry = self.prompts_by_call.get(press.action)
         if entry is None:

@@ -216,7 +216,7 @@ class ApprovalButtons:
             return
         user = query.from_user
         username = vouched_username(user)
-        result = self._channel.host.decide(entry.session_key, entry.call_id, decision,
+        result = await self._channel.host.decide(entry.session_key, entry.call_id, decision,
                                            decided_by=Decider(str(user.id), (username,) if username else ()),
                                            origin=entry.origin)
         if result is DecideResult.REFUSED:

@@ -11,6 +11,15 @@ bug) is logged and skipped — acknowledged like a handled one — so one bad up
 of those after it nor comes back forever. A callback query (a press
 on an approval button) goes to ``ApprovalButtons`` instead (see ``channels.telegram.approvals``).
 
+Several processes on one database: Telegram hands a bot's updates to one ``getUpdates`` caller at a time,
+so only the process leading ``polling:<bot id>`` (``host.lead``, ``core.leadership``) polls; the others
+stand by (``state()`` "standby", healthy) and one of them takes over when the leader goes away, reading the
+offset the leader last saved. The offset is saved only after core stored the batch, so the new leader
+fetches again at most the last batch, and core's dedupe drops what the old one stored. A leader that loses
+its lead is cancelled at once, mid-poll. Webhook mode needs no leader: Telegram posts each update once, to
+whichever process the load balancer picks; every process registers the webhook at start, and one that stops
+leaves it registered for the others (a single process deletes it). Sending works in every process.
+
 The polling loop is ours rather than aiogram's Dispatcher because the offset must be persisted only after
 an update was handed to core, and the Dispatcher keeps its offset in memory.
 
@@ -61,6 +70,7 @@ from channels.telegram.sink import Destination, TelegramOps, TelegramPrompts, en
 from core.channel import ERROR, SinkError
 from core.envelope import MediaItem, TurnTarget
 from core.host import AdmissionError, ChannelHost, ShuttingDownError
+from core.leadership import Lead, run_as_leader
 from core.media.fetch import FetchError
 from core.router import COMMANDS
 
@@ -69,6 +79,8 @@ log = logging.getLogger(__name__)
 _OPERATOR = TelegramConfig()
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 OFFSET_KEY = "offset"
+STANDBY = "standby"
+"""The state of a polling channel while another process sharing the database polls its bot."""
 ALLOWED_UPDATES = ("message", "edited_message", "callback_query")
 
 
@@ -88,6 +100,8 @@ class TelegramSettings:
     """Nothing is posted before the answer has this many characters..."""
     first_delay: float = 1.0
     """...or this many seconds have passed since the turn began."""
+    bot_sends_per_second: float = 30.0
+    """New messages a second over all chats: Telegram's Bots FAQ allows "about 30" before answering 429."""
     poll_timeout: int = 25
     poll_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -109,7 +123,8 @@ class TelegramChannel:
         self.calls = calls or Calls(Throttle())
         if self.calls.observe is None:
             self.calls.observe = host.count_call  # every Bot API attempt shows in /metrics
-        self.client = TelegramClient(bot, self.calls, chat_interval=settings.edit_interval)
+        self.client = TelegramClient(bot, self.calls, chat_interval=settings.edit_interval,
+                                     bot_sends_per_second=settings.bot_sends_per_second)
         self.limit = limit
         self.renderer = render.TelegramRenderer(limit)
         self.live = LiveSettings(first_chars=settings.first_chars, first_delay=settings.first_delay)
@@ -131,12 +146,8 @@ class TelegramChannel:
         draft = dest.chat_type == "private" and transport != "edit" and not self.drafts_rejected
         sink = LiveSink(TelegramOps(self, dest, draft=draft), self.renderer, self.calls,
                         settings=self.live, prompts=TelegramPrompts(self, target, dest),
-                        spawn=self.host.spawn)
-        try:
-            await sink.typing()
-        except PlatformError as exc:
-            if not exc.transient:  # blocked, kicked, chat gone: live delivery cannot work here
-                raise
+                        spawn=self.host.spawn, send_scopes=(self.client.sends,))
+        sink.start_typing()  # the turn's model request does not wait for this round trip
         return sink
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
@@ -203,7 +214,18 @@ class TelegramChannel:
         self._state = self.settings.mode
         self.ready.set()
         if self.settings.mode == "polling":
-            await self._poll()
+            await run_as_leader(self._await_lead, self._poll, on_change=self._on_lead)
+
+    async def _await_lead(self) -> Lead:
+        """Telegram serves a bot's updates to one poller at a time (a second ``getUpdates`` ends the first
+        with 409 Conflict), so of the processes sharing a database only the one leading this bot polls."""
+        self._state = STANDBY
+        return await self.host.lead(f"polling:{self.bot.id}")
+
+    def _on_lead(self, leading: bool) -> None:
+        self._state = "polling" if leading else STANDBY
+        if leading:
+            log.info("Telegram: this process polls for bot %d", self.bot.id)
 
     def _backoff(self, exc: PlatformError, failures: int) -> float:
         delays = self.settings.poll_backoff
@@ -216,7 +238,8 @@ class TelegramChannel:
             poller.cancel()
             with contextlib.suppress(BaseException):
                 await poller
-        if self.settings.mode == "webhook" and self.ready.is_set():
+        if self.settings.mode == "webhook" and self.ready.is_set() and not self.host.shared:
+            # deleted when this is the only process; processes sharing a database keep receiving through it
             try:
                 await self.client.call(DeleteWebhook(drop_pending_updates=False))
             except PlatformError as exc:

@@ -2,7 +2,9 @@
 
 ``once`` is one attempt of one Bot API method; ``call`` runs it under the channel's one call policy
 (``channels.common.calls``): paced in the chat's scope (``edit_interval`` between two calls to a chat, a
-429's retry_after pausing the chat), transient failures retried within the policy's bound, a send whose
+429's retry_after pausing the chat) and, for a new message, in the bot's scope too (Telegram's Bots FAQ:
+no more than about 30 messages a second over all chats; edits are not named there and do not count),
+transient failures retried within the policy's bound, a send whose
 outcome is unknown repeated at most once (the Bot API has no idempotency key). The bot token, which is
 part of every Bot API URL, is scrubbed from every error text before it can reach a log or an exception.
 """
@@ -40,14 +42,21 @@ _FORMAT = ("can't parse entities", "entity", "entities")
 
 
 class TelegramClient:
-    def __init__(self, bot: Bot, calls: Calls, *, chat_interval: float) -> None:
+    def __init__(self, bot: Bot, calls: Calls, *, chat_interval: float, bot_sends_per_second: float) -> None:
         self.bot = bot
         self.calls = calls
         self.chat_interval = chat_interval
+        self.sends = Scope("bot:sends", 1.0 / bot_sends_per_second)
+        """The bot's budget of new messages, shared by every chat."""
 
     def scope(self, chat: str) -> Scope:
         """A chat's budget: one call per ``chat_interval``."""
         return Scope(f"chat:{chat}", self.chat_interval)
+
+    def scopes(self, chat: str, method: TelegramMethod[Any]) -> tuple[Scope, ...]:
+        """What a call of ``method`` to ``chat`` counts against: the chat, and the bot's sends for a new
+        message (the chat first: a 429, which names no scope, pauses it)."""
+        return (self.scope(chat), self.sends) if isinstance(method, SendMessage) else (self.scope(chat),)
 
     def scrub(self, text: str) -> str:
         token = self.bot.token
@@ -55,10 +64,10 @@ class TelegramClient:
 
     async def call(self, method: TelegramMethod[T], *, chat: str | None = None, paced: bool = True,
                    retry: bool = True, request_timeout: int | None = None) -> T | None:
-        """Run one Bot API method under the call policy (paced in ``chat``'s scope when given). Returns None
+        """Run one Bot API method under the call policy (paced in ``chat``'s scopes when given). Returns None
         for "message is not modified", which is success: the message already shows the target state."""
         return await self.calls.call(
-            lambda: self.once(method, request_timeout), scopes=(self.scope(chat),) if chat is not None else (),
+            lambda: self.once(method, request_timeout), scopes=self.scopes(chat, method) if chat is not None else (),
             paced=paced, retry=retry, idempotent=not isinstance(method, SendMessage),
             timeout=request_timeout + 10 if request_timeout is not None else None)
 

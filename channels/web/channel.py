@@ -6,7 +6,8 @@ model request rewound it, and carries the tools, approvals and state when they c
 per ``update_interval`` (latest wins), approvals at once. ``finish`` succeeds once the terminal event is in
 the stream (from there every connected client gets it, and a reconnecting one replays it or resyncs).
 ``send_plain`` (busy notices, command replies, fallbacks) appends a ``notice`` event. History deltas and
-titles come from core events, through the channel's ``SessionHost``; the HTTP API is ``WebServer``.
+titles come from core events, through the channel's ``SessionHost``; the HTTP API is ``WebServer``. With
+other processes on the same store, the turns they run reach this one's browsers (``channels.web.fanout``).
 
 Lifecycle: ``start`` loads the key that signs login cookies (kept in the channel's durable state, so a
 restart keeps browsers signed in), and begins reclaiming idle streams and ending streams whose client left
@@ -32,8 +33,9 @@ from channels.common.live_sink import LiveSettings, LiveSink
 from channels.common.ops import Capabilities, NativeStream, PlainRenderer, TextChange
 from channels.common.throttle import Scope, Throttle
 from channels.web.context import CHANNEL, WebContext, message_view, page_id, session_id_of
+from channels.web.fanout import WebFanout
 from channels.web.server import HEARTBEAT_SECONDS, WebAccess, WebServer
-from channels.web.sse import StreamHub, Subscriber, child_event_view, encode_event
+from channels.web.sse import SessionStream, StreamHub, Subscriber, child_event_view, encode_event
 from core.agent.events import Forwarded, SubagentEnded, TurnEvent
 from core.agent.subagents import is_child_key
 from core.envelope import TurnTarget
@@ -117,6 +119,8 @@ class WebChannel:
         self._sweep_interval = sweep_interval
         self._reap_interval = reap_interval
         self._feed: set[Subscriber] = set()  # the session-list feed (/api/events)
+        relay = host.relay()
+        self.fanout = WebFanout(relay, self.hub, self._feed_here) if relay is not None else None
         self.server = WebServer(host, self, access=access, heartbeat=heartbeat)
         self._unsubscribe = host.subscribe(self.on_core_event)
         self._tasks: list[asyncio.Task[None]] = []
@@ -169,6 +173,8 @@ class WebChannel:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._unsubscribe()
+        if self.fanout is not None:
+            self.fanout.close()
         await self.server.close()
         self._state = "closed"
 
@@ -225,7 +231,21 @@ class WebChannel:
 
     # ---- the session-list feed ------------------------------------------------------------------
 
+    def open_stream(self, session_id: str) -> SessionStream:
+        """The session's stream for a browser that connects; one new here is filled in by the process
+        running its turn, if another does."""
+        fresh = self.hub.get(session_id) is None
+        stream = self.hub.stream(session_id)
+        if fresh and self.fanout is not None:
+            self.fanout.opened(session_id)
+        return stream
+
     def publish_feed(self, name: str, data: dict[str, Any]) -> None:
+        self._feed_here(name, data)
+        if self.fanout is not None:
+            self.fanout.share_feed(name, data)
+
+    def _feed_here(self, name: str, data: dict[str, Any]) -> None:
         encoded = encode_event(name, data)
         for sub in list(self._feed):
             sub.push(encoded)

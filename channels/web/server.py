@@ -445,7 +445,7 @@ class WebServer:
         # The web chat has no user identities: every client that passed the token check speaks as the one
         # SENDER its messages are submitted as, so core lets it decide the pending approvals of the session it
         # addresses, and no other session's (approvals are keyed by session).
-        result = self.host.decide(session_key(sid), call_id, decision, decided_by=SENDER,
+        result = await self.host.decide(session_key(sid), call_id, decision, decided_by=SENDER,
                                   origin=[session_key(o) for o in origin])
         if result is DecideResult.REFUSED:
             return _error(403, "this approval was requested by someone else")
@@ -514,7 +514,7 @@ class WebServer:
             return slot
         try:
             last = self._last_event_id(request)
-            s = self.channel.hub.stream(sid)
+            s = self.channel.open_stream(sid)
             # From here to subscribe nothing awaits: the opening events and the live ones join without a gap
             # (what arrives while the response is being prepared waits in the subscriber's queue).
             parts = [b"retry: 2000\n\n"]

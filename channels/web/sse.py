@@ -13,6 +13,12 @@ A pending tool approval appears in the ``turn`` events' ``approvals`` list and, 
 Turn progress is sent as increments: a ``turn`` event carries the text appended since the previous
 ``turn`` event of that turn (``append``), or the whole text when it no longer extends it (``replace``,
 after a retried model request), so an N-character reply costs O(N) bytes on the wire.
+
+Several processes on one store: every event a stream appends for a turn this process runs (and every
+history delta, title and notice) is also handed to the hub's ``share`` callback, which relays it to the
+other processes (``channels.web.fanout``); there ``apply_remote`` appends it to the same session's
+stream under that process's own ids, keeping the turn it shows (``LiveTurn.held_here`` false) up to date for
+``task_state``. ``approval_request`` events are derived where they are shown, never relayed.
 """
 
 from __future__ import annotations
@@ -126,11 +132,23 @@ class LiveTurn:
     tools: list[dict[str, str]]
     approvals: list[dict[str, Any]]
     error: str | None
+    held_here: bool = True
+    """False when another process runs the turn and this one only shows it."""
 
     def view(self) -> dict[str, Any]:
         return {"turn_id": self.turn_id, "client_id": self.client_id, "version": self.version,
                 "state": self.state, "text": self.text, "tools": self.tools, "approvals": self.approvals,
                 "error": self.error}
+
+    def full_event(self) -> dict[str, Any]:
+        """A ``turn`` event that tells everything (as a turn's first event does): for a process that may
+        have missed increments."""
+        data: dict[str, Any] = {"turn_id": self.turn_id, "version": self.version, "state": self.state,
+                                "client_id": self.client_id, "replace": self.text, "tools": self.tools,
+                                "approvals": self.approvals}
+        if self.error:
+            data["error"] = self.error
+        return data
 
 
 class Subscriber:
@@ -158,10 +176,16 @@ class Subscriber:
             self.queue.put_nowait(None)
 
 
+Share = Callable[[str, str, dict[str, Any]], None]
+"""(session id, event name, event data) → relayed to the other processes."""
+
+
 class SessionStream:
     def __init__(self, session_id: str, epoch: str, *, max_events: int, max_bytes: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, share: Share | None = None) -> None:
         self.session_id = session_id
+        self._share = share
+        self._mirroring = False
         self.epoch = epoch
         self.seq = 0
         self._buffer: deque[tuple[int, bytes]] = deque()
@@ -196,7 +220,70 @@ class SessionStream:
         for sub in list(self.subscribers):
             sub.push(encoded)
         self.last_activity = self._clock()
+        if self._share is not None and not self._mirroring and name != "approval_request":
+            self._share(self.session_id, name, data)
         return event_id
+
+    def apply_remote(self, name: str, data: dict[str, Any]) -> bool:
+        """Append an event another process's stream of this session appended (never relayed again); for a
+        ``turn`` event, also follow the turn it shows. False when it is an increment of a turn this stream
+        does not know (the whole turn must be asked for: ``LiveTurn.full_event``)."""
+        self._mirroring = True
+        try:
+            if name == "turn":
+                return self._remote_turn(data)
+            if name == "subagent":
+                self.child_event(str(data["turn_id"]), list(data["origin"]), dict(data["event"]))
+                return True
+            if name == "turn_committed" and self.live is not None and not self.live.held_here:
+                # a commit closes the turn (a page treats it so); its terminal event may never come, when
+                # another process closed it for a process that died
+                self.live.state = "committed" if self.live.state == "running" else self.live.state
+            self.append(name, data)
+            return True
+        finally:
+            self._mirroring = False
+
+    def _remote_turn(self, data: dict[str, Any]) -> bool:
+        live = self.live
+        whole = "replace" in data and "tools" in data and "approvals" in data
+        if live is None or live.turn_id != data["turn_id"]:
+            if not whole:
+                return False
+            self.live = LiveTurn(data["turn_id"], data.get("client_id"), data["version"], data["state"],
+                                 data["replace"], data["tools"], data["approvals"], data.get("error"),
+                                 held_here=False)
+            self.append("turn", data)
+            self._announce(data["turn_id"], data["approvals"], [])
+            return True
+        if live.held_here or data["version"] <= live.version:
+            return True  # ours, or known already
+        before = live.approvals
+        if "replace" in data:
+            live.text = data["replace"]
+        elif "append" in data:
+            live.text += data["append"]
+        live.tools = data.get("tools", live.tools)
+        live.approvals = data.get("approvals", live.approvals)
+        live.error = data.get("error", live.error)
+        live.version, live.state = data["version"], data["state"]
+        self.append("turn", data)
+        self._announce(data["turn_id"], live.approvals, before)
+        return True
+
+    def resync(self) -> None:
+        """Events from other processes may have been missed: forget the turn they showed, and tell the
+        clients to fetch the history again and take the turn afresh (``resync_required``, ``task_state``)."""
+        if self.live is not None and not self.live.held_here:
+            self.live = None
+        if not self.subscribers:
+            return
+        self._mirroring = True
+        try:
+            self.append("resync_required", {"session_id": self.session_id, "last_event_id": None})
+            self.append("task_state", self.task_state_data())
+        finally:
+            self._mirroring = False
 
     def turn_update(self, snapshot: TurnSnapshot, client_id: str | None, *, appended: str | None = None) -> bool:
         """Append the increment from what clients were last told to ``snapshot``; False if nothing changed.
@@ -275,6 +362,9 @@ class SessionStream:
 
     def task_state(self, title: str | None = None) -> bytes:
         """The opening event of a fresh connection: the live turn so far (or none) and its pending approvals."""
+        return encode_event("task_state", self.task_state_data(title), self.last_id())
+
+    def task_state_data(self, title: str | None = None) -> dict[str, Any]:
         running = self.live if self.live is not None and self.live.state == "running" else None
         data: dict[str, Any] = {"session_id": self.session_id, "turn": running.view() if running else None,
                                 "approvals": list(running.approvals) if running else []}
@@ -282,7 +372,7 @@ class SessionStream:
             data["children"] = [c.view() for c in self.children.values()]
         if title is not None:
             data["title"] = title
-        return encode_event("task_state", data, self.last_id())
+        return data
 
     def replay_since(self, last_event_id: str) -> list[bytes] | None:
         """The events after ``last_event_id``, or None when that id cannot be resumed (another epoch, evicted,
@@ -337,6 +427,11 @@ class StreamHub:
         self.max_bytes = max_bytes
         self.idle_seconds = idle_seconds
         self._clock = clock
+        self.share: Share | None = None
+        """Set when other processes share the store: what streams append is relayed to them."""
+
+    def streams(self) -> list[SessionStream]:
+        return list(self._streams.values())
 
     def get(self, session_id: str) -> SessionStream | None:
         return self._streams.get(session_id)
@@ -346,7 +441,7 @@ class StreamHub:
         if s is None:
             self._count += 1
             s = SessionStream(session_id, f"{self.instance}x{self._count}", max_events=self.max_events,
-                              max_bytes=self.max_bytes, clock=self._clock)
+                              max_bytes=self.max_bytes, clock=self._clock, share=self.share)
             self._streams[session_id] = s
         return s
 

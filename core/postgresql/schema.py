@@ -128,6 +128,22 @@ MIGRATIONS: tuple[Migration, ...] = (
         "CREATE INDEX attachments_created_at ON attachments (created_at)",
         "CREATE INDEX attachments_unclaimed ON attachments (session_key, created_at) WHERE NOT claimed",
     ),
+    # 2: several processes on one database. An inbound message names the session it waits for (the lease
+    # holder of that session reads them); a session's worker runs in the process holding its lease
+    # (core.postgresql.leases), until expires_at (the server's clock) unless renewed.
+    (
+        "ALTER TABLE inbound ADD COLUMN session_key TEXT",
+        "CREATE INDEX inbound_session ON inbound (session_key, seq) WHERE envelope IS NOT NULL",
+        "CREATE INDEX turns_session ON turns (session_key) WHERE state = 'running'",
+        """
+        CREATE TABLE leases (
+            name       TEXT PRIMARY KEY,
+            owner      TEXT NOT NULL,
+            expires_at TIMESTAMPTZ NOT NULL
+        )
+        """,
+        "CREATE INDEX leases_owner ON leases (owner)",
+    ),
 )
 
 _VERSION_TABLE = "CREATE TABLE IF NOT EXISTS chatbridge_schema (version INTEGER NOT NULL)"

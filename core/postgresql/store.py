@@ -308,13 +308,13 @@ class PostgresqlStore:
 
     @lands
     async def admit_inbound(self, channel: str, event_id: str | None, payload: str, *,
-                            ttl_seconds: float) -> int | None:
+                            ttl_seconds: float, key: str | None = None) -> int | None:
         """Keep an accepted inbound message until it is served; None when its event was seen within its TTL.
 
         A message without an event id has no dedupe mark to keep: its row goes once it is served."""
         now = self._clock()
         return await self._admit("admit_inbound", channel, event_id, payload, now,
-                                 now + ttl_seconds if event_id is not None else now)
+                                 now + ttl_seconds if event_id is not None else now, key)
 
     @lands
     async def mark_event_processed(self, channel: str, event_id: str, *, ttl_seconds: float) -> bool:
@@ -323,14 +323,14 @@ class PostgresqlStore:
         return await self._admit("mark_event_processed", channel, event_id, None, now, now + ttl_seconds) is not None
 
     async def _admit(self, op: str, channel: str, event_id: str | None, payload: str | None, now: float,
-                     expires_at: float) -> int | None:
+                     expires_at: float, key: str | None = None) -> int | None:
         async with self._connection(op) as conn:  # two statements, each atomic: the purge is housekeeping
             # served rows whose mark ran out go first, so an expired event counts as new
             await conn.execute("DELETE FROM inbound WHERE envelope IS NULL AND expires_at <= $1", now)
             seq = await conn.fetchval(
-                "INSERT INTO inbound (channel, event_id, envelope, admitted_at, expires_at)"
-                " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (channel, event_id) DO NOTHING RETURNING seq",
-                channel, event_id, payload, now, expires_at)
+                "INSERT INTO inbound (channel, event_id, envelope, admitted_at, expires_at, session_key)"
+                " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (channel, event_id) DO NOTHING RETURNING seq",
+                channel, event_id, payload, now, expires_at, key)
         return int(seq) if seq is not None else None
 
     @lands
@@ -340,9 +340,10 @@ class PostgresqlStore:
             " AND (envelope IS NOT NULL OR expires_at > $3)", channel, event_id, self._clock()))
 
     @lands
-    async def waiting_inbound(self) -> list[InboundRecord]:
+    async def waiting_inbound(self, *, key: str | None = None, after_seq: int = 0) -> list[InboundRecord]:
         found = await self._fetch("waiting_inbound", "SELECT seq, envelope, admitted_at FROM inbound"
-                                  " WHERE envelope IS NOT NULL ORDER BY seq")
+                                  " WHERE envelope IS NOT NULL AND seq > $2 AND ($1::text IS NULL OR session_key = $1)"
+                                  " ORDER BY seq", key, after_seq)
         return [InboundRecord(seq=r[0], payload=r[1], admitted_at=r[2]) for r in found]
 
     @lands
@@ -370,23 +371,27 @@ class PostgresqlStore:
                           " ON CONFLICT (turn_id) DO NOTHING", turn_id, self._clock())
 
     @lands
-    async def undelivered_turns(self, since: float) -> list[UndeliveredTurn]:
+    async def undelivered_turns(self, since: float, *, key: str | None = None,
+                                ended_before: float | None = None) -> list[UndeliveredTurn]:
         found = await self._fetch(
             "undelivered_turns",
             "SELECT t.turn_id, t.session_key, t.state, t.target_json, t.started_at, t.ended_at,"
             " (SELECT m.content FROM messages m WHERE m.session_key = t.session_key AND m.turn_id = t.turn_id"
             "   AND m.role = 'assistant' AND m.content <> ''::bytea ORDER BY m.seq DESC LIMIT 1)"
             " FROM turns t WHERE t.ended_at > $1 AND t.state IN ('completed', 'failed', 'cancelled')"
-            " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.turn_id = t.turn_id) ORDER BY t.ended_at", since)
+            " AND ($2::text IS NULL OR t.session_key = $2) AND ($3::float8 IS NULL OR t.ended_at < $3)"
+            " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.turn_id = t.turn_id) ORDER BY t.ended_at",
+            since, key, ended_before)
         with store_errors("undelivered_turns"):
             return [UndeliveredTurn(turn=rows.turn_from_row(r), text=bytes(r[6]).decode() if r[6] is not None
                                     else None) for r in found]
 
     @lands
-    async def close_interrupted_turns(self) -> list[TurnRecord]:
-        """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up)."""
+    async def close_interrupted_turns(self, *, key: str | None = None) -> list[TurnRecord]:
+        """Mark every turn still 'running' as 'interrupted' (only ``key``'s with a key) and return them."""
         found = await self._fetch("close_interrupted_turns", "UPDATE turns SET state = 'interrupted', ended_at = $1"
-                                  f" WHERE state = 'running' RETURNING {TURN_SELECT}", self._clock())
+                                  f" WHERE state = 'running' AND ($2::text IS NULL OR session_key = $2)"
+                                  f" RETURNING {TURN_SELECT}", self._clock(), key)
         return sorted((rows.turn_from_row(r) for r in found), key=lambda t: (t.started_at, t.turn_id))
 
     # -- attachments

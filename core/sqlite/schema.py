@@ -162,6 +162,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         "CREATE INDEX turns_ended_at ON turns (ended_at)",
     ),
+    # 7: an inbound message names the session it waits for, so one session's waiting messages are found
+    # without reading every envelope (rows admitted before this step have none: only the unscoped read
+    # returns them)
+    (
+        "ALTER TABLE inbound ADD COLUMN session_key TEXT",
+        "CREATE INDEX inbound_session ON inbound (session_key, seq) WHERE envelope IS NOT NULL",
+        "CREATE INDEX turns_session ON turns (session_key) WHERE state = 'running'",
+    ),
 )
 
 

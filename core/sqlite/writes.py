@@ -244,6 +244,7 @@ class Admission:
     envelope: str | None
     admitted_at: float
     expires_at: float
+    session_key: str | None = None
 
 
 def admissions(items: Sequence[Admission]) -> tuple[str, list[Any]]:
@@ -251,16 +252,16 @@ def admissions(items: Sequence[Admission]) -> tuple[str, list[Any]]:
     rows = _padded(len(items))
     params: list[Any] = []
     for a in items:
-        params.extend((a.channel, a.event_id, a.envelope, a.admitted_at, a.expires_at))
-    params.extend((None, None, None, 0.0, 0.0) * (rows - len(items)))
+        params.extend((a.channel, a.event_id, a.envelope, a.admitted_at, a.expires_at, a.session_key))
+    params.extend((None, None, None, 0.0, 0.0, None) * (rows - len(items)))
     return _admissions_sql(rows), params
 
 
 @functools.cache
 def _admissions_sql(rows: int) -> str:
     # WHERE keeps the padding rows out, and lets the upsert follow a SELECT
-    return ("INSERT INTO inbound (channel, event_id, envelope, admitted_at, expires_at)"
-            f" SELECT * FROM (VALUES {', '.join(['(?, ?, ?, ?, ?)'] * rows)}) WHERE column1 IS NOT NULL"
+    return ("INSERT INTO inbound (channel, event_id, envelope, admitted_at, expires_at, session_key)"
+            f" SELECT * FROM (VALUES {', '.join(['(?, ?, ?, ?, ?, ?)'] * rows)}) WHERE column1 IS NOT NULL"
             " ON CONFLICT (channel, event_id) DO NOTHING RETURNING seq, channel, event_id")
 
 
@@ -312,7 +313,8 @@ END_TURN = "UPDATE turns SET state = ?, ended_at = ? WHERE turn_id = ? AND state
 
 MARK_DELIVERED = "INSERT INTO deliveries (turn_id, delivered_at) VALUES (?, ?) ON CONFLICT (turn_id) DO NOTHING"
 
-# The terminal message of each turn that ended after ``?`` and was not delivered: its answer, or its notice.
+# The terminal message of each turn that ended after :since (and before :before; of :key only, unless it is
+# NULL) and was not delivered: its answer, or its notice.
 UNDELIVERED_TURNS = """
 SELECT t.turn_id, t.session_key, t.state, t.target_json, t.started_at, t.ended_at,
        (SELECT m.content FROM messages m
@@ -320,12 +322,13 @@ SELECT t.turn_id, t.session_key, t.state, t.target_json, t.started_at, t.ended_a
            AND m.role = 'assistant' AND m.content != ''
          ORDER BY m.seq DESC LIMIT 1)
 FROM turns t
-WHERE t.ended_at > ? AND t.state IN ('completed', 'failed', 'cancelled')
+WHERE t.ended_at > :since AND t.ended_at < :before AND t.state IN ('completed', 'failed', 'cancelled')
+  AND (:key IS NULL OR t.session_key = :key)
   AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.turn_id = t.turn_id)
 ORDER BY t.ended_at"""
 
 CLOSE_INTERRUPTED_TURNS = """
-UPDATE turns SET state = 'interrupted', ended_at = ? WHERE state = 'running'
+UPDATE turns SET state = 'interrupted', ended_at = :now WHERE state = 'running' AND (:key IS NULL OR session_key = :key)
 RETURNING turn_id, session_key, state, target_json, started_at, ended_at"""
 
 SET_CHANNEL_STATE = """

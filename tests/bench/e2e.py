@@ -1,9 +1,10 @@
 """Benchmark: N concurrent streaming chats end to end, on each platform's fake, the product against a floor.
 
 Every piece runs in a process of its own on 127.0.0.1: the fake OpenAI-compatible model (each reply
-``--chunks`` chunks, one every ``--chunk-ms`` ms), the platform (the fake Telegram Bot API, the fake Slack
-with Socket Mode, the fake Feishu Open API with a webhook sender, or for the web chat a client that opens
-each conversation's event stream and posts to it), and the pipeline measured:
+``--chunks`` chunks, one every ``--chunk-ms`` ms; ``--llm-processes`` processes serve its port), the platform
+(the fake Telegram Bot API, the fake Slack with Socket Mode, the fake Feishu Open API with a webhook sender,
+or for the web chat a client that opens each conversation's event stream and posts to it), and the pipeline
+measured:
 
 - product: ``chatbridge run`` with a generated config (SQLite, core, the channel, its SDK);
 - minimal: the floor, receive → stream from the same model fake (the same ``openai`` SDK call) →
@@ -68,6 +69,9 @@ FEISHU_TOKEN = "vt_bench_verification_token"
 FEISHU_KEY = "ek_bench_encrypt_key"
 CHAT_PREFIX = {"telegram": "", "slack": "D", "feishu": "oc_", "web": "s"}
 """Chat ids as each platform spells them (a Telegram chat id is a number)."""
+LLM_PROCESSES = 4
+"""Processes of the fake model: one process streams a few thousand chunks a second on a shared machine (its
+fair share of the CPU), less than 100 chats at 300 chunks in 3 s ask for."""
 WEB_UPDATE_INTERVAL = 0.05  # channels.web.channel.UPDATE_INTERVAL
 
 
@@ -534,6 +538,7 @@ class MinimalTelegram(Minimal):
         from channels.telegram.factory import make_bot
 
         bot = make_bot(self.fake["token"], self.fake["url"])
+        bot_sends = (Scope("bot:sends", 1 / 30),)
 
         async def call(chat: int, method: Any) -> Any:
             scope = (Scope(f"chat:{chat}", 1.0),)
@@ -552,6 +557,7 @@ class MinimalTelegram(Minimal):
                 pieces = [whole[i:i + 4096] for i in range(0, len(whole), 4096)]
                 for i, piece in enumerate(pieces):
                     if i == len(shown):
+                        await self.throttle.reserve(bot_sends)  # Telegram's 30 new messages a second per bot
                         msg = await call(chat, SendMessage(chat_id=chat, text=piece))
                         shown.append((msg.message_id, piece))
                     elif shown[i][1] != piece:
@@ -787,6 +793,11 @@ SDKS = {"openai": "openai SDK", "aiogram": "aiogram", "slack_sdk": "slack_sdk", 
         "lark_oapi": "lark-oapi", "aiosqlite": "aiosqlite (SQLite)"}
 """The official SDKs whose inclusive share of the samples is printed: their own work and what they call."""
 _FRAME_FILE = re.compile(r"\(([^()]*?):\d+\)$")
+_WAITING = (re.compile(r"^\S*select \(selectors\.py:\d+\)$"), re.compile(r"^_connection_worker_thread \(aiosqlite/"))
+"""Innermost frames of a thread that waits rather than works: the event loop in ``select`` and aiosqlite's
+thread waiting for its next statement. py-spy cannot tell these from work here (they showed up in the samples
+of an idle process), so they are left out; when aiosqlite's thread calls into SQLite the innermost frame is
+the statement's own."""
 
 
 def py_spy() -> str | None:
@@ -804,8 +815,8 @@ def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
 
 
 def stop_profile(proc: subprocess.Popen[bytes] | None, out: Path) -> dict[str, float]:
-    """Shares of the samples: by the package of the innermost frame ("self"), and for each SDK every sample
-    with one of its frames on the stack ("SDK incl.")."""
+    """Shares of the samples of work (waits left out, see ``_WAITING``): by the package of the innermost frame
+    ("self"), and for each SDK every sample with one of its frames on the stack ("SDK incl.")."""
     if proc is None:
         return {}
     proc.send_signal(signal.SIGINT)
@@ -821,7 +832,7 @@ def stop_profile(proc: subprocess.Popen[bytes] | None, out: Path) -> dict[str, f
     total = 0
     for line in out.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
+        if not count.isdigit() or any(w.match(stack.rsplit(";", 1)[-1]) for w in _WAITING):
             continue
         n = int(count)
         total += n
@@ -945,7 +956,7 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     llm_proc, llm = start_child("tests.bench.e2e", "--serve-llm", "--chunks", str(args.chunks),
-                                "--chunk-ms", str(args.chunk_ms))
+                                "--chunk-ms", str(args.chunk_ms), "--llm-processes", str(args.llm_processes))
     rows: list[dict[str, Any]] = []
     try:
         for platform in args.platform:
@@ -966,6 +977,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--profile", action="store_true",
                         help="sample the product with py-spy and print where its CPU goes (SDKs' shares)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the replies of one run")
+    parser.add_argument("--llm-processes", type=int, default=LLM_PROCESSES,
+                        help="processes serving the fake model's port (SO_REUSEPORT); "
+                             f"{LLM_PROCESSES} unless given (python -m tests.bench.model_fake measures it alone)")
     parser.add_argument("--serve-llm", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve-platform", choices=PLATFORMS, help=argparse.SUPPRESS)
     parser.add_argument("--serve-minimal", choices=PLATFORMS, help=argparse.SUPPRESS)
@@ -975,7 +989,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args.chats = args.chats or ([50] if args.quick else [100, 1000])
     args.chunks = args.chunks or (100 if args.quick else 300)
     if args.serve_llm:
-        serve_llm(args.chunks, args.chunk_ms)
+        serve_llm(args.chunks, args.chunk_ms, args.llm_processes)
         return []
     if args.serve_platform:
         serve_platform(args.serve_platform)
@@ -984,7 +998,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         serve_minimal(args.serve_minimal, args.llm, json.loads(args.fake))
         return []
     print(f"{' and '.join(map(str, args.chats))} chats at once on each platform, one message each, a reply of "
-          f"{args.chunks} chunks ({len(reply_text(args.chunks))} characters), one every {args.chunk_ms:g} ms; "
+          f"{args.chunks} chunks ({len(reply_text(args.chunks))} characters), one every {args.chunk_ms:g} ms "
+          f"from {args.llm_processes} model process{'es' if args.llm_processes > 1 else ''}; "
           f"{os.cpu_count()} cores", flush=True)
     started = time.monotonic()
     rows = asyncio.run(run(args))

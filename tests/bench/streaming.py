@@ -25,9 +25,13 @@ def squash(text: str) -> str:
     return "".join(text.split())
 
 
-def serve_llm(chunks: int, chunk_ms: float) -> None:
+def serve_llm(chunks: int, chunk_ms: float, processes: int = 1, port: int = 0) -> None:
     """The fake OpenAI-compatible server streaming ``reply_text(chunks)``, one chunk every ``chunk_ms``; prints
-    its URL and serves until stdin closes (keeping no record of the requests)."""
+    its URL and serves until stdin closes (keeping no record of the requests).
+
+    With ``processes`` > 1 that many processes serve the one port (SO_REUSEPORT: the kernel spreads the
+    connections among them), so the model's side is not what limits a benchmark: one process streams a few
+    thousand chunks a second. ``port``: join the processes already serving it (how the others are started)."""
     from tests.fakes.openai_server import FakeOpenAI, Text
 
     class _Discard(list[Any]):
@@ -36,10 +40,17 @@ def serve_llm(chunks: int, chunk_ms: float) -> None:
 
     async def main() -> None:
         fake = FakeOpenAI(default=Text(reply_text(chunks), chunk_size=len(CHUNK), delay=chunk_ms / 1000))
-        await fake.start()
+        await fake.start(port, reuse_port=processes > 1 or port != 0)
         fake.requests = _Discard()
+        others = [start_child("tests.bench.streaming", "--serve-llm", "--chunks", str(chunks), "--chunk-ms",
+                              str(chunk_ms), "--port", str(fake.port))[0] for _ in range(processes - 1)]
         print(fake.base_url, flush=True)
-        await until_stdin_closes()
+        try:
+            await until_stdin_closes()
+        finally:
+            for proc in others:
+                stop_child(proc)
+            await fake.stop()
 
     asyncio.run(main())
 
@@ -84,3 +95,16 @@ def peak_rss_mib(pid: int) -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+if __name__ == "__main__":  # the model fake on its own (see serve_llm)
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--serve-llm", action="store_true", required=True)
+    parser.add_argument("--chunks", type=int, required=True)
+    parser.add_argument("--chunk-ms", type=float, required=True)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    serve_llm(args.chunks, args.chunk_ms, args.processes, args.port)

@@ -17,6 +17,7 @@ from channels.web.channel import WebChannel
 from channels.web.factory import build
 from channels.web.server import WebAccess
 from channels.web.sse import StreamHub
+from core.bus import ClusterBus
 from core.llm.openai_provider import OpenAIProvider
 from core.llm.provider import LLMToolSpec
 from core.runtime import ChatCore
@@ -78,12 +79,12 @@ class WebChat:
 async def start_web_chat(tmp_path: Path, fake: FakeOpenAI, *, auth_token: str = "", hub: StreamHub | None = None,
                          update_interval: float = 0.05, tools: ToolRegistry | None = None,
                          access: WebAccess | None = None, reap_interval: float = 1.0,
-                         store: Store | None = None, **settings: Any) -> WebChat:
+                         store: Store | None = None, bus: ClusterBus | None = None, **settings: Any) -> WebChat:
     s = dataclasses.replace(FAST, **settings)
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key="sk-test",
                               request_timeout=s.request_timeout)
     core = ChatCore(store=store or SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools,
-                    media_dir=tmp_path / "media")
+                    media_dir=tmp_path / "media", bus=bus)
     app = web.Application()
     if access is None:
         access = WebAccess(auth_token=auth_token)

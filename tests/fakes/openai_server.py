@@ -260,7 +260,9 @@ class FakeOpenAI:
 
     # -- lifecycle --
 
-    async def start(self) -> FakeOpenAI:
+    async def start(self, port: int = 0, *, reuse_port: bool = False) -> FakeOpenAI:
+        """Serve on 127.0.0.1:``port`` (0: an ephemeral port). ``reuse_port``: other processes may serve the
+        same port (SO_REUSEPORT; the kernel spreads the connections among them)."""
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
@@ -268,7 +270,7 @@ class FakeOpenAI:
         self._closing = asyncio.Event()
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_port=reuse_port or None)
         await site.start()
         self.port = int(self._runner.addresses[0][1])
         self.base_url = f"http://127.0.0.1:{self.port}/v1"

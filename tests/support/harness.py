@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from core.events import CoreEvent, TurnCommitted
+from core.leadership import Leadership
 from core.llm.openai_provider import OpenAIProvider
 from core.media.transcribe import Transcriber
 from core.runtime import ChatCore
@@ -76,7 +77,7 @@ class Harness:
 async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None = None,
                        tools: ToolRegistry | None = None, start: bool = True,
                        platform: FakePlatform | None = None, transcriber: Transcriber | None = None,
-                       **settings: Any) -> Harness:
+                       leadership: Leadership | None = None, **settings: Any) -> Harness:
     """``start=False``: the caller registers more channels, then starts the core (which reports turns a
     previous process left running through them). ``platform``: the chats of an earlier harness, for a
     restart on the same database. Attachments are stored in ``tmp_path / "media"``."""
@@ -86,7 +87,7 @@ async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None 
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key=API_KEY,
                               request_timeout=s.request_timeout)
     core = ChatCore(store=store, provider=provider, settings=s, tools=tools, media_dir=tmp_path / "media",
-                    transcriber=transcriber)
+                    transcriber=transcriber, leadership=leadership)
     channel = TestChannel(platform=platform)
     core.add_channel(channel)
     if start:

@@ -12,13 +12,17 @@ Where each platform says which message a bot message answers:
 - Slack: a channel @mention is answered in a thread rooted at it; later messages of that thread queue
   behind it in the same conversation, and a notice in the thread belongs to the thread's first message
   (the only one a crash can cut off while the others wait);
-- Feishu: every reply quotes (``parent_id``) the user's message.
+- Feishu: every reply quotes (``parent_id``) the user's message;
+- the web chat: a conversation's history (what its page loads) lists each answer or notice after the
+  message it answers; the reply being written and the approvals waiting are in the conversation stream's
+  opening ``task_state`` event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import re
 import time
@@ -48,6 +52,8 @@ FEISHU_TOKEN = "vt_crash_verification_token"
 FEISHU_KEY = "ek_crash_encrypt_key"
 
 Ending = Literal["answer", "notice"]
+REFRESH_EVERY = 0.25
+"""Seconds between two reads of what the web chat shows while a test polls it (each read is a few requests)."""
 
 
 def ends_with_id(text: str, ident: str) -> bool:
@@ -125,6 +131,11 @@ class Platform:
 
     def restarted(self) -> None:
         """The bridge process was replaced: wait for a new connection before pushing anything."""
+
+    async def refresh(self, *, now: bool = False) -> None:
+        """Read what the platform shows, where that takes requests (the web chat's); the other methods then
+        answer from what was read. The fakes' platforms show their state at once. Polling callers read at
+        most every ``REFRESH_EVERY`` seconds; ``now``: read at once."""
 
     async def say(self, ident: str, text: str, *, head: str | None = None, wait: bool = True) -> Delivery:
         """Deliver a user's message ``text`` (carrying ``ident``); ``head``: the ident of the message it follows
@@ -612,6 +623,162 @@ stream_interval_ms = 100
         return "feishu long connection dropped"
 
 
+# ---- the web chat ------------------------------------------------------------------------------------------
+
+
+class WebPlatform(Platform):
+    """The web chat through its HTTP API, as the page uses it: a message is posted with a ``client_id`` (the
+    page's retry of a post that got no answer sends the same one again, and must never get a second
+    answer); a conversation is a web session, begun by its head message. What each shows is read by
+    ``refresh``: the history, and the opening ``task_state`` of the conversation's event stream."""
+
+    name = "web"
+    state_up = ("serving",)
+    ACCEPTED = ("queued", "duplicate")
+    """The answers meaning the message is stored (``duplicate``: it was, by an earlier post of it)."""
+
+    def __init__(self, web_port: int) -> None:
+        super().__init__()
+        self.base = f"http://127.0.0.1:{web_port}"
+        self.session_of: dict[str, str] = {}  # ident → web session id
+        self.answers: dict[int, list[str]] = {}  # id(delivery) → the status of each post that got one
+        self.history: dict[str, list[dict[str, Any]]] = {}  # session → messages, as last read
+        self.task_state: dict[str, dict[str, Any]] = {}  # session → its stream's opening task_state
+        self.asked: dict[str, tuple[str, int]] = {}  # approval call id → (session, restarts when it was asked)
+        self.pressed: dict[str, int] = {}  # call id → the HTTP status of a press after a restart
+        self.restarts = 0
+        self.read_at = -REFRESH_EVERY
+
+    def config(self) -> str:
+        return ""  # the web chat is served on [web] port whenever the bridge runs
+
+    def restarted(self) -> None:
+        self.restarts += 1
+        self.read_at = -REFRESH_EVERY  # nothing read before the restart is news
+
+    async def _post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http, \
+                http.post(self.base + path, json=body) as resp:
+            return resp.status, await resp.json(content_type=None)
+
+    async def _deliver(self, d: Delivery, *, wait: bool) -> None:
+        async def post() -> None:
+            try:
+                status, answer = await self._post(f"/api/sessions/{d.ref}/messages", d.body)
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                return  # no answer (the bridge died, or is not up yet): the page sends it again
+            d.status = status
+            if status == 202:
+                self.answers.setdefault(id(d), []).append(answer["status"])
+
+        d.task = asyncio.create_task(post())
+        if wait:
+            await d.task
+            assert self.acked(d), f"web: {d.ident} answered {d.status} {self.answers.get(id(d))}"
+
+    async def say(self, ident: str, text: str, *, head: str | None = None, wait: bool = True) -> Delivery:
+        if head is None:
+            status, created = await self._post("/api/sessions", {})
+            assert status == 201, (status, created)
+            self.session_of[ident] = created["id"]
+        else:
+            self.session_of[ident] = self.session_of[head]
+        self.idents.append(ident)
+        d = Delivery(ident, {"text": text, "client_id": ident}, ref=self.session_of[ident])
+        self.deliveries.append(d)
+        await self._deliver(d, wait=wait)
+        return d
+
+    def acked(self, delivery: Delivery) -> bool:
+        return any(a in self.ACCEPTED for a in self.answers.get(id(delivery), []))
+
+    async def redeliver(self, delivery: Delivery, *, wait: bool = True) -> Delivery:
+        stored = self.acked(delivery)
+        delivery.sent_at = time.monotonic()
+        delivery.retries += 1
+        await self._deliver(delivery, wait=wait)
+        if wait and stored:  # a resend of a stored message is recognised, across a restart too
+            assert self.answers[id(delivery)][-1] == "duplicate", (delivery.ident, self.answers[id(delivery)])
+        return delivery
+
+    async def refresh(self, *, now: bool = False) -> None:
+        if not now and time.monotonic() - self.read_at < REFRESH_EVERY:
+            return
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
+            for sid in dict.fromkeys(self.session_of.values()):
+                async with http.get(f"{self.base}/api/sessions/{sid}/history", params={"limit": "1000"}) as resp:
+                    assert resp.status == 200, resp.status
+                    self.history[sid] = (await resp.json())["messages"]
+                async with http.get(f"{self.base}/api/sessions/{sid}/stream") as resp:
+                    assert resp.status == 200, resp.status
+                    async for line in resp.content:  # the opening task_state is the first data line
+                        if line.startswith(b"data: "):
+                            self.task_state[sid] = json.loads(line[len(b"data: "):])
+                            break
+            for call_id, (sid, asked_in) in self.asked.items():
+                if asked_in < self.restarts and call_id not in self.pressed:  # a late press, after the restart
+                    async with http.post(f"{self.base}/api/sessions/{sid}/approvals/{call_id}",
+                                         json={"decision": "allow"}) as resp:
+                        self.pressed[call_id] = resp.status
+        self.read_at = time.monotonic()
+
+    def _turns(self) -> list[tuple[str, dict[str, Any]]]:
+        """(the ident it answers, message) for every assistant message of the history: it answers the user
+        message before it."""
+        found = []
+        for sid in dict.fromkeys(self.session_of.values()):
+            current = None
+            for m in self.history.get(sid, []):
+                if m["role"] == "user":
+                    said = re.search(r"\b(?:ask|slow|quick|say) (\S+)", m["content"])
+                    current = said.group(1) if said else None
+                elif m["role"] == "assistant" and m["content"] and current is not None:
+                    found.append((current, m))
+        return found
+
+    def endings(self) -> dict[str, list[Ending]]:
+        found: dict[str, list[Ending]] = {ident: [] for ident in self.idents}
+        for ident, m in self._turns():
+            if m["kind"] == "notice" and is_notice(m["content"]):
+                found.setdefault(ident, []).append("notice")
+            elif m["kind"] == "assistant" and ends_with_id(m["content"], ident):
+                found.setdefault(ident, []).append("answer")
+        return found
+
+    def _running(self, ident: str) -> dict[str, Any] | None:
+        turn = self.task_state.get(self.session_of[ident], {}).get("turn")
+        return turn if isinstance(turn, dict) else None
+
+    def previewing(self, ident: str) -> bool:
+        turn = self._running(ident)
+        return turn is not None and "word" in turn["text"] and "END" not in turn["text"]
+
+    def approval(self, ident: str) -> str | None:
+        sid = self.session_of[ident]
+        waiting = self.task_state.get(sid, {}).get("approvals") or []
+        if not waiting:
+            return None
+        call_id = str(waiting[0]["call_id"])
+        self.asked.setdefault(call_id, (sid, self.restarts))
+        return call_id
+
+    def approval_recorded(self, data_dir: Path, request: str) -> bool:
+        return True  # nothing to record: the page's approval card comes from the running turn alone
+
+    def approval_closed_by_restart(self, request: str) -> bool:
+        sid, _ = self.asked[request]
+        waiting = [a["call_id"] for a in self.task_state.get(sid, {}).get("approvals") or []]
+        # the card is gone (nothing waits), and a late press answers that nothing with that id waits (404)
+        return request not in waiting and self.pressed.get(request) == 404
+
+    def live_buttons(self) -> int:
+        return sum(len(state.get("approvals") or []) for state in self.task_state.values())
+
+    def describe(self) -> str:
+        return "\n".join(f"web {sid} {m['role']}/{m['kind']}: {m['content'][-70:]!r}"
+                         for sid, messages in self.history.items() for m in messages)
+
+
 @contextlib.asynccontextmanager
 async def feishu_fakes(mode: Literal["websocket", "webhook"]
                        ) -> AsyncIterator[tuple[FakeFeishu, FakeLongConnection | None, str]]:
@@ -651,6 +818,10 @@ class Bridge:
     def restarted(self) -> None:
         for p in self.platforms:
             p.restarted()
+
+    async def refresh(self, *, now: bool = False) -> None:
+        for p in self.platforms:
+            await p.refresh(now=now)
 
     def endings(self) -> dict[str, dict[str, list[Ending]]]:
         return {p.name: p.endings() for p in self.platforms}

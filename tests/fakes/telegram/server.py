@@ -6,13 +6,16 @@ strings) and JSON bodies, and answer with Telegram's envelope: ``{"ok": true, "r
 
 What it checks like Telegram does: the token (401), message length in UTF-16 code units (4096), empty
 text, entity offsets and lengths against the text, "message is not modified", "message to edit/delete
-not found", drafts only in private chats, getUpdates 409 while a webhook is set, callback_data of at most
-64 bytes, and a callback query answered at most once (an unknown or repeated id is a 400). getUpdates has real
+not found", drafts only in private chats, getUpdates 409 while a webhook is set, a waiting long poll ended
+with 409 Conflict by a newer getUpdates (two bot instances polling at once; ``conflicts`` counts them),
+callback_data of at most 64 bytes, and a callback query answered at most once (an unknown or repeated id
+is a 400). getUpdates has real
 offset semantics (updates below the offset are confirmed and forgotten) and long polling.
 
 It keeps what every chat shows (``Shown`` messages by id, with text, entities and the inline keyboard,
 deleted ones marked), the answers to callback queries (``callback_answers``),
-every call (``calls``, with a monotonic timestamp), and per-method, per-call faults (``fail``).
+every call (``calls``, with a monotonic timestamp), per-method, per-call faults (``fail``), and held
+methods (``hold``: a call is recorded, then answered only once the test releases it).
 
 Files: ``add_file(file_id, data)`` makes a file known; ``getFile`` answers its ``file_path`` (or Telegram's
 "file is too big" past the Bot API's 20 MB download limit) and ``GET /file/bot<token>/<file_path>`` serves
@@ -20,10 +23,12 @@ its bytes in chunks, as api.telegram.org does. ``file_redirect`` makes the file 
 another address instead (the client must not follow it off the Bot API host); ``downloads`` records the
 paths fetched.
 
-Rate limits (``enforce_limits``, off unless asked for): Telegram's published pace, a message call answering
-429 ``Too Many Requests: retry after N`` past it. In one chat about one message per second, with short
-bursts allowed (``per_chat`` calls in ``window`` seconds, sends and edits alike); across all chats at most
-30 new messages per second (``overall``; edits do not count). ``limited`` counts the 429s it answered.
+Rate limits (``enforce_limits``, off unless asked for): Telegram's published pace (its Bots FAQ), a message
+call answering 429 ``Too Many Requests: retry after N`` past it. In one chat about one message per second,
+"short bursts" allowed (a bucket of ``per_chat`` calls refilled at ``per_chat / window`` a second, sends and
+edits alike); across all chats about 30 new messages per second (``overall``, in a bucket of as many; edits
+do not count: the FAQ names messages sent, not edits).
+``limited`` counts the 429s it answered.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ import asyncio
 import itertools
 import json
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,24 +109,27 @@ MESSAGE_CALLS = SENDS | {"editMessageText", "editMessageReplyMarkup", "editMessa
 
 @dataclass
 class RateLimit:
-    """At most ``limit`` of ``methods`` within ``window`` seconds, per chat (``per_chat``) or over all chats."""
+    """A budget of ``methods`` per chat (``per_chat``) or over all chats, as a bucket: ``burst`` calls may come
+    at once, and the bucket refills at ``rate`` calls a second (a pace "with short bursts allowed")."""
 
     methods: frozenset[str]
-    limit: int
-    window: float
+    burst: int
+    rate: float
     per_chat: bool
     retry_after: int = 1
-    seen: dict[Any, deque[float]] = field(default_factory=dict)
+    buckets: dict[Any, tuple[float, float]] = field(default_factory=dict)
+    """Calls left in each bucket, and when that was counted."""
 
     def full(self, key: Any, now: float) -> bool:
-        """Whether a call now would exceed the limit (calls refused count for no budget)."""
-        recent = self.seen.setdefault(key, deque())
-        while recent and now - recent[0] >= self.window:
-            recent.popleft()
-        return len(recent) >= self.limit
+        """Whether a call now would exceed the budget (calls refused take nothing from it)."""
+        left, at = self.buckets.get(key, (float(self.burst), now))
+        left = min(float(self.burst), left + (now - at) * self.rate)
+        self.buckets[key] = (left, now)
+        return left < 1.0
 
     def take(self, key: Any, now: float) -> None:
-        self.seen[key].append(now)
+        left, at = self.buckets[key]
+        self.buckets[key] = (left - 1.0, at)
 
 
 @dataclass
@@ -138,6 +145,7 @@ class FakeTelegram:
     commands: list[dict[str, Any]] = field(default_factory=list)
     webhook: dict[str, Any] | None = None
     faults: list[Fault] = field(default_factory=list)
+    holds: dict[str, asyncio.Event] = field(default_factory=dict)
     base_url: str = ""
     updates: list[dict[str, Any]] = field(default_factory=list)
     callback_answers: list[dict[str, Any]] = field(default_factory=list)
@@ -154,6 +162,9 @@ class FakeTelegram:
     _query_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(9001))
     _update_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1001))
     _message_ids: dict[int, itertools.count[int]] = field(default_factory=dict)
+    conflicts: int = 0
+    """Long polls ended by a newer ``getUpdates`` of the same bot (409 Conflict): two pollers at once."""
+    _polls: int = 0
     _new_update: asyncio.Event = field(default_factory=asyncio.Event)
     _runner: web.AppRunner | None = None
     _closing: asyncio.Event = field(default_factory=asyncio.Event)
@@ -192,11 +203,17 @@ class FakeTelegram:
         self.faults.append(fault)
         return fault
 
+    def hold(self, method: str) -> asyncio.Event:
+        """Hold every call of ``method`` (recorded on arrival) until the returned event is set; then each is
+        answered as usual."""
+        return self.holds.setdefault(method, asyncio.Event())
+
     def enforce_limits(self, *, per_chat: int = 3, window: float = 3.0, overall: int = 30) -> None:
-        """Answer 429 as Telegram does past its pace: ``per_chat`` message calls in ``window`` seconds in one
-        chat (about one a second, short bursts allowed), ``overall`` new messages a second over all chats."""
-        self.rate_limits = [RateLimit(MESSAGE_CALLS, per_chat, window, per_chat=True),
-                            RateLimit(SENDS, overall, 1.0, per_chat=False)]
+        """Answer 429 as Telegram does past its pace: in one chat ``per_chat`` message calls per ``window``
+        seconds (about one a second), bursts of ``per_chat`` allowed; over all chats ``overall`` new messages
+        a second, bursts of ``overall`` allowed."""
+        self.rate_limits = [RateLimit(MESSAGE_CALLS, per_chat, per_chat / window, per_chat=True),
+                            RateLimit(SENDS, overall, float(overall), per_chat=False)]
 
     def _rate_limited(self, method: str, params: dict[str, Any]) -> int | None:
         if method not in MESSAGE_CALLS:
@@ -356,6 +373,9 @@ class FakeTelegram:
             return self._error(400, "Bad Request: invalid parameters")
         call = Call(method, params, time.monotonic())
         self.calls.append(call)
+        held = self.holds.get(method)
+        if held is not None:
+            await held.wait()
         fault = self._fault(method, params)
         handler = getattr(self, f"_m_{method}", None)
         if fault is not None:
@@ -440,12 +460,19 @@ class FakeTelegram:
         if self.webhook is not None:
             raise _ApiError(409, "Conflict: can't use getUpdates method while webhook is active; use "
                                  "deleteWebhook to delete the webhook first")
+        self._polls += 1
+        poll = self._polls
+        self._new_update.set()  # a poll still waiting ends with a conflict, as on Telegram
         offset = int(p.get("offset") or 0)
         if offset:
             self.updates = [u for u in self.updates if u["update_id"] >= offset]  # confirmed: forgotten
         limit = int(p.get("limit") or 100)
         deadline = time.monotonic() + float(p.get("timeout") or 0)
         while True:
+            if poll != self._polls:
+                self.conflicts += 1
+                raise _ApiError(409, "Conflict: terminated by other getUpdates request; make sure that only one "
+                                     "bot instance is running")
             ready = [u for u in self.updates if u["update_id"] >= offset][:limit]
             if ready or self._closing.is_set():
                 return ready

@@ -1,0 +1,240 @@
+"""SessionFailover: several processes on one database serve each session in exactly one of them.
+
+``core.leases`` says which process runs a session's worker; this module is what the processes do about it
+(with ``LocalLeases`` — one process per database — none of it runs, and start-up stays as it was):
+
+- **Heartbeat**: every held lease is renewed every ``ttl / 3`` in one statement; the sessions whose lease
+  was lost start nothing more (``SessionManager.lost``).
+- **Takeover** (``take``, called by a worker that was just granted a lease): a turn still recorded as
+  running for that session belonged to a holder that died (a live holder keeps its lease, so nobody else
+  is granted it): it is closed as interrupted and its notice sent — by the one process holding the lease,
+  so once. The session's undelivered turns are sent again, but only those that ended more than
+  ``settle`` seconds ago: until then the process that ran the turn may still be retrying it
+  (``core.redelivery``).
+- **Waiting messages** (``waiting``): the session's stored messages, whichever process admitted them;
+  one too old to answer gets its notice instead, in the session's order.
+- **Signals** over the cluster bus (``core.bus``): ``/stop`` and ``/new`` sent to a process
+  that does not hold the session are forwarded to the holder (``session.stop``, ``session.new``). Messages
+  need no signal: a holder reads the store after each turn and once more after releasing its lease.
+- **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, a turn left running) and no live
+  lease are woken here; whichever process gets the lease takes them over. That is what moves a dead
+  holder's sessions; at start-up it runs at once, instead of the recovery of every session a single
+  process does (which would close the turns other live processes are running). A turn that only waits for
+  its delivery does not wake its session (a platform that keeps refusing it would be tried every sweep):
+  it is sent when its session is next taken over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from core.bus import ClusterBus
+from core.envelope import InboundEnvelope
+from core.leases import SessionLeases
+from core.session import Admitted, SessionManager
+from core.settings import CoreSettings
+from core.store import Store, TurnRecord, UndeliveredTurn
+from core.supervisor import ShuttingDownError, TaskSupervisor
+
+log = logging.getLogger(__name__)
+
+STOP = "session.stop"
+NEW = "session.new"
+
+SEEN_NOTES = 1024
+"""Note ids remembered, so a note delivered twice is acted on once."""
+
+SWEEP_LIMIT = 100
+"""Sessions woken per sweep; the next sweep takes the rest."""
+
+
+class Recovery(Protocol):
+    """What ChatCore does for a session taken over (the same steps its start-up does for every session)."""
+
+    async def interrupted(self, turn: TurnRecord) -> None: ...
+
+    async def redeliver(self, item: UndeliveredTurn) -> None: ...
+
+    async def too_old(self, envelope: InboundEnvelope, seq: int, age: float) -> None: ...
+
+    async def stop_here(self, envelope: InboundEnvelope) -> None:
+        """``/stop`` forwarded to this process (the holder)."""
+        ...
+
+    def new_here(self, envelope: InboundEnvelope) -> None:
+        """``/new`` forwarded to this process (the holder)."""
+        ...
+
+
+class SessionFailover:
+    def __init__(self, *, store: Store, leases: SessionLeases, settings: CoreSettings, supervisor: TaskSupervisor,
+                 recovery: Recovery, bus: ClusterBus | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._leases = leases
+        self._settings = settings
+        self._supervisor = supervisor
+        self._recovery = recovery
+        self._bus = bus
+        self._clock = clock
+        self.sessions: SessionManager | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.settle = sum(settings.redelivery_delays) + 2 * leases.ttl
+        """Seconds after its end before another process sends an undelivered turn again."""
+
+    @property
+    def shared(self) -> bool:
+        return self._leases.shared
+
+    def _manager(self) -> SessionManager:
+        assert self.sessions is not None, "SessionFailover.sessions is set by ChatCore"
+        return self.sessions
+
+    async def start(self) -> None:
+        """Subscribe to the signals, start the heartbeat and the sweeper (which sweeps at once)."""
+        if self._bus is not None:
+            self._unsubscribe = [self._bus.subscribe(STOP, self._on_stop),
+                                 self._bus.subscribe(NEW, self._on_new)]
+        self._supervisor.spawn("leases:heartbeat", self._heartbeat())
+        self._supervisor.spawn("leases:sweeper", self._sweeper())
+
+    def close(self) -> None:
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe = []
+
+    # -- what a worker calls (core.session.Takeover)
+
+    async def take(self, key: str) -> None:
+        for turn in await self._store.close_interrupted_turns(key=key):
+            log.info("taking over %s: its turn %s was left running by a process that stopped", key, turn.turn_id)
+            await self._recovery.interrupted(turn)
+        now = self._clock()
+        for item in await self._store.undelivered_turns(now - self._settings.resume_max_age, key=key,
+                                                        ended_before=now - self.settle):
+            await self._recovery.redeliver(item)
+
+    async def waiting(self, key: str) -> list[Admitted]:
+        now = self._clock()
+        fresh: list[Admitted] = []
+        for record in await self._store.waiting_inbound(key=key):
+            try:
+                envelope = InboundEnvelope.model_validate_json(record.payload)
+            except ValueError:
+                log.warning("inbound message %s is unreadable and is dropped", record.seq)
+                await self._store.finish_inbound([record.seq])
+                continue
+            age = now - envelope.received_at
+            if age <= self._settings.resume_max_age:
+                fresh.append((envelope, record.seq))
+            else:
+                await self._recovery.too_old(envelope, record.seq, age)
+        return fresh
+
+    # -- commands sent to a process that does not hold the session
+
+    async def forward_stop(self, key: str, envelope: InboundEnvelope | None = None) -> bool:
+        """Stop ``key``'s turn in the live process that holds the session (True: sent there; the holder stops
+        it, or answers ``envelope``'s chat that nothing runs); False when no other process holds it."""
+        if self._bus is None or not await self._leases.held_elsewhere(key):
+            return False
+        await self._publish(STOP, key, envelope)
+        return True
+
+    async def forward_new(self, envelope: InboundEnvelope) -> None:
+        """``/new`` for a session another process holds (its worker was refused the lease here)."""
+        if self._bus is None:
+            log.warning("/new for %s reached a process that does not hold the session", envelope.key())
+            return
+        await self._publish(NEW, envelope.key(), envelope)
+
+    async def _publish(self, topic: str, key: str, envelope: InboundEnvelope | None) -> None:
+        assert self._bus is not None
+        note = {"id": uuid.uuid4().hex, "key": key,
+                "envelope": envelope.model_dump_json() if envelope is not None else None}
+        await self._bus.publish(topic, json.dumps(note))
+
+    # -- signals from the other processes (a note may come twice: its id is remembered)
+
+    def _on_stop(self, payload: str) -> None:
+        note = self._note(payload)
+        if note is None:
+            return
+        key, envelope = note
+        if not self._manager().holds(key):
+            return
+        if envelope is not None:
+            self._spawn(f"command:stop:{key}", self._recovery.stop_here(envelope))
+        else:
+            self._spawn(f"command:stop:{key}", self._manager().stop(key))
+
+    def _on_new(self, payload: str) -> None:
+        note = self._note(payload)
+        if note is None:
+            return
+        key, envelope = note
+        if envelope is not None and self._manager().holds(key):
+            try:
+                self._recovery.new_here(envelope)
+            except ShuttingDownError:
+                pass
+
+    def _note(self, payload: str) -> tuple[str, InboundEnvelope | None] | None:
+        try:
+            note = json.loads(payload)
+            note_id, key, raw = str(note["id"]), str(note["key"]), note["envelope"]
+            envelope = InboundEnvelope.model_validate_json(raw) if raw is not None else None
+        except (ValueError, KeyError, TypeError):
+            log.warning("an unreadable session note was ignored")
+            return None
+        if note_id in self._seen:
+            return None
+        self._seen[note_id] = None
+        while len(self._seen) > SEEN_NOTES:
+            self._seen.popitem(last=False)
+        return key, envelope
+
+    def _wake(self, key: str) -> None:
+        try:
+            self._manager().wake(key)
+        except ShuttingDownError:
+            pass
+
+    def _spawn(self, name: str, work: Awaitable[object]) -> None:
+        async def run() -> None:
+            await work
+
+        try:
+            self._supervisor.spawn(name, run())
+        except ShuttingDownError:
+            pass
+
+    # -- loops
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self._leases.ttl / 3)
+            try:
+                lost = await self._leases.renew()
+            except Exception as exc:  # the next beat tries again; holds() says no once the ttl ran out
+                log.warning("renewing the session leases failed: %s", exc)
+                continue
+            if lost:
+                self._manager().lost(lost)
+
+    async def _sweeper(self) -> None:
+        while True:
+            try:
+                for key in await self._leases.orphans(limit=SWEEP_LIMIT):
+                    self._wake(key)
+            except Exception as exc:
+                log.warning("looking for sessions without a holder failed: %s", exc)
+            await asyncio.sleep(self._leases.ttl / 2)

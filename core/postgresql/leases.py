@@ -1,0 +1,145 @@
+"""Session leases in the shared PostgreSQL database (``core.leases``), for several processes on one server.
+
+One row per held lease in ``leases`` (``core.postgresql.schema``, step 2): the session key, the owner (a
+random id per process) and ``expires_at`` on the server's clock, so the processes' own clocks never have to
+agree. ``acquire`` is one upsert that takes the row only when it expired or is the caller's already;
+``renew`` extends every lease this process holds in one statement, and the keys it no longer finds under its
+owner are lost. This process also keeps, for each lease, a deadline on its own monotonic clock, taken
+before the statement that granted or renewed it was sent: past it, ``holds`` says no even if the database
+could not be reached to learn so, because by then another process may have taken the lease.
+
+The leases use a small pool of their own, so a store pool busy with turns never delays a renewal.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import asyncpg
+
+from core.postgresql.errors import store_errors
+from core.postgresql.glob import glob_to_regex
+from core.postgresql.store import CONNECT_TIMEOUT
+from core.store import StoreError
+
+_ACQUIRE = (
+    "INSERT INTO leases (name, owner, expires_at) VALUES ($1, $2, clock_timestamp() + make_interval(secs => $3))"
+    " ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
+    " WHERE leases.expires_at < clock_timestamp() OR leases.owner = EXCLUDED.owner RETURNING 1")
+
+_RENEW = ("UPDATE leases SET expires_at = clock_timestamp() + make_interval(secs => $3)"
+          " WHERE owner = $1 AND name = ANY($2::text[]) RETURNING name")
+
+# Sessions with work and no live lease: waiting messages, or a turn left running. Subagent sessions
+# (``exclude`` matches their keys) run inside their parent's turn and never hold a lease of their own.
+_ORPHANS = """
+SELECT w.k FROM (
+    SELECT session_key AS k FROM inbound WHERE envelope IS NOT NULL AND session_key IS NOT NULL
+    UNION SELECT session_key FROM turns WHERE state = 'running'
+) AS w
+WHERE ($1::text IS NULL OR w.k !~ $1)
+  AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = w.k AND l.expires_at >= clock_timestamp())
+LIMIT $2"""
+
+
+class PostgresqlLeases:
+    """``SessionLeases`` on the shared database (see the module docstring)."""
+
+    shared = True
+
+    def __init__(self, dsn: str, *, ttl: float = 10.0, exclude_glob: str | None = None) -> None:
+        self._dsn = dsn
+        self._ttl = ttl
+        self._exclude = glob_to_regex(exclude_glob) if exclude_glob is not None else None
+        self.owner = uuid.uuid4().hex
+        self._held: dict[str, float] = {}
+        """key -> monotonic deadline: past it, the lease may belong to someone else."""
+        self._pool: asyncpg.Pool | None = None
+
+    def __repr__(self) -> str:  # the connection string may hold a password
+        return f"PostgresqlLeases(owner={self.owner}, dsn=***)"
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        with store_errors("leases"):
+            try:
+                self._pool = await asyncpg.create_pool(self._dsn, min_size=1, max_size=3, timeout=CONNECT_TIMEOUT)
+            except ValueError as exc:
+                raise StoreError(f"postgresql leases: open failed (the connection string is not usable: "
+                                 f"{type(exc).__name__})") from None
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        held, self._held = list(self._held), {}
+        if pool is None:
+            return
+        try:
+            if held:
+                with store_errors("release leases"):
+                    await pool.execute("DELETE FROM leases WHERE owner = $1", self.owner)
+        finally:
+            await pool.close()
+
+    def _connected(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise StoreError("postgresql leases: used while closed")
+        return self._pool
+
+    async def acquire(self, key: str) -> bool:
+        pool = self._connected()
+        deadline = time.monotonic() + self._ttl
+        with store_errors("acquire lease"):
+            granted = await pool.fetchval(_ACQUIRE, key, self.owner, self._ttl)
+        if granted is None:
+            self._held.pop(key, None)
+            return False
+        self._held[key] = deadline
+        return True
+
+    async def release(self, key: str) -> None:
+        if self._held.pop(key, None) is None:
+            return
+        with store_errors("release lease"):
+            await self._connected().execute("DELETE FROM leases WHERE name = $1 AND owner = $2", key, self.owner)
+
+    async def held_elsewhere(self, key: str) -> bool:
+        with store_errors("read lease"):
+            return bool(await self._connected().fetchval(
+                "SELECT 1 FROM leases WHERE name = $1 AND owner <> $2 AND expires_at >= clock_timestamp()",
+                key, self.owner))
+
+    def holds(self, key: str) -> bool:
+        deadline = self._held.get(key)
+        return deadline is not None and time.monotonic() < deadline
+
+    async def renew(self) -> list[str]:
+        if not self._held:
+            return []
+        keys = list(self._held)
+        deadline = time.monotonic() + self._ttl
+        try:
+            with store_errors("renew leases"):
+                found = await self._connected().fetch(_RENEW, self.owner, keys, self._ttl)
+        except StoreError:
+            now = time.monotonic()
+            lost = [k for k in keys if self._held.get(k, now) <= now]
+        else:
+            renewed = {str(r[0]) for r in found}
+            for key in renewed:
+                if key in self._held:
+                    self._held[key] = deadline
+            lost = [k for k in keys if k not in renewed]
+        for key in lost:
+            self._held.pop(key, None)
+        return lost
+
+    async def orphans(self, *, limit: int) -> list[str]:
+        with store_errors("orphaned sessions"):
+            found = await self._connected().fetch(_ORPHANS, self._exclude, limit)
+        return [str(r[0]) for r in found]

@@ -1,0 +1,109 @@
+"""Session leases on the test cluster (``core.postgresql.leases``): one holder at a time, taken over only once
+expired (the expiry is moved into the past in the database, instead of waiting for it), lost when another
+process took it, given back at close; and the sessions a sweeper must take over."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from core.agent.subagents import CHILD_GLOB, CHILD_MARK
+from core.messages import MessageSource, NewMessage
+from core.postgresql.leases import PostgresqlLeases
+from core.postgresql.store import PostgresqlStore
+from tests.support.postgres import PostgresCluster
+
+KEY = "web:one"
+
+
+@pytest.fixture
+async def dsn(postgres: PostgresCluster) -> AsyncIterator[str]:
+    dsn = postgres.fresh_dsn()
+    store = PostgresqlStore(dsn)  # creates the tables
+    await store.open()
+    await store.close()
+    yield dsn
+
+
+async def opened(dsn: str) -> PostgresqlLeases:
+    leases = PostgresqlLeases(dsn, ttl=30, exclude_glob=CHILD_GLOB)
+    await leases.open()
+    return leases
+
+
+async def expire_all(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("UPDATE leases SET expires_at = clock_timestamp() - interval '1 second'")
+    finally:
+        await conn.close()
+
+
+async def test_one_holder_at_a_time_until_it_releases(dsn: str) -> None:
+    a, b = await opened(dsn), await opened(dsn)
+    try:
+        assert await a.acquire(KEY) and a.holds(KEY)
+        assert not await b.acquire(KEY) and not b.holds(KEY)
+        assert await b.held_elsewhere(KEY) and not await a.held_elsewhere(KEY)
+        assert await a.acquire(KEY)  # the holder may ask again
+        assert await b.acquire("web:two")  # other sessions are free
+        await a.release(KEY)
+        assert not a.holds(KEY)
+        assert await b.acquire(KEY)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_an_expired_lease_is_taken_over_and_its_old_holder_learns_it_lost_it(dsn: str) -> None:
+    a, b = await opened(dsn), await opened(dsn)
+    try:
+        assert await a.acquire(KEY) and await a.acquire("web:kept")
+        assert await a.renew() == []
+        await expire_all(dsn)  # a stopped renewing for longer than the ttl
+        assert await b.acquire(KEY)
+        assert await a.renew() == [KEY]  # the other one, not taken by anyone, is renewed
+        assert not a.holds(KEY) and a.holds("web:kept")
+        assert not await a.acquire(KEY)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_close_gives_every_lease_back(dsn: str) -> None:
+    a, b = await opened(dsn), await opened(dsn)
+    try:
+        assert await a.acquire(KEY) and await a.acquire("web:two")
+        await a.close()
+        assert await b.acquire(KEY) and await b.acquire("web:two")
+    finally:
+        await b.close()
+
+
+async def test_orphans_are_sessions_with_work_and_no_live_lease(dsn: str) -> None:
+    store = PostgresqlStore(dsn)
+    await store.open()
+    a = await opened(dsn)
+    try:
+        user = NewMessage(role="user", content="q", source=MessageSource(kind="user_input"))
+        await store.admit_inbound("web", None, "{}", ttl_seconds=60, key="web:waiting")
+        await store.append_message("web:running", user, begin_turn=("t1", "{}"))
+        await store.append_message(f"web:running{CHILD_MARK}0123456789ab", user, begin_turn=("t2", "{}"))
+        await store.append_message("web:undelivered", user, begin_turn=("t3", "{}"))
+        await store.commit_turn("web:undelivered", [], expect_generation=None, expect_state_version=None,
+                                end_turn=("t3", "completed"))
+        await store.append_message("web:delivered", user, begin_turn=("t4", "{}"))
+        await store.commit_turn("web:delivered", [], expect_generation=None, expect_state_version=None,
+                                end_turn=("t4", "completed"))
+        await store.mark_delivered("t4")
+        assert sorted(await a.orphans(limit=10)) == ["web:running", "web:waiting"]  # no delivery, no child
+        assert await a.acquire("web:running")
+        assert await a.orphans(limit=10) == ["web:waiting"]
+        assert len(await a.orphans(limit=1)) == 1
+        await expire_all(dsn)
+        assert sorted(await a.orphans(limit=10)) == ["web:running", "web:waiting"]
+    finally:
+        await a.close()
+        await store.close()
