@@ -80,7 +80,10 @@ async def start_web_chat(tmp_path: Path, fake: FakeOpenAI, *, auth_token: str = 
                          update_interval: float = 0.05, tools: ToolRegistry | None = None,
                          access: WebAccess | None = None, reap_interval: float = 1.0,
                          store: Store | None = None, bus: ClusterBus | None = None, **settings: Any) -> WebChat:
-    s = dataclasses.replace(FAST, **settings)
+    # A browser test holds a reply mid-stream across page steps (clicks, reloads) that take seconds on a loaded
+    # machine; the harness's 1 s bound on the model's silence would time such a reply out and retry it (the
+    # silence bound has its own tests), so the page's tests get a bound no page step comes near.
+    s = dataclasses.replace(FAST, **{"request_timeout": 60.0, **settings})
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key="sk-test",
                               request_timeout=s.request_timeout)
     core = ChatCore(store=store or SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools,
