@@ -11,10 +11,8 @@ and the fake model, talking to them over the web chat's HTTP API (which any proc
 from __future__ import annotations
 
 import asyncio
-import inspect
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ import aiohttp
 from core.failures import TurnFailurePresenter
 from tests.fakes.openai_server import FakeOpenAI, Function, Reply, Text, last_user_text
 from tests.support.postgres import PostgresCluster
-from tests.support.process import BridgeProcess
+from tests.support.process import BridgeProcess, postgresql_config, wait_for
 from tests.test_app import free_port
 from tests.test_postgresql_process import get_json
 
@@ -31,48 +29,12 @@ LEASE_SECONDS = 2
 NOTICE = TurnFailurePresenter().interrupted_by_restart()
 
 
-def config(directory: Path, llm: str, port: int, dsn: str, name: str) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "chatbridge.toml"
-    path.write_text(f"""
-[bridge]
-data_dir = "{directory / 'data'}"
-shutdown_timeout = 5
-[store]
-backend = "postgresql"
-dsn = "{dsn}"
-pool_size = 4
-lease_seconds = {LEASE_SECONDS}
-[llm]
-provider = "openai"
-model = "fake"
-base_url = "{llm}"
-api_key = "sk-{name}"
-[agent]
-titles = false
-[web]
-port = {port}
-""")
-    return path
-
-
-async def wait_for(cond: Callable[[], Any], bridges: list[BridgeProcess], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = cond()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached; logs:\n" + "\n----\n".join(
-        b.log()[-3000:] for b in bridges if b.log_path.exists()))
-
-
 class Cluster:
     def __init__(self, tmp_path: Path, fake: FakeOpenAI, dsn: str, count: int) -> None:
         self.ports = [free_port() for _ in range(count)]
-        self.bridges = [BridgeProcess(config(tmp_path / f"p{i}", fake.base_url, self.ports[i], dsn, f"p{i}"),
+        self.bridges = [BridgeProcess(postgresql_config(tmp_path / f"p{i}", dsn=dsn, llm=fake.base_url,
+                                                        port=self.ports[i], api_key=f"sk-p{i}", pool_size=4,
+                                                        store=f"lease_seconds = {LEASE_SECONDS}"),
                                       tmp_path / f"p{i}.log") for i in range(count)]
 
     def base(self, i: int) -> str:

@@ -19,40 +19,22 @@ import aiohttp
 from tests.browser.server import Event, SSEClient, open_stream, seq_of
 from tests.fakes.openai_server import FakeOpenAI, Text, ToolCalls
 from tests.support.postgres import PostgresCluster
-from tests.support.process import BridgeProcess
+from tests.support.process import BridgeProcess, postgresql_config, wait_for
 from tests.test_app import free_port
-from tests.test_postgresql_process import get_json, wait_for
+from tests.test_postgresql_process import get_json
 
 ECHO_SERVER = Path(__file__).resolve().parent / "mcp_servers" / "echo_server.py"
 
 
 def config(directory: Path, llm: str, port: int, dsn: str) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "chatbridge.toml"
-    path.write_text(f"""
-[bridge]
-data_dir = "{directory / 'data'}"
-shutdown_timeout = 5
-[store]
-backend = "postgresql"
-dsn = "{dsn}"
-pool_size = 3
-[llm]
-provider = "openai"
-model = "fake"
-base_url = "{llm}"
-api_key = "sk-postgresql-fanout"
-[agent]
-titles = true
+    return postgresql_config(directory, dsn=dsn, llm=llm, port=port, api_key="sk-postgresql-fanout", titles=True,
+                             extra=f"""
 [[agent.mcp_servers]]
 name = "echo"
 command = "{sys.executable}"
 args = ["{ECHO_SERVER}"]
 approval = "ask"
-[web]
-port = {port}
 """)
-    return path
 
 
 class Follower:

@@ -5,8 +5,6 @@ chat survives a restart."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,41 +12,8 @@ import aiohttp
 
 from tests.fakes.openai_server import FakeOpenAI, Text
 from tests.support.postgres import PostgresCluster
-from tests.support.process import BridgeProcess
+from tests.support.process import BridgeProcess, postgresql_config, wait_for
 from tests.test_app import free_port
-
-
-def config(directory: Path, llm: str, port: int, dsn: str) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "chatbridge.toml"
-    path.write_text(f"""
-[bridge]
-data_dir = "{directory / 'data'}"
-shutdown_timeout = 5
-[store]
-backend = "postgresql"
-dsn = "${{CHATBRIDGE_TEST_DSN:-{dsn}}}"
-pool_size = 3
-[llm]
-provider = "openai"
-model = "fake"
-base_url = "{llm}"
-api_key = "sk-postgresql-process"
-[agent]
-titles = false
-[web]
-port = {port}
-""")
-    return path
-
-
-async def wait_for(cond: Callable[[], Awaitable[Any]], bridges: list[BridgeProcess], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await cond():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached; logs:\n" + "\n----\n".join(b.log()[-3000:] for b in bridges))
 
 
 async def get_json(url: str) -> Any:
@@ -81,7 +46,10 @@ async def test_two_processes_on_an_empty_database_migrate_once_and_history_survi
 
     dsn = postgres.fresh_dsn()
     ports = [free_port(), free_port()]
-    bridges = [BridgeProcess(config(tmp_path / f"p{i}", fake_openai.base_url, ports[i], dsn), tmp_path / f"p{i}.log")
+    bridges = [BridgeProcess(postgresql_config(tmp_path / f"p{i}", dsn=f"${{CHATBRIDGE_TEST_DSN:-{dsn}}}",
+                                               llm=fake_openai.base_url, port=ports[i],
+                                               api_key="sk-postgresql-process"),
+                             tmp_path / f"p{i}.log")
                for i in range(2)]
     # Hold the migration lock while both start, so both reach it before either migrates: then they
     # really start together, and the one that waits finds the work done.

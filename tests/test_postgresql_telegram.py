@@ -31,7 +31,7 @@ from tests.fakes.openai_server import FakeOpenAI, Function, Text, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import TelegramHarness, telegram_harness
 from tests.support.postgres import PostgresCluster
-from tests.support.process import BridgeProcess, fetched_past
+from tests.support.process import BridgeProcess, fetched_past, postgresql_config, wait_for
 from tests.test_app import free_port
 
 
@@ -42,32 +42,13 @@ async def tg() -> AsyncIterator[FakeTelegram]:
 
 
 def write_config(directory: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, dsn: str, port: int) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    config = directory / "chatbridge.toml"
-    config.write_text(f"""
-[bridge]
-data_dir = "{directory / 'data'}"
-shutdown_timeout = 5
-[store]
-backend = "postgresql"
-dsn = "{dsn}"
-pool_size = 3
-[llm]
-provider = "openai"
-model = "fake-model"
-base_url = "{fake_openai.base_url}"
-api_key = "sk-test"
-[agent]
-titles = false
-[web]
-port = {port}
+    return postgresql_config(directory, dsn=dsn, llm=fake_openai.base_url, port=port, model="fake-model", extra=f"""
 [channels.telegram]
 enabled = true
 token = "{tg.token}"
 api_base = "{tg.base_url}"
 edit_interval_ms = 100
 """)
-    return config
 
 
 async def telegram_state(port: int) -> str | None:
@@ -78,20 +59,6 @@ async def telegram_state(port: int) -> str | None:
             return str(body["channels"]["telegram"]) if resp.status == 200 else None
     except (aiohttp.ClientError, ValueError, KeyError):
         return None
-
-
-async def until(cond: Any, bridges: list[BridgeProcess], what: str, timeout: float = 60.0) -> None:
-    """Poll ``cond`` until true (a bound on a hang, not a measure of speed); on timeout, fail with the logs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = cond()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.05)
-    logs = "\n----\n".join(b.log()[-3000:] for b in bridges)
-    raise AssertionError(f"{what}: not reached; logs:\n{logs}")
 
 
 def answers(tg: FakeTelegram, chat: int) -> list[str]:
@@ -116,12 +83,12 @@ async def test_one_process_polls_and_another_takes_over_after_a_sigkill_losing_n
         async def one_polls_two_stand_by() -> bool:
             return sorted(map(str, await states())) == ["polling", "standby", "standby"]
 
-        await until(one_polls_two_stand_by, bridges, "one process polling, two standing by", timeout=240)
+        await wait_for(one_polls_two_stand_by, bridges, what="one process polling, two standing by", timeout=240)
         leader = (await states()).index("polling")
 
         m1 = tg.user_message("m1", chat_id=1)
-        await until(lambda: answers(tg, 1) == ["echo: m1"], bridges, "m1 answered")
-        await until(lambda: fetched_past(tg, m1["update_id"]), bridges, "m1's offset confirmed")
+        await wait_for(lambda: answers(tg, 1) == ["echo: m1"], bridges, what="m1 answered", timeout=60)
+        await wait_for(lambda: fetched_past(tg, m1["update_id"]), bridges, what="m1's offset confirmed", timeout=60)
 
         # The leader's next offset save waits on this row lock: it stores and answers m2 and m3, then hangs
         # before saving the offset past them, and does not fetch m4.
@@ -130,8 +97,8 @@ async def test_one_process_polls_and_another_takes_over_after_a_sigkill_losing_n
         assert await holder.fetchval("SELECT value FROM channel_state WHERE channel = 'telegram' AND name = 'offset'"
                                      " FOR UPDATE") == str(m1["update_id"] + 1)
         m2, _ = tg.user_message("m2", chat_id=2), tg.user_message("m3", chat_id=3)
-        await until(lambda: answers(tg, 2) == ["echo: m2"] and answers(tg, 3) == ["echo: m3"], bridges,
-                    "m2 and m3 answered by the leader")
+        await wait_for(lambda: answers(tg, 2) == ["echo: m2"] and answers(tg, 3) == ["echo: m3"], bridges,
+                       what="m2 and m3 answered by the leader", timeout=60)
         blocked = "SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))"
         holder_pid = holder.get_server_pid()
 
@@ -139,7 +106,7 @@ async def test_one_process_polls_and_another_takes_over_after_a_sigkill_losing_n
             assert holder is not None
             return bool(await holder.fetch(blocked, holder_pid))
 
-        await until(offset_save_waits, bridges, "the leader's offset save waits")
+        await wait_for(offset_save_waits, bridges, what="the leader's offset save waits", timeout=60)
         tg.user_message("m4", chat_id=4)  # pending at Telegram when the leader dies
 
         await bridges[leader].kill()
@@ -154,7 +121,8 @@ async def test_one_process_polls_and_another_takes_over_after_a_sigkill_losing_n
         holder = None
 
         survivors = [p for i, p in enumerate(ports) if i != leader]
-        await until(lambda: answers(tg, 4) == ["echo: m4"], bridges, "m4 answered by the new leader")
+        await wait_for(lambda: answers(tg, 4) == ["echo: m4"], bridges, what="m4 answered by the new leader",
+                       timeout=60)
         polls_after = [c for c in tg.calls if c.method == "getUpdates" and c.at > killed_at]
         print(f"\ntelegram polling taken over {polls_after[0].at - killed_at:.3f}s after the leader's SIGKILL")
         # the new leader started from the offset saved before m2: it fetched m2 and m3 again

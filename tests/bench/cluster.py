@@ -34,7 +34,8 @@ if str(ROOT) not in sys.path:
 
 from tests.fakes.openai_server import FakeOpenAI, Function, Reply, Text  # noqa: E402
 from tests.support.postgres import running_cluster  # noqa: E402
-from tests.test_postgresql_cluster import Cluster, asked, history, new_session, post, wait_for  # noqa: E402
+from tests.support.process import wait_for  # noqa: E402
+from tests.test_postgresql_cluster import Cluster, asked, history, new_session, post  # noqa: E402
 
 
 async def throughput(root: Path, dsn: str, processes: int, conversations: int, messages: int,

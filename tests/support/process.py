@@ -10,7 +10,7 @@ import signal
 import sqlite3
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,9 +59,10 @@ class BridgeProcess:
         return self.proc.returncode if self.proc.returncode is not None else -1
 
 
-async def wait_for(cond: Callable[[], Any], bridge: BridgeProcess, timeout: float = 30.0, what: str = "") -> None:
-    """Poll ``cond`` (a function, or a coroutine function) until true; on timeout fail with the tail of the
-    bridge's log."""
+async def wait_for(cond: Callable[[], Any], bridges: BridgeProcess | Sequence[BridgeProcess],
+                   timeout: float = 30.0, what: str = "") -> None:
+    """Poll ``cond`` (a function, or a coroutine function) until true (a bound on a hang, never a measure of
+    speed); on timeout fail with the tail of each bridge's log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = cond()
@@ -70,7 +71,40 @@ async def wait_for(cond: Callable[[], Any], bridge: BridgeProcess, timeout: floa
         if result:
             return
         await asyncio.sleep(0.02)
-    raise AssertionError(f"{what or 'condition'} not reached in time; bridge log:\n{bridge.log()[-4000:]}")
+    group = [bridges] if isinstance(bridges, BridgeProcess) else list(bridges)
+    logs = "\n----\n".join(b.log()[-4000 // len(group):] for b in group if b.log_path.exists())
+    raise AssertionError(f"{what or 'condition'} not reached in time; bridge log:\n{logs}")
+
+
+def postgresql_config(directory: Path, *, dsn: str, llm: str, port: int, api_key: str = "sk-test",
+                      model: str = "fake", pool_size: int = 3, titles: bool = False, store: str = "",
+                      extra: str = "") -> Path:
+    """The config of one of several ``chatbridge run`` processes sharing the PostgreSQL database at ``dsn``:
+    its own data_dir under ``directory`` and web ``port``, the fake model at ``llm``; ``store`` adds lines
+    to ``[store]``, ``extra`` more sections at the end."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "chatbridge.toml"
+    path.write_text(f"""
+[bridge]
+data_dir = "{directory / 'data'}"
+shutdown_timeout = 5
+[store]
+backend = "postgresql"
+dsn = "{dsn}"
+pool_size = {pool_size}
+{store}
+[llm]
+provider = "openai"
+model = "{model}"
+base_url = "{llm}"
+api_key = "{api_key}"
+[agent]
+titles = {'true' if titles else 'false'}
+[web]
+port = {port}
+{extra}
+""")
+    return path
 
 
 def fetched_past(tg: FakeTelegram, update_id: int) -> bool:
