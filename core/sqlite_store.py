@@ -45,6 +45,7 @@ from core.store import (
     UndeliveredTurn,
     UnknownMessageError,
 )
+from core.store_rows import MESSAGE_COLUMNS, SESSION_COLUMNS
 
 BUSY_TIMEOUT_MS = 5000
 
@@ -236,7 +237,7 @@ class SqliteStore:
         found = await self._read(
             "history",
             f"SELECT s.history_revision, {below} IS NOT NULL,"
-            f" {', '.join(f'm.{c}' for c in writes.MESSAGE_COLUMNS)} FROM sessions AS s"
+            f" {', '.join(f'm.{c}' for c in MESSAGE_COLUMNS)} FROM sessions AS s"
             f" LEFT JOIN (SELECT {MESSAGE_SELECT} FROM messages WHERE session_key = :key"
             f" AND (:before IS NULL OR seq < {below}) ORDER BY seq DESC LIMIT :limit) AS m ON 1"
             " WHERE s.key = :key ORDER BY m.seq",
@@ -252,7 +253,7 @@ class SqliteStore:
         read by one statement, so the two are consistent."""
         found = await self._read(
             "context_messages",
-            f"SELECT s.state_version, {', '.join(f'm.{c}' for c in writes.MESSAGE_COLUMNS)} FROM sessions AS s"
+            f"SELECT s.state_version, {', '.join(f'm.{c}' for c in MESSAGE_COLUMNS)} FROM sessions AS s"
             f" LEFT JOIN (SELECT {MESSAGE_SELECT} FROM messages WHERE session_key = :key"
             " AND seq > (SELECT context_start_seq FROM sessions WHERE key = :key)"
             " ORDER BY seq DESC LIMIT :limit) AS m ON 1 WHERE s.key = :key ORDER BY m.seq",
@@ -365,7 +366,7 @@ class SqliteStore:
 
 
 SESSION_AT, MESSAGE_AT = writes.SESSION_AT, writes.MESSAGE_AT
-NEXT_SEQ, STATE_VERSION, HISTORY_REVISION = (SESSION_AT + writes.SESSION_COLUMNS.index(c)
+NEXT_SEQ, STATE_VERSION, HISTORY_REVISION = (SESSION_AT + SESSION_COLUMNS.index(c)
                                              for c in ("next_seq", "state_version", "history_revision"))
 
 

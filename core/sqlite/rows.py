@@ -1,73 +1,38 @@
-"""Rows to records and records to bound values, for the SQLite store.
-
-Everything stored was validated on the way in (pydantic models, or values the store generated), so reading
-rebuilds records without validating them again: a turn reads up to ``history_limit`` messages and that cost
-adds up. A row that is not what was written (an unknown role or source kind, broken JSON) fails loudly as a
-``StoreError`` that never quotes the row.
-"""
+"""Records to bound values, and the reads of ``core.store_rows``, for the SQLite store."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, get_args
+from typing import Any
 
-from pydantic import TypeAdapter
+from core.messages import ChatMessage, NewMessage
+from core.store import AttachmentRecord
+from core.store_rows import (
+    ATTACHMENT_COLUMNS,
+    MESSAGE_COLUMNS,
+    SESSION_COLUMNS,
+    attachment_from_row,
+    new_messages,
+    session_from_row,
+    tool_calls_json,
+    trace_payload,
+    turn_from_row,
+)
+from core.store_rows import message_from_row as _message_from_row
 
-from core.messages import AttachmentRef, ChatMessage, MessageSource, NewMessage, Role, SourceKind, ToolCall
-from core.sqlite.writes import MESSAGE_COLUMNS, SESSION_COLUMNS
-from core.store import AttachmentRecord, SessionRecord, StoreError, TurnRecord
+__all__ = ["ATTACHMENT_SELECT", "MESSAGE_SELECT", "SESSION_SELECT", "attachment_from_row", "attachment_values",
+           "message_from_row", "message_values", "new_messages", "session_from_row", "traces_json",
+           "turn_from_row"]
 
 SESSION_SELECT = ", ".join(SESSION_COLUMNS)
 MESSAGE_SELECT = ", ".join(MESSAGE_COLUMNS)
-
-ATTACHMENT_COLUMNS = ("id", "session_key", "kind", "name", "content_type", "size", "created_at", "claimed")
 ATTACHMENT_SELECT = ", ".join(ATTACHMENT_COLUMNS)
-
-_TOOL_CALLS: TypeAdapter[tuple[ToolCall, ...]] = TypeAdapter(tuple[ToolCall, ...])
-_ATTACHMENTS: TypeAdapter[tuple[AttachmentRef, ...]] = TypeAdapter(tuple[AttachmentRef, ...])
-_SOURCE_KINDS = frozenset(get_args(SourceKind))
-_ROLES = frozenset(get_args(Role))
-
-
-def session_from_row(row: Sequence[Any]) -> SessionRecord:
-    """A session from its columns in ``SESSION_COLUMNS`` order (a sessions row, or a write's RETURNING)."""
-    return SessionRecord.model_construct(
-        key=row[0], title=row[1], title_is_default=bool(row[2]), generation=row[3], state_version=row[4],
-        history_revision=row[5], revision_seq=row[6], context_start_seq=row[7], created_at=row[9],
-        updated_at=row[10])
 
 
 def message_from_row(row: Sequence[Any]) -> ChatMessage:
     """A message from its columns in ``MESSAGE_COLUMNS`` order."""
-    try:
-        source = json.loads(row[7])
-        if source["kind"] not in _SOURCE_KINDS or row[3] not in _ROLES:
-            raise ValueError("unknown kind or role")
-        calls = json.loads(row[5]) if row[5] not in (None, "[]") else ()
-        return ChatMessage.model_construct(
-            id=row[0], session_key=row[1], seq=row[2], role=row[3], content=row[4],
-            tool_calls=tuple(ToolCall.model_construct(**c) for c in calls), tool_call_id=row[6],
-            source=_source(source), received_at=row[8], created_at=row[9])
-    except (TypeError, ValueError, KeyError, IndexError) as exc:
-        raise StoreError(f"sqlite store: read a malformed message row ({type(exc).__name__})") from None
-
-
-def _source(fields: dict[str, Any]) -> MessageSource:
-    """A stored source; its attachment references (few messages have any) are rebuilt as models, the only
-    part validated again: ``model_construct`` would leave them plain dicts."""
-    refs = fields.get("attachments")
-    if refs:
-        fields["attachments"] = _ATTACHMENTS.validate_python(refs)
-    elif refs is not None:
-        fields["attachments"] = ()
-    return MessageSource.model_construct(**fields)
-
-
-def attachment_from_row(row: Sequence[Any]) -> AttachmentRecord:
-    """An attachment from its columns in ``ATTACHMENT_COLUMNS`` order."""
-    return AttachmentRecord(id=row[0], session_key=row[1], kind=row[2], name=row[3], content_type=row[4],
-                            size=row[5], created_at=row[6], claimed=bool(row[7]))
+    return _message_from_row(row, store="sqlite")
 
 
 def attachment_values(record: AttachmentRecord) -> tuple[Any, ...]:
@@ -78,43 +43,15 @@ def attachment_values(record: AttachmentRecord) -> tuple[Any, ...]:
 
 def message_values(messages: Sequence[NewMessage], ids: Sequence[str]) -> list[tuple[Any, ...]]:
     """The values ``core.sqlite.writes`` binds for new messages (``MESSAGE_FIELDS`` order)."""
-    return [(message_id, m.role, m.content,
-             _TOOL_CALLS.dump_json(m.tool_calls).decode() if m.tool_calls else "[]", m.tool_call_id,
-             m.source.model_dump_json(), m.received_at)
+    return [(message_id, m.role, m.content, tool_calls_json(m), m.tool_call_id, m.source.model_dump_json(),
+             m.received_at)
             for m, message_id in zip(messages, ids, strict=True)]
 
 
-def new_messages(key: str, first_seq: int, messages: Sequence[NewMessage], ids: Sequence[str],
-                 now: float) -> list[ChatMessage]:
-    """The records of messages a write just stored (no read back: the write reported where they went)."""
-    return [
-        ChatMessage.model_construct(
-            id=message_id, session_key=key, seq=first_seq + offset, role=m.role, content=m.content,
-            source=m.source, tool_calls=m.tool_calls, tool_call_id=m.tool_call_id, received_at=m.received_at,
-            created_at=now)
-        for offset, (m, message_id) in enumerate(zip(messages, ids, strict=True))
-    ]
-
-
-def turn_from_row(row: Sequence[Any]) -> TurnRecord:
-    """A turn from ``turn_id, session_key, state, target_json, started_at, ended_at``."""
-    return TurnRecord(turn_id=row[0], session_key=row[1], state=row[2], target_json=row[3], started_at=row[4],
-                      ended_at=row[5])
-
-
-_TRACE_JSON = json.JSONEncoder(default=str, ensure_ascii=False).encode
-"""One encoder for every trace payload (``json.dumps`` with options builds a new encoder per call)."""
 _JSON = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def traces_json(records: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """Trace records as the JSON array the trace insert reads: ``[[kind, payload as JSON text], ...]``.
-    Values JSON cannot encode are stored as their ``str()``; a payload that still fails is marked."""
-    return _JSON([[kind, _trace_payload(payload)] for kind, payload in records])
-
-
-def _trace_payload(payload: dict[str, Any]) -> str:
-    try:
-        return _TRACE_JSON(payload)
-    except (TypeError, ValueError, RecursionError):  # e.g. a circular structure: the record stays, marked
-        return _TRACE_JSON({"unencodable_payload": True})
+    """Trace records as the JSON array the trace insert reads: ``[[kind, payload as JSON text], ...]``
+    (``core.store_rows.trace_payload``)."""
+    return _JSON([[kind, trace_payload(payload)] for kind, payload in records])

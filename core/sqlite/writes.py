@@ -34,17 +34,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-SESSION_COLUMNS = (
-    "key", "title", "title_is_default", "generation", "state_version", "history_revision", "revision_seq",
-    "context_start_seq", "next_seq", "created_at", "updated_at",
-)
+from core.store_rows import MESSAGE_COLUMNS, SESSION_COLUMNS
+
 MESSAGE_FIELDS = ("id", "role", "content", "tool_calls", "tool_call_id", "source", "received_at")
 """A new message's bound values, in this order (``seq``, ``session_key`` and ``created_at`` come from the
 write)."""
-MESSAGE_COLUMNS = (
-    "id", "session_key", "seq", "role", "content", "tool_calls", "tool_call_id", "source", "received_at",
-    "created_at",
-)
 _TURN_COLUMNS = ("begin_turn", "turn_target", "end_turn", "turn_state", "traced_turn", "traces", "trace_seq",
                  "inbound_done")
 _VIEW = ("w", "idx", *SESSION_COLUMNS, "seq", *MESSAGE_FIELDS, "message_created_at", *_TURN_COLUMNS)
