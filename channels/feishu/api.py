@@ -56,8 +56,6 @@ from lark_oapi.api.cardkit.v1 import (
     ContentCardElementRequestBody,
     CreateCardRequest,
     CreateCardRequestBody,
-    SettingsCardRequest,
-    SettingsCardRequestBody,
 )
 from lark_oapi.api.im.v1 import (
     CreateMessageReactionRequest,
@@ -286,12 +284,6 @@ class FeishuApi:
         request = (ContentCardElementRequest.builder().card_id(card_id).element_id(element_id)
                    .request_body(body).build())
         await self.call("element.content", lambda o: self.client.cardkit.v1.card_element.acontent(request, o))
-
-    async def card_settings(self, card_id: str, config: dict[str, Any], sequence: int, uuid: str) -> None:
-        body = (SettingsCardRequestBody.builder().settings(json.dumps({"config": config})).sequence(sequence)
-                .uuid(uuid).build())
-        request = SettingsCardRequest.builder().card_id(card_id).request_body(body).build()
-        await self.call("card.settings", lambda o: self.client.cardkit.v1.card.asettings(request, o))
 
     async def card_batch(self, card_id: str, actions: list[dict[str, Any]], sequence: int, uuid: str) -> None:
         body = (BatchUpdateCardRequestBody.builder().actions(json.dumps(actions, ensure_ascii=False))

@@ -247,10 +247,28 @@ class FeishuOps:
         return self.current
 
 
+CLOSED: dict[str, Any] = {"streaming_mode": False, "summary": {"content": ""}}
+"""The card settings that end a card's streaming (and drop the "[…]" summary it showed in the chat list)."""
+
+
+def replace_and_close(content: str) -> list[dict[str, Any]]:
+    """The ``batch_update`` actions that show ``content`` for good and end the card's streaming, in one call."""
+    element = {"tag": "markdown", "element_id": ANSWER, "content": content}
+    return [{"action": "update_element", "params": {"element_id": ANSWER, "element": element}},
+            {"action": "partial_update_setting", "params": {"settings": {"config": CLOSED}}}]
+
+
 async def set_card(api: Any, card: CardState, content: str, *, close: bool) -> None:
     """Make ``card`` show ``content`` (and, with ``close``, end its streaming). Each step is skipped once done,
-    so a repeated call after a failure does only what is left; every attempt takes a new sequence."""
+    so a repeated call after a failure does only what is left; every attempt takes a new sequence. Closing a
+    streaming card is one ``batch_update``: the element replaced with the final content and streaming ended
+    together (a CardKit card's end costs one call, whatever it showed before)."""
     content = content or PLACEHOLDER
+    if close and card.streaming:
+        seq, op = card.next()
+        await api.card_batch(card.card_id, replace_and_close(content), seq, op)
+        card.content, card.streaming = content, False
+        return
     if card.content != content:
         if card.streaming:
             seq, op = card.next()
@@ -266,10 +284,6 @@ async def set_card(api: Any, card: CardState, content: str, *, close: bool) -> N
             await api.card_batch(card.card_id, [{"action": "update_element",
                                                  "params": {"element_id": ANSWER, "element": element}}], seq, op)
         card.content = content
-    if close and card.streaming:
-        seq, op = card.next()
-        await api.card_settings(card.card_id, {"streaming_mode": False, "summary": {"content": ""}}, seq, op)
-        card.streaming = False
 
 
 class CardStream:
@@ -342,11 +356,8 @@ class CardStream:
             return
         base = card.content if card.content != PLACEHOLDER else ""
         text = f"{base}\n\n{ANSWER_BELOW}".strip()
-        element = {"tag": "markdown", "element_id": ANSWER, "content": text}
         seq, op = card.next()
-        # one batch call that does not depend on the streaming update that just failed
-        actions = [{"action": "update_element", "params": {"element_id": ANSWER, "element": element}},
-                   {"action": "partial_update_setting", "params": {"settings": {"config": {"streaming_mode": False}}}}]
+        actions = replace_and_close(text)  # one call that does not depend on the streaming update that just failed
         try:
             await self._ops.api.card_batch(card.card_id, actions, seq, op)
         except PlatformError as exc:
