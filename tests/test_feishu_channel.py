@@ -19,6 +19,7 @@ from channels.common.calls import CallPolicy, Calls
 from channels.common.errors import PlatformError
 from channels.common.throttle import Throttle
 from channels.feishu import approvals
+from channels.feishu.api import MAX_IN_FLIGHT
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.feishu import FakeFeishu, FakeLongConnection
 from tests.fakes.feishu.harness import CHAT, MODES, FeishuHarness, feishu_harness, harnesses
@@ -50,7 +51,6 @@ async def test_a_reply_streams_into_one_card_and_ends_closed(bridge, fake_openai
     t = await bridge()
     asked = await t.say("capital of France?")
     await t.wait_for(lambda: fake.cards and next(iter(fake.cards.values())).streaming)  # streaming, unfinished
-    assert fake.messages[asked.message_id].reactions  # the working reaction meanwhile
     hold.set()
     await t.settle()
     [msg] = fake.shown(CHAT)
@@ -59,8 +59,25 @@ async def test_a_reply_streams_into_one_card_and_ends_closed(bridge, fake_openai
     assert card is not None and card.text == ANSWER and not card.streaming
     assert card.sequences == sorted(set(card.sequences))
     assert fake.count("message.reply") == 1 and fake.count("message.create") == 0
-    await t.wait_for(lambda: not fake.messages[asked.message_id].reactions)  # the working reaction is removed
-    assert fake.count("reaction.create") == 1
+    assert fake.count("card.create") == 1
+    assert fake.count("card.settings") == 0 and fake.count("card.batch_update") == 1  # closed in one call
+    assert fake.count("reaction.create") == 0  # the card is the working sign
+
+
+async def test_the_card_shows_at_once_before_any_text_as_the_working_sign(bridge, fake_openai, fake):
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, hold=hold, hold_after=0))  # the model says nothing until released
+    t = await bridge()
+    asked = await t.say("capital of France?")
+    await t.wait_for(lambda: fake.shown(CHAT))
+    [msg] = fake.shown(CHAT)
+    card = fake.card_of(msg)
+    assert msg.parent_id == asked.message_id and card is not None and card.streaming and card.text == "…"
+    assert not fake.messages[asked.message_id].reactions
+    hold.set()
+    await t.settle()
+    assert [fake.card_of(m).text for m in fake.shown(CHAT)] == [ANSWER]  # the same card, finished
+    assert every_card_closed(fake) and fake.count("card.create") == 1
 
 
 def said(request: dict[str, Any]) -> list[str]:
@@ -341,6 +358,10 @@ async def test_cardkit_refused_streams_into_a_card_message_instead(bridge, fake_
     [msg] = fake.shown(CHAT)
     assert msg.msg_type == "interactive" and fake.card_of(msg) is None  # a JSON card message
     assert fake.count("card.create") == 1  # refused once: not asked again for this reply
+    # without a card to show at once, the working sign is a reaction on the user's message, removed at the end
+    assert fake.count("reaction.create") == 1
+    await t.wait_for(lambda: fake.count("reaction.delete") == 1)
+    assert not any(m.reactions for m in fake.messages.values())
 
 
 async def test_a_final_update_failing_for_good_falls_back_once_with_a_note_on_the_card(bridge, fake_openai, fake):
@@ -372,6 +393,35 @@ async def test_a_card_that_cannot_be_sent_falls_back_to_one_plain_reply(bridge, 
     shown = fake.shown(CHAT)
     assert [m.msg_type for m in shown] == ["post"]
     assert fake.text_of(shown[0]) == ANSWER.replace("**", "")
+
+
+async def test_while_every_request_slot_is_taken_live_updates_are_left_out_and_the_end_shows_it_all(
+        bridge, fake_openai, fake):
+    """Under load every request slot of the channel is taken: a live update would only wait behind them, and the
+    next one (or the close) supersedes it, so none is queued; the close waits its turn and shows the whole
+    answer."""
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, chunk_size=4, hold=hold, hold_after=30))
+    t = await bridge(core={"request_timeout": 30.0})  # the model's pause outlasts the set-up below
+    await t.say("capital of France?")
+    await t.wait_for(lambda: fake.cards and next(iter(fake.cards.values())).text.startswith(ANSWER[:8]))
+    api = t.channel.api
+    gate = fake.hold("reaction.create")
+    others = [fake.user_message(CHAT, f"other {i}") for i in range(MAX_IN_FLIGHT)]
+    taking = [asyncio.create_task(api.react(m.message_id, "OK")) for m in others]  # every slot, held
+    try:
+        await t.wait_for(lambda: api.busy and not api.waiting and fake.in_flight == MAX_IN_FLIGHT)
+        updates = fake.count("element.content")
+        hold.set()  # the rest of the answer streams while no slot is free
+        await t.wait_for(lambda: api.waiting == 1)  # the close waits for a slot, and nothing else does
+    finally:
+        gate.set()
+        await asyncio.gather(*taking)
+    await t.settle()
+    [msg] = fake.shown(CHAT)
+    card = fake.card_of(msg)
+    assert card is not None and card.text == ANSWER and not card.streaming
+    assert fake.count("element.content") == updates  # no live update was queued behind the held requests
 
 
 async def test_transient_final_failures_then_success_send_no_fallback(bridge, fake_openai, fake):
@@ -425,8 +475,8 @@ async def test_the_requester_allows_on_the_card_and_the_answer_arrives(bridge, f
     assert msg.parent_id == asked.message_id
     assert "lookup" in fake.text_of(msg) and "apples" in fake.text_of(msg)
     assert tool.calls == []
-    streaming = [c for c in fake.cards.values() if c.streaming]
-    assert all("waiting for approval" in c.text for c in streaming)  # the answer card says what it waits for
+    # the answer card (shown since the turn began) says what it waits for
+    await t.wait_for(lambda: [c for c in fake.cards.values() if c.streaming and "waiting for approval" in c.text])
 
     answer = await t.press(button(msg, "Allow"), message_id=msg.message_id)
     assert answer["toast"]["content"] == approvals.ALLOWED

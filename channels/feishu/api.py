@@ -101,6 +101,8 @@ class FeishuApi:
                  max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.app_id = app_id
         self._in_flight = asyncio.Semaphore(max_in_flight)
+        self.waiting = 0
+        """Requests waiting for a slot."""
         self._requests = 0
         self._secret = app_secret
         self.domain = domain
@@ -109,6 +111,11 @@ class FeishuApi:
         self._token: str | None = None
         self._expires = 0.0
         self._fetching: asyncio.Task[str] | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Every request slot is taken: a request made now would wait in the bridge's own queue."""
+        return self._in_flight.locked()
 
     # ---- the tenant token ----------------------------------------------------------------------
 
@@ -144,8 +151,12 @@ class FeishuApi:
     async def _send(self, what: str, fn: Callable[[], Awaitable[R]]) -> R:
         """One request, its failures as PlatformError (the response must have code 0)."""
         if self._in_flight.locked():
-            async with outside_bound():
-                await self._in_flight.acquire()
+            self.waiting += 1
+            try:
+                async with outside_bound():
+                    await self._in_flight.acquire()
+            finally:
+                self.waiting -= 1
         else:
             await self._in_flight.acquire()
         try:

@@ -362,8 +362,7 @@ class FeishuChannel:
         ops = FeishuOps(self, Destination.of(target))
         sink = FeishuSink(ops, self.renderer, self.calls, settings=self.live,
                           prompts=FeishuPrompts(self, target, ops), spawn=self.host.spawn)
-        # the working reaction goes on in the background: opening never waits for a platform call
-        sink.reacting = self.host.spawn("feishu:reaction", sink.react())
+        sink.start_typing()  # the working sign (the card, opened at once): the turn does not wait for it
         return sink
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:

@@ -17,10 +17,15 @@ part as a new message; here that ``send`` **freezes the streaming card** instead
 part as its final content, ``streaming_mode`` is closed, and the next push opens a new card below it.
 Nothing is truncated, and the cards read in order.
 
-The end: ``close`` writes the final content and closes ``streaming_mode`` (also after /stop and a model
-failure: the terminal snapshot carries the notice). If it fails for good, the shared sink's fallback sends
-what the ledger says is missing; the card is then closed with a short "answer below" note when it can
-still be edited (``FeishuSink``).
+The card is opened at once when the turn starts, showing "…": it is the turn's working sign (the typing
+indicator of ``LiveSink``), and the answer streams into it. Under load, when every request slot of the API is
+taken (``FeishuApi.busy``), a push of new text is left out rather than queued behind them: the next push or
+the close shows newer text anyway (a change of tool activity still goes through).
+
+The end: ``close`` writes the final content and closes ``streaming_mode`` in one ``batch_update`` call (also
+after /stop and a model failure: the terminal snapshot carries the notice). If it fails for good, the shared
+sink's fallback sends what the ledger says is missing; the card is then closed with a short "answer below"
+note when it can still be edited (``FeishuSink``).
 
 Where CardKit is refused (card creation refused for good: no ``cardkit:card:write`` scope, a private
 deployment without CardKit), the stream reports ``unsupported`` and the sink streams by sending and
@@ -28,7 +33,8 @@ patching plain JSON card messages instead. Parts rendered plain (after Feishu re
 are sent as ``text`` messages.
 
 Message sends carry the API's ``uuid`` (the reconciler's idempotency key for that send), so a retried send
-never posts twice. While the turn runs, the user's message carries a reaction (removed at the end).
+never posts twice. Where CardKit is refused, the working sign is a reaction on the user's message (removed at
+the end).
 
 Approval requests are separate card messages (Feishu does not let a callback update a streaming card):
 ``FeishuPrompts`` posts them; the channel answers presses (``channels.feishu.channel``).
@@ -67,8 +73,6 @@ ANSWER = "answer"
 WORKING_EMOJI = "Typing"
 PLACEHOLDER = "…"
 ANSWER_BELOW = "_(The answer continues in the message below.)_"
-REACTION_WAIT = 10.0
-"""Seconds the end of a reply waits for its working reaction to land before removing it."""
 STREAMING_CLOSED = (300309, 200850)
 """Content updates refused because streaming_mode is off (closed, or Feishu's 10-minute timeout)."""
 _PLAIN = ("plain",)
@@ -229,11 +233,26 @@ class FeishuOps:
                 raise
 
     async def typing(self) -> None:
-        """The "working" reaction on the user's message (tried once per turn)."""
-        if self._reacted or not self.dest.reply_to:
+        """The working sign, once per turn: the reply's streaming card, opened at once showing "…" (the card the
+        answer streams into, so it costs no call of its own); where CardKit is not available, a reaction on the
+        user's message instead (a reply works without it: its failure is only logged)."""
+        if self._reacted:
             return
         self._reacted = True
-        self.reaction = await self.api.react(self.dest.reply_to, WORKING_EMOJI)
+        stream = self.current
+        if stream is not None and not self.channel.cardkit_refused:
+            try:
+                await stream.open_now()
+                return
+            except PlatformError as exc:
+                if exc.kind != "unsupported":
+                    raise
+        if not self.dest.reply_to:
+            return
+        try:
+            self.reaction = await self.api.react(self.dest.reply_to, WORKING_EMOJI)
+        except PlatformError as exc:
+            log.info("could not add the working reaction: %s", exc)
 
     async def unreact(self) -> None:
         reaction, self.reaction = self.reaction, None
@@ -294,9 +313,14 @@ class CardStream:
     def __init__(self, ops: FeishuOps) -> None:
         self._ops = ops
         self.card: CardState | None = None
+        self._opening = asyncio.Lock()
+        self._status = ""
+        """The tool activity the card shows."""
 
     async def _open(self, content: str, *, streaming: bool = True) -> CardState:
         ops = self._ops
+        if ops.channel.cardkit_refused:  # refused for good already (this turn's working sign asked)
+            raise PlatformError("CardKit refused", kind="unsupported")
         try:
             card_id = await ops.api.create_card(streaming_card(content, streaming=streaming))
         except PlatformError as exc:
@@ -307,39 +331,52 @@ class CardStream:
         self.card = CardState(card_id, content or PLACEHOLDER, streaming=streaming)
         return self.card
 
-    async def _sent(self, card: CardState) -> str:
-        """The card's message, sending it first if that has not succeeded yet (a send whose outcome was
-        unknown is repeated with the same uuid, so it never posts the card twice)."""
-        if card.message_id is None:
-            payload = json.dumps({"type": "card", "data": {"card_id": card.card_id}})
-            card.message_id = await self._ops.post("interactive", payload, card.send_key)
-            self._ops.cards[card.message_id] = card
-        return card.message_id
+    async def _ready(self, content: str, *, streaming: bool = True) -> CardState:
+        """The card shown in the chat, opened and sent first if that has not happened yet (one at a time: the
+        working sign and the first push never open two). A send whose outcome was unknown is repeated with
+        the same uuid, so it never posts the card twice."""
+        async with self._opening:
+            card = self.card or await self._open(content, streaming=streaming)
+            if card.message_id is None:
+                payload = json.dumps({"type": "card", "data": {"card_id": card.card_id}})
+                card.message_id = await self._ops.post("interactive", payload, card.send_key)
+                self._ops.cards[card.message_id] = card
+            return card
+
+    async def open_now(self) -> None:
+        """Show the card before any text (the turn's working sign)."""
+        await self._ready("")
 
     async def _show(self, content: str) -> None:
-        card = self.card or await self._open(content)
-        await self._sent(card)
+        card = await self._ready(content)
         if card.content != (content or PLACEHOLDER):
             await set_card(self._ops.api, card, content, close=False)
 
     async def push(self, snapshot: TurnSnapshot, text: str, change: TextChange | None) -> None:
-        answer = render.card_markdown(text) if text.strip() else ""
         status = activity(snapshot)
+        card = self.card
+        if card is not None and card.message_id is not None and status == self._status and self._ops.api.busy:
+            # every request slot is taken: this update would only wait behind them and be superseded by the
+            # next one (or the close), so it is left out; a change of tool activity still goes through
+            return
+        answer = render.card_markdown(text) if text.strip() else ""
         await self._show(f"{answer}\n\n{status}".strip() if status else answer)
+        self._status = status
 
     async def freeze(self, part: Part) -> str:
         """The streaming card shows ``part`` for good; the next push opens a new card."""
-        card = self.card or await self._open(part.text, streaming=False)  # finished already: no streaming
-        message_id = await self._sent(card)
+        card = await self._ready(part.text, streaming=False)  # a new card is finished already: no streaming
         await set_card(self._ops.api, card, part.text, close=True)
         self.card = None
-        return message_id
+        assert card.message_id is not None
+        return card.message_id
 
     async def close(self, snapshot: TurnSnapshot, part: Part | None) -> str | None:
         card = self.card
         if card is None:
             return None  # nothing was shown: the sink sends the part as a message
-        message_id = await self._sent(card)
+        card = await self._ready(card.content)
+        message_id = card.message_id
         if part is not None and part.formatting == _PLAIN:
             # the card markdown was refused: the card keeps what it showed, closed; the plain part is sent
             await set_card(self._ops.api, card, card.content, close=True)
@@ -367,18 +404,11 @@ class CardStream:
 
 
 class FeishuSink(LiveSink):
-    """The shared live sink with Feishu's two extras: the working reaction is removed at the end, and a card
-    whose final update failed is closed with an "answer below" note before the fallback."""
+    """The shared live sink with Feishu's two extras: a working reaction (where CardKit is not available) is
+    removed at the end, and a card whose final update failed is closed with an "answer below" note before the
+    fallback. The working sign is opened with ``start_typing``: what is shown next, and the end, wait for it."""
 
     ops: FeishuOps
-    reacting: asyncio.Task[None] | None = None
-
-    async def react(self) -> None:
-        """Add the working reaction (a reply works without it)."""
-        try:
-            await self.typing()
-        except PlatformError as exc:
-            log.info("could not add the working reaction: %s", exc)
 
     async def finish(self, snapshot: TurnSnapshot) -> None:
         try:
@@ -396,12 +426,12 @@ class FeishuSink(LiveSink):
         await self._end_reaction()
 
     async def _end_reaction(self) -> None:
+        if self.ops.reaction is None:
+            return
         if self._spawn("feishu:unreact", self._unreact()) is None:  # shutting down: remove it now
             await self._unreact()
 
     async def _unreact(self) -> None:
-        if self.reacting is not None:  # let a reaction still on its way land first, so it is removed
-            await asyncio.wait({self.reacting}, timeout=REACTION_WAIT)
         try:
             await self.calls.call(self.ops.unreact, scopes=self.ops.scopes, paced=False, retry=False)
         except PlatformError as exc:

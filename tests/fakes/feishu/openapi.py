@@ -26,7 +26,8 @@ documented HTTP status, business code and message):
   ``sequence`` that must be strictly greater than the card's last one (300317); element content needs
   ``streaming_mode`` on (300309) and a markdown or plain_text element (300310); a card must stay within
   30 KB (200860). CardKit's ``uuid`` makes a repeated operation a no-op.
-- Slow answers (``delays``: seconds per route), and the most requests handled at once (``max_in_flight``).
+- Slow answers (``delays``: seconds per route), calls held until the test lets them through (``hold``), and
+  the most requests handled at once (``max_in_flight``).
 - Faults per call (``fail``): by route and/or method, the nth call of a route, a predicate on the request;
   any HTTP status, business code, headers (e.g. 99991400 with 429 and ``x-ogw-ratelimit-reset``), a raw
   non-JSON body (a gateway 5xx), a hang (a client timeout), or carrying the call out before failing (a lost
@@ -71,6 +72,8 @@ MAX_EDITS = 20
 ELEMENT_ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,19}")
 """Feishu's rule for element_id: letters, digits, underscore; a letter first; at most 20 characters."""
 STREAMING_TIMEOUT = 600.0
+HOLD_LIMIT = 30.0
+"""Seconds a held call waits at most for its gate (``hold``)."""
 """Seconds after which Feishu closes a card's streaming_mode by itself (then content updates get 200850)."""
 UUID_WINDOW = 3600.0
 """Seconds during which a message uuid is remembered (Feishu: at most one message per uuid within an hour)."""
@@ -348,6 +351,8 @@ class FakeFeishu:
         self.clock: Callable[[], float] = time.monotonic
         self.delays: dict[str, float] = {}
         """Route → seconds every call of it waits before it is handled (a slow Open Platform)."""
+        self.held: dict[str, threading.Event] = {}
+        """Route → a gate every call of it waits behind until it is set (``hold``)."""
         self.in_flight = 0
         self.max_in_flight = 0
         """The most requests this server was handling at once."""
@@ -387,6 +392,13 @@ class FakeFeishu:
         with self._lock:
             self.faults.append(fault)
         return fault
+
+    def hold(self, route: str) -> threading.Event:
+        """Calls of ``route`` are not answered until the returned event is set (at most HOLD_LIMIT seconds)."""
+        if route not in ROUTES:
+            raise ValueError(f"unknown route {route!r}; one of {ROUTES}")
+        gate = self.held[route] = threading.Event()
+        return gate
 
     def rate_limit(self, route: str | None = None, *, reset: int = 30, **kw: Any) -> Fault:
         """99991400 with HTTP 429 and the ``x-ogw-ratelimit-*`` headers, as Feishu's gateway answers."""
@@ -547,6 +559,11 @@ class FakeFeishu:
             try:
                 if self.delays.get(name):
                     await asyncio.sleep(self.delays[name])
+                gate = self.held.get(name)
+                for _ in range(int(HOLD_LIMIT / 0.01)):  # polled: the gate is set from the test's thread
+                    if gate is None or gate.is_set():
+                        break
+                    await asyncio.sleep(0.01)
                 return await answer(request)
             finally:
                 with self._lock:
