@@ -410,10 +410,10 @@ async def test_while_every_request_slot_is_taken_live_updates_are_left_out_and_t
     others = [fake.user_message(CHAT, f"other {i}") for i in range(MAX_IN_FLIGHT)]
     taking = [asyncio.create_task(api.react(m.message_id, "OK")) for m in others]  # every slot, held
     try:
-        await t.wait_for(lambda: api.busy and not api.waiting and fake.in_flight == MAX_IN_FLIGHT)
+        await t.wait_for(lambda: api.busy and not api.waiting and fake.in_flight == MAX_IN_FLIGHT, timeout=30)
         updates = fake.count("element.content")
         hold.set()  # the rest of the answer streams while no slot is free
-        await t.wait_for(lambda: api.waiting == 1)  # the close waits for a slot, and nothing else does
+        await t.wait_for(lambda: api.waiting == 1, timeout=30)  # the close waits for a slot, nothing else does
     finally:
         gate.set()
         await asyncio.gather(*taking)
@@ -422,6 +422,31 @@ async def test_while_every_request_slot_is_taken_live_updates_are_left_out_and_t
     card = fake.card_of(msg)
     assert card is not None and card.text == ANSWER and not card.streaming
     assert fake.count("element.content") == updates  # no live update was queued behind the held requests
+
+
+async def test_a_turn_that_starts_while_every_request_slot_is_taken_spends_one_call_on_its_answer(
+        bridge, fake_openai, fake):
+    """Overloaded from the start: no card is opened early and no live update is made (each would only wait
+    behind the requests in flight); the answer arrives whole, as one card message, in one call."""
+    fake_openai.script(Text(ANSWER, chunk_size=4))
+    t = await bridge()
+    api = t.channel.api
+    gate = fake.hold("reaction.create")
+    others = [fake.user_message(CHAT, f"other {i}") for i in range(MAX_IN_FLIGHT)]
+    taking = [asyncio.create_task(api.react(m.message_id, "OK")) for m in others]  # every slot, held
+    try:
+        await t.wait_for(lambda: api.busy and not api.waiting and fake.in_flight == MAX_IN_FLIGHT, timeout=30)
+        before = len(fake.calls)
+        asked = await t.say("capital of France?")
+        await t.wait_for(lambda: api.waiting == 1, timeout=30)  # the answer waits for a slot, nothing else does
+    finally:
+        gate.set()
+        await asyncio.gather(*taking)
+    await t.settle()
+    [msg] = fake.shown(CHAT)
+    assert msg.parent_id == asked.message_id and msg.msg_type == "interactive"
+    assert fake.text_of(msg) == ANSWER
+    assert [c.route for c in fake.calls[before:] if c.route != "reaction.create"] == ["message.reply"]
 
 
 async def test_transient_final_failures_then_success_send_no_fallback(bridge, fake_openai, fake):
@@ -688,7 +713,8 @@ async def test_a_split_reply_whose_last_card_fails_resends_only_the_missing_part
     t = await bridge()
 
     def later_card(call: Any) -> bool:  # the first card is shown; every later one is refused
-        return call.body.get("msg_type") == "interactive" and len(fake.cards) >= 2
+        return call.body.get("msg_type") == "interactive" and any(m.msg_type == "interactive"
+                                                                   for m in fake.shown(CHAT))
 
     fake.fail("message.reply", status=400, code=230013, msg="refused", times=1000, when=later_card)
     await t.say("write a lot")

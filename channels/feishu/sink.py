@@ -19,8 +19,10 @@ Nothing is truncated, and the cards read in order.
 
 The card is opened at once when the turn starts, showing "…": it is the turn's working sign (the typing
 indicator of ``LiveSink``), and the answer streams into it. Under load, when every request slot of the API is
-taken (``FeishuApi.busy``), a push of new text is left out rather than queued behind them: the next push or
-the close shows newer text anyway (a change of tool activity still goes through).
+taken (``FeishuApi.busy``), a push of new text is left out rather than queued behind them, and so is opening
+the card: the next push or the end shows newer text anyway (a change of tool activity still goes through). A
+finished part with no card open to take it (a reply that ended before any push got a slot) is sent as one
+JSON card message: one call, where a card entity would take two.
 
 The end: ``close`` writes the final content and closes ``streaming_mode`` in one ``batch_update`` call (also
 after /stop and a model failure: the terminal snapshot carries the notice). If it fails for good, the shared
@@ -83,10 +85,9 @@ def uuid_for(key: str) -> str:
     return key if len(key) <= 50 else hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
-def streaming_card(content: str, *, streaming: bool = True) -> dict[str, Any]:
-    config: dict[str, Any] = {"streaming_mode": streaming, "update_multi": True}
-    if streaming:
-        config.update({"summary": {"content": "[…]"}, "streaming_config": {"print_strategy": "fast"}})
+def streaming_card(content: str) -> dict[str, Any]:
+    config = {"streaming_mode": True, "update_multi": True, "summary": {"content": "[…]"},
+              "streaming_config": {"print_strategy": "fast"}}
     return {"schema": "2.0", "config": config,
             "body": {"elements": [{"tag": "markdown", "element_id": ANSWER, "content": content or PLACEHOLDER}]}}
 
@@ -202,9 +203,10 @@ class FeishuOps:
 
     async def send(self, part: Part, key: str) -> str:
         stream = self.current
-        if stream is not None and part.formatting != _PLAIN and not self.channel.cardkit_refused:
+        if stream is not None and stream.card is not None and part.formatting != _PLAIN \
+                and not self.channel.cardkit_refused:
             try:
-                return await stream.freeze(part)  # the streaming card (or a new one) becomes this finished part
+                return await stream.freeze(part)  # the streaming card becomes this finished part
             except PlatformError as exc:
                 if exc.kind != "unsupported":
                     raise
@@ -241,6 +243,8 @@ class FeishuOps:
         self._reacted = True
         stream = self.current
         if stream is not None and not self.channel.cardkit_refused:
+            if self.api.busy:
+                return  # every request slot is taken: they go to answers; the card opens with a later push
             try:
                 await stream.open_now()
                 return
@@ -317,26 +321,26 @@ class CardStream:
         self._status = ""
         """The tool activity the card shows."""
 
-    async def _open(self, content: str, *, streaming: bool = True) -> CardState:
+    async def _open(self, content: str) -> CardState:
         ops = self._ops
         if ops.channel.cardkit_refused:  # refused for good already (this turn's working sign asked)
             raise PlatformError("CardKit refused", kind="unsupported")
         try:
-            card_id = await ops.api.create_card(streaming_card(content, streaming=streaming))
+            card_id = await ops.api.create_card(streaming_card(content))
         except PlatformError as exc:
             if exc.transient or exc.kind == "not_found":
                 raise
             ops.channel.cardkit_refused = True
             raise PlatformError(f"CardKit refused: {exc}", kind="unsupported") from None
-        self.card = CardState(card_id, content or PLACEHOLDER, streaming=streaming)
+        self.card = CardState(card_id, content or PLACEHOLDER)
         return self.card
 
-    async def _ready(self, content: str, *, streaming: bool = True) -> CardState:
+    async def _ready(self, content: str) -> CardState:
         """The card shown in the chat, opened and sent first if that has not happened yet (one at a time: the
         working sign and the first push never open two). A send whose outcome was unknown is repeated with
         the same uuid, so it never posts the card twice."""
         async with self._opening:
-            card = self.card or await self._open(content, streaming=streaming)
+            card = self.card or await self._open(content)
             if card.message_id is None:
                 payload = json.dumps({"type": "card", "data": {"card_id": card.card_id}})
                 card.message_id = await self._ops.post("interactive", payload, card.send_key)
@@ -355,17 +359,18 @@ class CardStream:
     async def push(self, snapshot: TurnSnapshot, text: str, change: TextChange | None) -> None:
         status = activity(snapshot)
         card = self.card
-        if card is not None and card.message_id is not None and status == self._status and self._ops.api.busy:
+        if self._ops.api.busy and status == self._status and (card is None or card.message_id is not None):
             # every request slot is taken: this update would only wait behind them and be superseded by the
-            # next one (or the close), so it is left out; a change of tool activity still goes through
+            # next one (or the end), so it is left out, opening the card included; a change of tool activity
+            # still goes through
             return
         answer = render.card_markdown(text) if text.strip() else ""
         await self._show(f"{answer}\n\n{status}".strip() if status else answer)
         self._status = status
 
     async def freeze(self, part: Part) -> str:
-        """The streaming card shows ``part`` for good; the next push opens a new card."""
-        card = await self._ready(part.text, streaming=False)  # a new card is finished already: no streaming
+        """The open card shows ``part`` for good; the next push opens a new card."""
+        card = await self._ready(part.text)
         await set_card(self._ops.api, card, part.text, close=True)
         self.card = None
         assert card.message_id is not None
