@@ -25,7 +25,8 @@ with a TLS context of its own (the CA bundle loaded again: about 0.9 MiB and 30-
 the memory grows with the number of requests waiting for the CPU at once, which under load is every chat
 streaming. Over the cap a request waits its turn; that wait is the bridge's own queue, so it is not counted
 against the call's bound (``channels.common.calls.outside_bound``). The CPU, not the cap, is what limits the
-requests a second (about 30 on one core at that cost per request).
+requests a second (about 30 on one core at that cost per request). ``busy`` says every slot is taken (the
+sink then leaves out live updates that would only queue); ``waiting`` counts the requests queued for one.
 
 Each of those clients is left behind in a reference cycle (with its TLS context, its response and its socket),
 which only the garbage collector frees; ``chatbridge run`` makes the collector's young passes rare
