@@ -82,6 +82,7 @@ from channels.common.errors import PlatformError
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+Pace = Callable[[], Awaitable[None]]
 
 RATE_LIMITED = 99991400
 CHAT_RATE_LIMITED = (230020, 11232)
@@ -149,8 +150,10 @@ class FeishuApi:
 
     # ---- one call ------------------------------------------------------------------------------
 
-    async def _send(self, what: str, fn: Callable[[], Awaitable[R]]) -> R:
-        """One request, its failures as PlatformError (the response must have code 0)."""
+    async def _send(self, what: str, fn: Callable[[], Awaitable[R]], pace: Pace | None = None) -> R:
+        """One request, its failures as PlatformError (the response must have code 0). ``pace`` is waited for
+        once the request has its slot, right before it goes out: a budget taken earlier, while the request
+        still queued for a slot, would let the queue's requests reach the platform in a burst over it."""
         if self._in_flight.locked():
             self.waiting += 1
             try:
@@ -161,6 +164,8 @@ class FeishuApi:
         else:
             await self._in_flight.acquire()
         try:
+            if pace is not None:
+                await pace()
             resp: Any = await fn()
         except httpx.TimeoutException:
             raise PlatformError(f"{what}: no answer in time", kind="transient", outcome_unknown=True) from None
@@ -179,13 +184,13 @@ class FeishuApi:
             return resp  # type: ignore[no-any-return]
         raise _error(what, code, resp)
 
-    async def call(self, what: str, fn: Callable[[lark.RequestOption], Awaitable[R]]) -> R:
+    async def call(self, what: str, fn: Callable[[lark.RequestOption], Awaitable[R]], pace: Pace | None = None) -> R:
         """An authenticated call; a token error refreshes the token once."""
         for attempt in range(2):
             token = await self.token()
             option = lark.RequestOption.builder().tenant_access_token(token).build()
             try:
-                return await self._send(what, lambda o=option: fn(o))  # type: ignore[misc]
+                return await self._send(what, lambda o=option: fn(o), pace)  # type: ignore[misc]
             except _TokenError:
                 self.drop_token(token)
                 if attempt:
@@ -205,19 +210,20 @@ class FeishuApi:
             raise PlatformError("bot.info: unexpected answer", kind="transient") from None
 
     async def send(self, chat_id: str, msg_type: str, content: str, uuid: str, *,
-                   reply_to: str | None = None, in_thread: bool = False) -> str:
-        """Post a message (as a reply to ``reply_to`` when given); ``uuid`` makes a retry post nothing new."""
+                   reply_to: str | None = None, in_thread: bool = False, pace: Pace | None = None) -> str:
+        """Post a message (as a reply to ``reply_to`` when given); ``uuid`` makes a retry post nothing new;
+        ``pace`` takes the send's slot of a budget right before it goes out."""
         if reply_to:
             body = ReplyMessageRequestBody.builder().msg_type(msg_type).content(content).uuid(uuid[:50])
             if in_thread:
                 body = body.reply_in_thread(True)
             reply = ReplyMessageRequest.builder().message_id(reply_to).request_body(body.build()).build()
-            resp: Any = await self.call("message.reply", lambda o: self.client.im.v1.message.areply(reply, o))
+            resp: Any = await self.call("message.reply", lambda o: self.client.im.v1.message.areply(reply, o), pace)
         else:
             cbody = (CreateMessageRequestBody.builder().receive_id(chat_id).msg_type(msg_type).content(content)
                      .uuid(uuid[:50]).build())
             create = CreateMessageRequest.builder().receive_id_type("chat_id").request_body(cbody).build()
-            resp = await self.call("message.create", lambda o: self.client.im.v1.message.acreate(create, o))
+            resp = await self.call("message.create", lambda o: self.client.im.v1.message.acreate(create, o), pace)
         return str(resp.data.message_id)
 
     async def update(self, message_id: str, msg_type: str, content: str) -> None:

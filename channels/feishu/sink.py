@@ -191,11 +191,11 @@ class FeishuOps:
             return await self._send(d.chat_id, msg_type, content, key, None)
 
     async def _send(self, chat_id: str, msg_type: str, content: str, key: str, reply_to: str | None) -> str:
-        """One send in a slot of the app's budget (waited for outside the call's bound); the app's rate limit
-        (99991400) pauses every send of the app, not only this chat's."""
-        await self.channel.calls.pace(self.send_scopes)
+        """One send in a slot of the app's budget (waited for outside the call's bound, once the request has its
+        turn to go out); the app's rate limit (99991400) pauses every send of the app, not only this chat's."""
         try:
-            return await self.api.send(chat_id, msg_type, content, uuid_for(key), reply_to=reply_to)
+            return await self.api.send(chat_id, msg_type, content, uuid_for(key), reply_to=reply_to,
+                                       pace=lambda: self.channel.calls.pace(self.send_scopes))
         except PlatformError as exc:
             if code_of(exc) == RATE_LIMITED:
                 exc.scope = self.send_scopes[0].key
