@@ -580,6 +580,39 @@ async def test_requests_in_flight_are_capped_and_waiting_a_turn_does_not_time_a_
     assert fake.max_in_flight <= 2
 
 
+async def test_a_send_takes_its_budget_slot_only_when_it_goes_out_not_while_it_queues(fake):
+    """Sends queued for a request slot would otherwise each hold a slot of the app's budget taken long before they
+    go out, and reach Feishu in a burst over its limit once the slots free up."""
+    from channels.feishu.api import FeishuApi
+    api = FeishuApi(fake.app_id, fake.app_secret, fake.base_url, timeout=5, max_in_flight=1)
+    await api.token()
+    asked = fake.user_message(CHAT, "hi")
+    gate = fake.hold("reaction.create")
+    taking = asyncio.create_task(api.react(asked.message_id, "OK"))  # the only slot, held
+    paced: list[int] = []
+
+    async def pace() -> None:
+        paced.append(fake.in_flight)
+
+    try:
+        for _ in range(500):
+            if api.busy:
+                break
+            await asyncio.sleep(0.01)
+        sending = asyncio.create_task(api.send(CHAT, "text", json.dumps({"text": "x"}), "send-1", pace=pace))
+        for _ in range(500):
+            if api.waiting:
+                break
+            await asyncio.sleep(0.01)
+        assert api.waiting == 1 and paced == []  # queued for the slot: no budget slot taken yet
+    finally:
+        gate.set()
+        await taking
+    await sending
+    assert paced == [0]  # taken once, when the send had the slot and nothing else was in flight
+    assert fake.texts(CHAT)[-1] == "x"
+
+
 async def test_the_sdks_clients_left_in_reference_cycles_are_freed_between_collections(fake):
     """lark-oapi's client of each request is left in a reference cycle with its TLS context (about a MiB) and its
     socket, and ``chatbridge run`` makes the collector's passes rare. With the collector off altogether here,
