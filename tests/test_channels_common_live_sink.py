@@ -35,6 +35,9 @@ class Stream:
         self.closed = part
         return "streamed"
 
+    def leftover(self) -> tuple[str, Part] | None:
+        return None
+
 
 class Chat:
     """Messages as a user sees them, and every call made."""

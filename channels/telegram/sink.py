@@ -133,6 +133,9 @@ class DraftStream:
     async def close(self, snapshot: TurnSnapshot, part: Part | None) -> str | None:
         return None  # the final message, sent next, replaces the preview
 
+    def leftover(self) -> tuple[str, Part] | None:
+        return None  # a draft is no message of the chat
+
 
 class TelegramPrompts:
     """``ApprovalPrompts``: an approval request with Allow / Deny buttons, in the turn's chat and topic."""
