@@ -67,12 +67,14 @@ class TurnSink(Protocol):
         ...
 
     async def abort(self) -> None:
-        """Stop all platform work for this turn (shutdown or a hanging sink)."""
+        """Stop all platform work for this turn (shutdown or a hanging sink). What the chat shows stays as
+        it is (no call is waited for: the platform may be the one hanging)."""
         ...
 
     def undelivered(self, snapshot: TurnSnapshot) -> str | None:
-        """After a failed ``finish``: the part of ``snapshot``'s text the platform does not show (for the
-        fallback), or None when the sink cannot tell, in which case the fallback carries the whole text."""
+        """After a failed ``finish`` or an ``abort``: the part of ``snapshot``'s text the platform does not
+        show (for the fallback; "" when it shows all of it), or None when the sink cannot tell, in which
+        case the fallback carries the whole text."""
         ...
 
     def paused_seconds(self) -> float:
