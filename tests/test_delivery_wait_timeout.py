@@ -16,10 +16,13 @@ from typing import Any
 
 import pytest
 
+from channels.slack.render import safe_mrkdwn
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.feishu.harness import CHAT as FEISHU_CHAT
 from tests.fakes.feishu.harness import harnesses
 from tests.fakes.openai_server import FakeOpenAI, Text
+from tests.fakes.slack import FakeSlack
+from tests.fakes.slack.harness import slack_harness
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
 
@@ -38,6 +41,12 @@ def squash(text: str) -> str:
 @pytest.fixture
 async def tg() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as fake:
         yield fake
 
 
@@ -135,3 +144,48 @@ async def test_feishu_a_card_that_shows_the_beginning_gets_only_the_rest_when_th
     shown = card_texts(feishu)
     assert shown[0] == card and len(shown) == 2, shown
     assert squash("".join(shown)) == squash(PLAIN)  # every word once
+
+
+# ---- Slack ----------------------------------------------------------------------------------------------
+
+
+async def test_slack_a_preview_that_shows_the_whole_answer_gets_no_fallback_when_the_wait_runs_out(
+        tmp_path, fake_openai, slack):
+    # Streaming by updates: the preview shows the whole answer as mrkdwn; the final update (the Markdown
+    # block) is held past the delivery wait.
+    hold = asyncio.Event()
+    fake_openai.script(Text(FORMATTED, chunk_size=4, delay=0.01, hold=hold, hold_after=len(FORMATTED)))
+    t = await slack_harness(tmp_path, fake_openai, slack, core=WAIT, call_timeout=30)
+    try:
+        slack.fail("chat.update", hang=HELD, when=lambda p: bool(p.get("blocks")), times=100)
+        await t.deliver(slack.user_message("capital of France?"))
+        await t.wait_for(lambda: slack.visible("D0ALICE") == [safe_mrkdwn(FORMATTED)])
+        hold.set()
+        await t.settle()
+        assert slack.visible("D0ALICE") == [safe_mrkdwn(FORMATTED)]
+        assert slack.count("chat.postMessage") == 1  # the preview; no fallback
+    finally:
+        await t.close()
+
+
+async def test_slack_a_native_stream_that_shows_the_beginning_gets_only_the_rest_when_the_wait_runs_out(
+        tmp_path, fake_openai, slack):
+    # A native stream shows the first words; every later append is held past the delivery wait. The
+    # stream's message stays, and the fallback below it carries the rest.
+    hold = asyncio.Event()
+    fake_openai.script(Text(PLAIN, chunk_size=4, delay=0.01, hold=hold, hold_after=30))
+    t = await slack_harness(tmp_path, fake_openai, slack, core=WAIT, call_timeout=30, stream_transport="native")
+    try:
+        body = slack.user_message("capital of France?")
+        thread = body["event"]["ts"]
+        await t.deliver(body)
+        await t.wait_for(lambda: slack.visible("D0ALICE", thread_ts=thread))
+        [streamed] = slack.visible("D0ALICE", thread_ts=thread)
+        slack.fail("chat.appendStream", hang=HELD, times=100)
+        hold.set()
+        await t.settle()
+        shown = slack.visible("D0ALICE", thread_ts=thread)
+        assert shown[0] == streamed and len(shown) == 2, shown
+        assert squash("".join(shown)) == squash(PLAIN)  # every word once
+    finally:
+        await t.close()
