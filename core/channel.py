@@ -30,11 +30,13 @@ from core.snapshot import TurnSnapshot
 class SinkError(Exception):
     """A sink or a channel could not make the platform show something (after its own retries)."""
 
-    def __init__(self, message: str = "", *, unsent: str | None = None) -> None:
+    def __init__(self, message: str = "", *, unsent: str | None = None, outcome_unknown: bool = False) -> None:
         super().__init__(message)
         self.unsent = unsent
         """From ``send_plain`` of a text sent as several messages of which the first were taken: the rest,
         which the chat does not show. None: nothing of the text is shown (or the channel cannot tell)."""
+        self.outcome_unknown = outcome_unknown
+        """A send of what is not shown timed out: the platform may show it after all."""
 
 
 class TurnFeed(Protocol):

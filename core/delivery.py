@@ -39,6 +39,17 @@ class DeliveryError:
     """What the platform does not show of the terminal text; None = unknown (send it all)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Unshown:
+    """What a plain send left unshown."""
+
+    text: str
+    """What of the text the chat does not show ("": all of it)."""
+    maybe_shown: bool = False
+    """A send of ``text`` timed out: the platform may show it after all, and sending it again could show it
+    twice (``core.redelivery``)."""
+
+
 def _paused(sink: TurnSink) -> float:
     try:
         return max(0.0, float(sink.paused_seconds()))
@@ -118,14 +129,15 @@ class PlainSender:
     async def send(self, target: TurnTarget, text: str) -> bool:
         return await self._send(target, text) is None
 
-    async def send_rest(self, target: TurnTarget, text: str) -> str:
+    async def send_rest(self, target: TurnTarget, text: str) -> Unshown:
         """Send ``text`` (not empty); returns what of it the chat does not show: "" when the platform took
         all of it, the unsent rest when it took the first messages of a long one, else ``text``."""
         failure = await self._send(target, text)
         if failure is None:
-            return ""
-        unsent = failure.unsent if isinstance(failure, SinkError) else None
-        return unsent or text
+            return Unshown("")
+        if not isinstance(failure, SinkError):
+            return Unshown(text)
+        return Unshown(failure.unsent or text, failure.outcome_unknown)
 
     async def _send(self, target: TurnTarget, text: str) -> Exception | None:
         channel = self._channels.get(target.channel)

@@ -208,8 +208,8 @@ class ConversationExecutor:
             if self._metrics is not None:
                 self._metrics.fallbacks.labels(target.channel).inc()
         rest = await self._redelivery.deliver(turn_id, target, text)
-        if rest:
-            log.warning("the fallback for %s failed too; it is sent again later", target.session_key)
+        if rest.text:
+            log.warning("the fallback for %s failed too", target.session_key)
             self._redelivery.schedule(turn_id, target, rest)
 
     def _fallback_text(self, outcome: TurnRunOutcome, terminal: TurnSnapshot, err: DeliveryError) -> str:

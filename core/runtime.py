@@ -226,7 +226,7 @@ class ChatCore:
             return
         log.info("sending the %s turn %s again: a restart came before its delivery", item.turn.state, turn_id)
         rest = await self._redelivery.deliver(turn_id, target, item.text)
-        if rest:
+        if rest.text:
             self._redelivery.schedule(turn_id, target, rest)
 
     async def _resume(self) -> None:

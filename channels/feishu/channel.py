@@ -382,7 +382,7 @@ class FeishuChannel:
                         raise
                     await self._post(ops, scopes, render.plain_post_content(source), key + "p")
             except PlatformError as exc:
-                raise SinkError(str(exc)) from None
+                raise SinkError(str(exc), outcome_unknown=exc.outcome_unknown) from None
 
     async def _post(self, ops: FeishuOps, scopes: tuple[Scope, ...], content: str, key: str) -> None:
         await self.calls.call(lambda: ops.post("post", content, key), scopes=scopes)

@@ -224,7 +224,7 @@ class SlackChannel:
                         if exc.kind != "format" or not part.formatting:
                             raise
             except PlatformError as exc:
-                raise SinkError(str(exc)) from None
+                raise SinkError(str(exc), outcome_unknown=exc.outcome_unknown) from None
 
     async def show_decision(self, entry: PromptHandle, blocks: list[dict[str, Any]]) -> None:
         """Update an approval message to show how it ended (no buttons). It answers a press, so it goes at once
