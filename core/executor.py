@@ -207,6 +207,8 @@ class ConversationExecutor:
             log.info("delivery for %s failed (%s); sending one plain fallback", target.session_key, err.reason)
             if self._metrics is not None:
                 self._metrics.fallbacks.labels(target.channel).inc()
+        else:
+            log.info("delivery for %s failed (%s); the chat shows all of it already", target.session_key, err.reason)
         rest = await self._redelivery.deliver(turn_id, target, text)
         if rest.text:
             log.warning("the fallback for %s failed too", target.session_key)
