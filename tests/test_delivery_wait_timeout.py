@@ -29,6 +29,8 @@ from tests.fakes.telegram.harness import telegram_harness
 TG_CHAT = 555
 FORMATTED = "The capital of France is **Paris**, a city on the Seine."
 PLAIN = "Paris is the capital of France and its largest city, a port on the river Seine for centuries."
+BEGINNING = 30
+"""The model holds after these characters of PLAIN until the test lets it go on."""
 HELD = 60.0
 """How long the fake holds a call: longer than any test, shorter than nothing (the client gives up first)."""
 WAIT = {"delivery_wait_timeout": 0.5}
@@ -90,11 +92,11 @@ async def test_telegram_a_preview_that_shows_the_beginning_gets_only_the_rest_wh
     # The preview shows the first words; every later edit is held past the delivery wait. The fallback
     # sends what the preview lacks, not the whole answer again.
     hold = asyncio.Event()
-    fake_openai.script(Text(PLAIN, chunk_size=4, delay=0.01, hold=hold, hold_after=30))
+    fake_openai.script(Text(PLAIN, chunk_size=4, delay=0.01, hold=hold, hold_after=BEGINNING))
     t = await telegram_harness(tmp_path, fake_openai, tg, core=WAIT, call_timeout=30)
     try:
         tg.user_message("capital of France?")
-        await t.wait_for(lambda: tg.messages(TG_CHAT))
+        await t.wait_for(lambda: tg.visible(TG_CHAT) == [PLAIN[:BEGINNING]])
         [preview] = tg.visible(TG_CHAT)
         tg.fail("editMessageText", hang=HELD, times=100)
         hold.set()
@@ -132,10 +134,10 @@ async def test_feishu_a_card_that_shows_the_beginning_gets_only_the_rest_when_th
         feishu_bridge, fake_openai, feishu):
     # The card shows the first words; every later update of its text is held past the delivery wait.
     hold = asyncio.Event()
-    fake_openai.script(Text(PLAIN, chunk_size=4, delay=0.01, hold=hold, hold_after=30))
+    fake_openai.script(Text(PLAIN, chunk_size=4, delay=0.01, hold=hold, hold_after=BEGINNING))
     t = await feishu_bridge(core=WAIT, call_timeout=30)
     await t.say("capital of France?")
-    await t.wait_for(lambda: feishu.count("message.reply") == 1)
+    await t.wait_for(lambda: card_texts(feishu) == [PLAIN[:BEGINNING]])
     [card] = card_texts(feishu)
     feishu.fail("element.content", hang=HELD, times=100)
     feishu.fail("card.batch_update", hang=HELD, times=100)
@@ -170,18 +172,19 @@ async def test_slack_a_preview_that_shows_the_whole_answer_gets_no_fallback_when
 
 async def test_slack_a_native_stream_that_shows_the_beginning_gets_only_the_rest_when_the_wait_runs_out(
         tmp_path, fake_openai, slack):
-    # A native stream shows the first words; every later append is held past the delivery wait. The
-    # stream's message stays, and the fallback below it carries the rest.
+    # A native stream shows the first words; every later call on its message is held past the delivery
+    # wait. The stream's message stays, and the fallback below it carries the rest.
     hold = asyncio.Event()
-    fake_openai.script(Text(PLAIN, chunk_size=4, delay=0.01, hold=hold, hold_after=30))
+    fake_openai.script(Text(PLAIN, chunk_size=4, delay=0.01, hold=hold, hold_after=BEGINNING))
     t = await slack_harness(tmp_path, fake_openai, slack, core=WAIT, call_timeout=30, stream_transport="native")
     try:
         body = slack.user_message("capital of France?")
         thread = body["event"]["ts"]
         await t.deliver(body)
-        await t.wait_for(lambda: slack.visible("D0ALICE", thread_ts=thread))
+        await t.wait_for(lambda: slack.visible("D0ALICE", thread_ts=thread) == [PLAIN[:BEGINNING]])
         [streamed] = slack.visible("D0ALICE", thread_ts=thread)
-        slack.fail("chat.appendStream", hang=HELD, times=100)
+        for method in ("chat.appendStream", "chat.stopStream", "chat.update"):  # the live append or the end
+            slack.fail(method, hang=HELD, times=100)
         hold.set()
         await t.settle()
         shown = slack.visible("D0ALICE", thread_ts=thread)
