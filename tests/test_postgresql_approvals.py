@@ -1,11 +1,11 @@
 """Approval buttons with several ``chatbridge run`` processes on one PostgreSQL database.
 
-A press reaches whichever process receives it (Telegram: the one polling the bot; Feishu: whichever took
-the webhook request), not necessarily the one running the turn that waits for the decision. Here process B
-runs the turn and posts the buttons, and every press goes to process A: A must find the request, have B
-decide it by core's rule (a user not allowed to decide is refused, and nothing changes), the tool runs in B,
-and the buttons show the outcome once. A process that starts never closes the buttons of another live
-process; the buttons of a process that died are closed by a live one.
+A press reaches whichever process receives it (Telegram: the one polling the bot; Feishu and Slack:
+whichever took the webhook request), not necessarily the one running the turn that waits for the decision.
+Here process B runs the turn and posts the buttons, and every press goes to process A: A must find the
+request, have B decide it by core's rule (a user not allowed to decide is refused, and nothing changes), the
+tool runs in B, and the buttons show the outcome once. A process that starts never closes the buttons of
+another live process; the buttons of a process that died are closed by a live one.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from tests.fakes.feishu.harness import CHAT as FEISHU_CHAT
 from tests.fakes.feishu.harness import KEY, TOKEN
 from tests.fakes.feishu.openapi import card_buttons
 from tests.fakes.openai_server import FakeOpenAI, Text, ToolCalls
+from tests.fakes.slack.sender import EventSender
+from tests.fakes.slack.server import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 from tests.support.postgres import PostgresCluster
 from tests.support.process import BridgeProcess, postgresql_config, wait_for
@@ -257,6 +259,57 @@ async def test_the_buttons_of_a_process_that_died_are_closed_by_a_live_one(
             assert not tool_ran(fake_openai, "call_D1")
             assert await a.stop() == 0
             assert "Traceback" not in a.log(), a.log()
+        finally:
+            for bridge in bridges:
+                await bridge.stop()
+
+
+def slack_config(directory: Path, fake_openai: FakeOpenAI, slack: FakeSlack, dsn: str, port: int) -> Path:
+    return asking(postgresql_config(directory, dsn=dsn, llm=fake_openai.base_url, port=port, extra=f"""
+[channels.slack]
+enabled = true
+mode = "http"
+bot_token = "{slack.bot_token}"
+signing_secret = "{slack.signing_secret}"
+api_base = "{slack.base_url}"
+update_interval_ms = 100
+"""))
+
+
+async def test_a_slack_press_taken_by_another_process_is_shown_once_by_the_process_running_the_turn(
+        tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
+    fake_openai.script(ToolCalls([("current_time", "{}")], ids=["call_S1"]), Text("It is late."))
+    dsn = postgres.fresh_dsn()
+    ports = [free_port(), free_port()]
+    async with FakeSlack() as slack:
+        a = BridgeProcess(slack_config(tmp_path / "a", fake_openai, slack, dsn, ports[0]), tmp_path / "a.log")
+        b = BridgeProcess(slack_config(tmp_path / "b", fake_openai, slack, dsn, ports[1]), tmp_path / "b.log")
+        bridges = [a, b]
+        to_a, to_b = (EventSender(f"http://127.0.0.1:{p}/slack/events", slack.signing_secret, timeout=15)
+                      for p in ports)
+
+        def request() -> Any:
+            return next((m for m in slack.messages("D0ALICE") if any(x.get("type") == "actions" for x in m.blocks)),
+                        None)
+
+        try:
+            await asyncio.gather(a.start(), b.start())
+            for port in ports:
+                await wait_for(lambda p=port: state_is(p, "slack", "serving"), bridges, what="serving", timeout=120)
+            assert (await to_b.event(slack.user_message("what time is it?"))).status == 200
+            await wait_for(lambda: request() is not None, bridges, what="the approval request", timeout=60)
+            asked = request()
+            assert (await to_a.interaction(slack.press(asked, "Allow"))).status == 200
+            await wait_for(lambda: "It is late." in slack.visible("D0ALICE"), bridges, what="the answer", timeout=60)
+            assert tool_ran(fake_openai, "call_S1")
+            await asyncio.sleep(1.0)  # a second update would show by now
+            updates = [c for c in slack.calls_to("chat.update") if c.params.get("ts") == asked.ts]
+            assert len(updates) == 1  # the outcome is shown once, by the process that posted the buttons
+            shown = slack.message("D0ALICE", asked.ts)
+            assert request() is None and "Allowed" in shown.shown
+            for bridge in bridges:
+                assert await bridge.stop() == 0
+                assert "Traceback" not in bridge.log(), bridge.log()
         finally:
             for bridge in bridges:
                 await bridge.stop()
