@@ -493,7 +493,7 @@ class FeishuChannel:
         entry = self.pending_approvals.get(action.approval.ref)
         if entry is None:
             elsewhere = await self._find(action.approval.ref)
-            if elsewhere is None:
+            if elsewhere is None or action.message_id not in (None, elsewhere.message_id):  # not that card's
                 return approvals.toast("info", approvals.GONE)
             # posted by another process: decided where it is pending; that process's sink shows the outcome
             result = await self.host.decide(elsewhere.session_key, elsewhere.call_id, decision,

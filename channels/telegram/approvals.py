@@ -246,7 +246,8 @@ class ApprovalButtons:
         message = query.message if isinstance(query.message, Message) else None
         if entry is None:
             elsewhere = await self._find(ref)
-            if elsewhere is not None:
+            if elsewhere is not None and (message is None or (message.chat.id, message.message_id)
+                                          == (elsewhere.chat_id, elsewhere.message_id)):
                 await self._press_elsewhere(query, elsewhere, decision)
                 return
         if entry is None or entry.outcome is not None:
