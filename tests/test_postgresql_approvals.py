@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -198,7 +199,10 @@ async def test_a_feishu_press_taken_by_another_process_is_decided_by_the_process
             assert refused.status == 200 and json.loads(refused.text)["toast"]["content"] == NOT_YOURS
             assert card_buttons(fake.messages[asked.message_id].content) and not tool_ran(fake_openai, "call_F1")
 
+            started = time.monotonic()
             pressed = await to_a.send(to_a.card_action(allow, message_id=asked.message_id, chat_id=FEISHU_CHAT))
+            print(f"\na press forwarded to the process running the turn answered in "
+                  f"{time.monotonic() - started:.3f}s")
             assert pressed.status == 200 and json.loads(pressed.text)["toast"]["content"] == "Allowed"
 
             async def answered() -> bool:
@@ -247,11 +251,14 @@ async def test_the_buttons_of_a_process_that_died_are_closed_by_a_live_one(
             asked = request()
             allow = card_buttons(asked.content)[0][1]
             await b.kill()
+            killed_at = time.monotonic()
 
             def closed() -> bool:
                 card = fake.messages[asked.message_id]
                 return not card_buttons(card.content) and "the bridge restarted" in fake.text_of(card)
             await wait_for(closed, a, what="B's card closed by A", timeout=60)
+            print(f"\nthe dead process's card closed {time.monotonic() - killed_at:.2f}s after its SIGKILL"
+                  " (lease_seconds = 3)")
             late = await to_a.send(to_a.card_action(allow, message_id=asked.message_id, chat_id=FEISHU_CHAT))
             assert late.status == 200 and "no longer pending" in late.text
             await asyncio.sleep(1.0)
