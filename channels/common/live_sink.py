@@ -64,7 +64,7 @@ from channels.common.reconciler import Reconciler
 from channels.common.splitter import Chunk, split
 from channels.common.status import status_lines
 from channels.common.throttle import Scope
-from core.agent.approvals import DENIED_BY_TIMEOUT
+from core.agent.approvals import DENIED_BY_TIMEOUT, DENIED_BY_USER
 from core.channel import SinkError, TurnFeed
 from core.snapshot import ApprovalRequest, TurnSnapshot
 
@@ -97,8 +97,9 @@ def body(snapshot: TurnSnapshot) -> str:
 
 
 def ended_line(snapshot: TurnSnapshot, call_id: str, origin: tuple[str, ...] = ()) -> str:
-    """How an approval ended without a press on its prompt, from the tool's status in ``snapshot`` (for a
-    subagent's call, from its child's state: its tools are not the turn's)."""
+    """How an approval ended without a press on its prompt in this process (timed out, stopped, or decided
+    through another process), from the tool's status in ``snapshot`` (for a subagent's call, from its
+    child's state: its tools are not the turn's)."""
     if origin:
         child = next((c for c in snapshot.children if c.origin == origin), None)
         if snapshot.state == "cancelled" or (child is not None and child.state == "cancelled"):
@@ -107,6 +108,8 @@ def ended_line(snapshot: TurnSnapshot, call_id: str, origin: tuple[str, ...] = (
     tool = next((t for t in snapshot.tools if t.call_id == call_id), None)
     if tool is not None and tool.status == "denied" and tool.summary == DENIED_BY_TIMEOUT:
         return "⌛ Denied: nobody decided in time."
+    if tool is not None and tool.status == "denied" and tool.summary == DENIED_BY_USER:
+        return "❌ Denied."
     if tool is not None and tool.status in ("running", "done"):
         return "✅ Allowed."
     return "⏹ The reply was stopped before a decision."  # /stop denies what is pending

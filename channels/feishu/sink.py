@@ -421,8 +421,14 @@ class FeishuPrompts:
             origin=request.origin)
         card = approvals.approval_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by)
         content = json.dumps(card, ensure_ascii=False)
-        entry.message_id = await self._channel.calls.call(
-            lambda: self._ops.post("interactive", content, entry.key), scopes=self._ops.scopes, idempotent=True)
+        await self._channel.save_open_approvals()  # findable by a press that reaches another process
+        try:
+            entry.message_id = await self._channel.calls.call(
+                lambda: self._ops.post("interactive", content, entry.key), scopes=self._ops.scopes, idempotent=True)
+        except Exception:
+            entry.outcome = "ended"  # never shown with its buttons: nothing to find or close
+            await self._channel.save_open_approvals()
+            raise
         await self._channel.save_open_approvals()
         return entry
 
@@ -449,7 +455,8 @@ class PendingApproval:
 
 
 class PendingApprovals:
-    """Approval requests by the short ``ref`` their buttons carry (call ids never travel to the client)."""
+    """This process's approval requests by the short ``ref`` their buttons carry (call ids never travel to the
+    client; another process finds them by ``ref`` in the open-requests record, ``channels.common.open_approvals``)."""
 
     def __init__(self, limit: int = 1000) -> None:
         self._by_ref: dict[str, PendingApproval] = {}
@@ -468,5 +475,5 @@ class PendingApprovals:
         return self._by_ref.get(ref)
 
     def open(self) -> list[PendingApproval]:
-        """Requests shown with their buttons that have not ended."""
-        return [e for e in self._by_ref.values() if e.outcome is None and e.message_id is not None]
+        """Requests that have not ended: shown with their buttons, or about to be."""
+        return [e for e in self._by_ref.values() if e.outcome is None]
