@@ -3,6 +3,9 @@ and the fake model, talking to them over the web chat's HTTP API (which any proc
 
 - three processes, 100 conversations, messages posted to random processes: a conversation's model requests
   never overlap (each one sees every earlier message answered), every message is answered exactly once;
+  a browser on one process follows 20 of the conversations over SSE and sees every turn of each (turns the
+  other processes run too) stream and commit once, one turn after the other, in the order of the history,
+  under monotonic event ids;
 - a process starting while another answers keeps its hands off that turn (no interrupted notice);
 - SIGKILL of the process holding a streaming turn: another one takes the conversation over after the lease
   expires, the interrupted notice is shown once, the messages that waited are answered, nothing twice.
@@ -18,12 +21,15 @@ from typing import Any
 import aiohttp
 
 from core.failures import TurnFailurePresenter
+from tests.browser.server import open_stream
 from tests.fakes.openai_server import FakeOpenAI, Function, Reply, Text
 from tests.support.cluster import (
     LEASE_SECONDS,
     Cluster,
+    Follower,
     SerialModel,
     asked,
+    assert_monotonic,
     history,
     new_session,
     post,
@@ -41,10 +47,18 @@ async def test_three_processes_serve_every_conversation_serially_and_answer_each
     cluster = Cluster(tmp_path, fake_openai, postgres.fresh_dsn(), 3)
     rng = random.Random(16)
     conversations, per_conversation = 100, 2
+    followers: dict[int, Follower] = {}
     try:
         await cluster.start()
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession() as http, \
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as browser:
             sids = [await new_session(http, cluster.base(rng.randrange(3))) for _ in range(conversations)]
+            # a browser on process 0 follows every fifth conversation, wherever its turns run (20 streams: as
+            # many as the web server lets one client open)
+            for n in range(0, conversations, 5):
+                followers[n] = Follower(await open_stream(browser, cluster.base(0), sids[n]))
+            for follower in followers.values():
+                await follower.until(lambda e: e.name == "task_state")
             posts = [(sid, f"c{n} m{m}") for m in range(per_conversation) for n, sid in enumerate(sids)]
             await asyncio.gather(*(post(http, cluster.base(rng.randrange(3)), sid, text) for sid, text in posts))
 
@@ -60,12 +74,51 @@ async def test_three_processes_serve_every_conversation_serially_and_answer_each
                     f"answer to {t}" for t in said]
                 # one turn after the other: the k-th request saw the k-1 earlier messages answered
                 assert model.seen[f"c{n}"] == [(k, k - 1) for k in range(1, per_conversation + 1)]
+                if n in followers:
+                    await assert_followed(followers[n], shown, per_conversation)
         assert model.overlaps == []
         assert len(fake_openai.requests) == len(posts)  # nothing answered twice
         assert len({p for p in fake_openai.auth_headers}) == 3  # every process served some
+        ran_by = {asked(r): cluster.sender(i) for i, r in enumerate(fake_openai.requests)}
+        # the browser on process 0 saw turns every process ran
+        assert {ran_by[f"c{n} m{m}"] for n in followers for m in range(per_conversation)} == {0, 1, 2}
         cluster.clean(0, 1, 2)
     finally:
+        for follower in followers.values():
+            await follower.close()
         await cluster.stop()
+
+
+async def assert_followed(follower: Follower, shown: list[tuple[str, str]], turns: int) -> None:
+    """The browser saw each of the conversation's ``turns`` turns stream and commit, one after the other, in
+    the order of its history, each once, under monotonic ids."""
+    last = -1
+    for _ in range(turns):
+        last = await follower.until(lambda e: e.name == "turn_committed", after=last + 1)
+    events = follower.events
+    assert_monotonic(events)
+    assert [e.name for e in events if e.name not in ("turn", "turn_committed")] == ["task_state"], events
+    committed = [e.data for e in events if e.name == "turn_committed"]
+    assert [(m["role"], m["content"]) for c in committed for m in c["messages"]] == shown
+    # which turn each event belongs to: every event of one turn (its progress, its commit, its end) comes
+    # before the next turn's first
+    belongs: list[str] = []
+    text: dict[str, str] = {}
+    state: dict[str, str] = {}
+    for e in events:
+        if e.name == "turn":
+            turn = e.data["turn_id"]
+            text[turn] = e.data["replace"] if "replace" in e.data else text[turn] + e.data.get("append", "")
+            state[turn] = e.data["state"]
+            belongs.append(turn)
+        elif e.name == "turn_committed":
+            (turn,) = {m["turn_id"] for m in e.data["messages"]}
+            belongs.append(turn)
+    blocks = [turn for i, turn in enumerate(belongs) if i == 0 or belongs[i - 1] != turn]
+    assert len(text) == turns and blocks == list(text), "\n".join(repr((e.name, e.id, e.data)) for e in events)
+    assert [{m["turn_id"] for m in c["messages"]} for c in committed] == [{turn} for turn in text]
+    assert [text[turn] for turn in text] == [content for role, content in shown if role == "assistant"]
+    assert set(state.values()) == {"completed"}
 
 
 async def test_a_process_starting_beside_a_running_turn_leaves_it_alone(
