@@ -53,6 +53,14 @@ class Cluster:
                 return bool(await get_json(f"{self.base(i)}/healthz"))
             await wait_for(up, self.bridges, timeout=90, what=f"process {i} up")
 
+    async def receiving(self, channel: str, state: str) -> None:
+        """Until every process's ``/healthz`` shows ``channel`` in ``state`` (it receives: a webhook is
+        refused with 503 until then)."""
+        async def shown() -> bool:
+            healths = [await get_json(f"{self.base(i)}/healthz") for i in range(len(self.bridges))]
+            return all(h and h["channels"].get(channel) == state for h in healths)
+        await wait_for(shown, self.bridges, timeout=90, what=f"{channel} {state} in every process")
+
     async def stop(self) -> None:
         for bridge in self.bridges:
             if bridge.proc is not None:
