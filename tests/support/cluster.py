@@ -132,15 +132,19 @@ class Follower:
 
     async def until(self, pred: Any, after: int = 0, timeout: float = 30.0) -> int:
         """The index of the first event from ``after`` on that satisfies ``pred`` (bounded wait)."""
-        async with asyncio.timeout(timeout):
-            while True:
-                for i, ev in enumerate(self.events[after:], after):
-                    if pred(ev):
-                        return i
-                if self.task.done():  # the stream ended (or broke): nothing more will come
-                    self.task.result()
-                self.changed.clear()
-                await self.changed.wait()
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    for i, ev in enumerate(self.events[after:], after):
+                        if pred(ev):
+                            return i
+                    if self.task.done():  # the stream ended (or broke): nothing more will come
+                        self.task.result()
+                    self.changed.clear()
+                    await self.changed.wait()
+        except TimeoutError:
+            seen = "\n".join(f"{e.id} {e.name} {str(e.data)[:200]}" for e in self.events[after:])
+            raise AssertionError(f"no such event in {timeout} s; the stream showed:\n{seen}") from None
 
     async def close(self) -> None:
         self.task.cancel()
