@@ -86,14 +86,15 @@ update_interval_ms = 100
         await cluster.start()
         await cluster.receiving("slack", "serving")
         # each conversation begins with an @mention in the channel: Slack sends it as app_mention and as
-        # message, here to two processes, and retries one of them on a third
+        # message, here to two processes, and retries app_mention on the third
         threads: list[str] = []
         first: list[Any] = []
         for n in range(CONVERSATIONS):
             as_mention, as_message = slack.mention(f"c{n} m0")
             threads.append(as_message["event"]["ts"])
-            to = rng.randrange(PROCESSES)
-            first += [deliver(as_message, to), *twice(as_mention)]
+            mention_to, retry_to, message_to = rng.sample(range(PROCESSES), 3)
+            first += [deliver(as_mention, mention_to), deliver(as_mention, retry_to, retry=1),
+                      deliver(as_message, message_to)]
         await asyncio.gather(*first)
         assert statuses == [200] * len(first)  # stored (or known) wherever each landed: Slack retries nothing
         # the next message of each thread, while its first may still be answered
