@@ -20,13 +20,12 @@ on the business ``code`` only (Feishu says its ``msg`` texts change):
 - card content Feishu cannot render: ``format``;
 - anything else: ``permanent``.
 
-Requests in flight are capped (``max_in_flight``, 8): lark-oapi builds a new HTTP client for every request,
+Requests in flight are capped (``max_in_flight``, 32): lark-oapi builds a new HTTP client for every request,
 with a TLS context of its own (the CA bundle loaded again: about 0.9 MiB and 30-50 ms of CPU), so without a cap
 the memory grows with the number of requests waiting for the CPU at once, which under load is every chat
 streaming. Over the cap a request waits its turn; that wait is the bridge's own queue, so it is not counted
 against the call's bound (``channels.common.calls.outside_bound``). The CPU, not the cap, is what limits the
-requests a second (about 30 on one core at that cost per request), so 8 in flight keep a core busy: with 32,
-280 requests at once peaked about 30 MiB higher, for no more requests a second. ``busy`` says every slot is taken (the
+requests a second (about 30 on one core at that cost per request). ``busy`` says every slot is taken (the
 sink then leaves out live updates that would only queue); ``waiting`` counts the requests queued for one.
 
 Each of those clients is left behind in a reference cycle (with its TLS context, its response and its socket),
@@ -95,7 +94,7 @@ FORMAT = frozenset({230099, 200621, 11310, 200570, 200220, 300303})
 TRANSIENT = frozenset({1500, 2200, 5000, 300120})
 TOKEN_EARLY = 600.0
 """Seconds before its expiry a tenant token is replaced (as lark-oapi's own cache does)."""
-MAX_IN_FLIGHT = 8
+MAX_IN_FLIGHT = 32
 COLLECT_EVERY = 32
 
 
