@@ -3,8 +3,12 @@
 ``core.leases`` says which process runs a session's worker; this module is what the processes do about it
 (with ``LocalLeases`` — one process per database — none of it runs, and start-up stays as it was):
 
-- **Heartbeat**: every held lease is renewed every ``ttl / 3`` in one statement; the sessions whose lease
-  was lost start nothing more (``SessionManager.lost``).
+- **Heartbeat**: every held lease is renewed every ``ttl / 3`` in one statement; when renewals fail, one
+  more beat comes at the first lease's deadline. A session whose lease was lost (``core.leases`` says
+  exactly when) abandons its running turn and starts nothing more (``SessionManager.lost``); the new
+  holder closes that turn with its interrupted notice. The turn record is the fence: a commit that finds
+  it closed by the new holder writes nothing (``Store.commit_turn``), and a takeover finds nothing to close
+  when the old holder's commit came first, so a chat sees one terminal outcome either way.
 - **Takeover** (``take``, called by a worker that was just granted a lease): a turn still recorded as
   running for that session belonged to a holder that died (a live holder keeps its lease, so nobody else
   is granted it): it is closed as interrupted and its notice sent — by the one process holding the lease,
@@ -221,7 +225,9 @@ class SessionFailover:
 
     async def _heartbeat(self) -> None:
         while True:
-            await asyncio.sleep(self._leases.ttl / 3)
+            # a beat every ttl / 3, and one at the first lease's deadline when renewals keep failing: a lease
+            # is lost then, and its turn must stop before another process may take the session over
+            await asyncio.sleep(min(self._leases.ttl / 3, self._leases.remaining()))
             try:
                 lost = await self._leases.renew()
             except Exception as exc:  # the next beat tries again; holds() says no once the ttl ran out

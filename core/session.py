@@ -25,7 +25,8 @@ holder reads the store after each turn, and serves them. A holder with nothing l
 once (so whichever process receives the next message serves it), then reads the store once more. Because a
 message is stored before the lease is asked for, a message is never left waiting with nobody to serve it;
 one read from the store and also queued here is served once (by its inbound seq). A worker whose lease was
-lost (not renewed in time) starts nothing more.
+lost (``SessionLeases.renew``) abandons its running turn (``CancelSignal.abandon``: it commits and delivers
+nothing more, the next holder closes it with its notice) and starts nothing more.
 """
 
 from __future__ import annotations
@@ -187,12 +188,15 @@ class SessionManager:
         session.wakeup.set()
 
     def lost(self, keys: Sequence[str]) -> None:
-        """The leases of ``keys`` could not be renewed: their workers start nothing more (the running turn
-        ends as it would; the next holder finds the queued messages in the store)."""
+        """The leases of ``keys`` are lost (``SessionLeases.renew``): their running turns are abandoned
+        (they commit and deliver nothing more: the next holder closes each with its interrupted notice) and
+        their workers start nothing more (the next holder finds the queued messages in the store)."""
         for key in keys:
             session = self._active.get(key)
             if session is not None:
-                log.warning("lost the lease of %s; its queued messages are left to the next holder", key)
+                log.warning("lost the lease of %s; its turn and queued messages are left to the next holder", key)
+                if session.cancel is not None:
+                    session.cancel.abandon()
                 session.items.clear()
                 session.refresh = False
                 session.wakeup.set()

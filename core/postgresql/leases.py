@@ -6,13 +6,17 @@ agree. ``acquire`` is one upsert that takes the row only when it expired or is t
 ``renew`` extends every lease this process holds in one statement, and the keys it no longer finds under its
 owner are lost. This process also keeps, for each lease, a deadline on its own monotonic clock, taken
 before the statement that granted or renewed it was sent: past it, ``holds`` says no even if the database
-could not be reached to learn so, because by then another process may have taken the lease.
+could not be reached to learn so, because by then another process may have taken the lease, and ``renew``
+reports it lost. ``renew`` never waits past the first deadline: a statement still unanswered then (a
+partition, a lock) is given up, so a holder cut off from the database learns it lost its leases in time.
 
 The leases use a small pool of their own, so a store pool busy with turns never delays a renewal.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
 
@@ -22,6 +26,8 @@ from core.postgresql.errors import store_errors
 from core.postgresql.glob import glob_to_regex
 from core.postgresql.store import CONNECT_TIMEOUT
 from core.store import StoreError
+
+log = logging.getLogger(__name__)
 
 _ACQUIRE = (
     "INSERT INTO leases (name, owner, expires_at) VALUES ($1, $2, clock_timestamp() + make_interval(secs => $3))"
@@ -118,15 +124,23 @@ class PostgresqlLeases:
         deadline = self._held.get(key)
         return deadline is not None and time.monotonic() < deadline
 
+    def remaining(self) -> float:
+        if not self._held:
+            return self._ttl
+        return max(0.0, min(self._held.values()) - time.monotonic())
+
     async def renew(self) -> list[str]:
         if not self._held:
             return []
         keys = list(self._held)
         deadline = time.monotonic() + self._ttl
         try:
-            with store_errors("renew leases"):
-                found = await self._connected().fetch(_RENEW, self.owner, keys, self._ttl)
-        except StoreError:
+            # never past the first lease's deadline, and never more than a beat (the next beat tries again)
+            async with asyncio.timeout(min(self.remaining(), self._ttl / 3)):
+                with store_errors("renew leases"):
+                    found = await self._connected().fetch(_RENEW, self.owner, keys, self._ttl)
+        except (StoreError, TimeoutError) as exc:
+            log.warning("renewing the session leases failed: %s", exc or "no answer in time")
             now = time.monotonic()
             lost = [k for k in keys if self._held.get(k, now) <= now]
         else:

@@ -1,0 +1,129 @@
+"""Taking a conversation over from a process that is alive but lost its lease, as real ``chatbridge run``
+processes on the test cluster: each process connects as a database role of its own, so the test can make
+one holder's lease renewals fail (``REVOKE UPDATE ON leases``) while its turn streams and everything else it
+does still works. The chat must end up showing exactly one terminal outcome: the other process's
+interrupted notice, never the answer as well."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from core.postgresql.store import PostgresqlStore
+from tests.fakes.openai_server import FakeOpenAI, Function, Reply, Text
+from tests.support.postgres import PostgresCluster
+from tests.support.process import BridgeProcess, postgresql_config, wait_for
+from tests.test_app import free_port
+from tests.test_postgresql_cluster import LEASE_SECONDS, NOTICE, asked, history, new_session, post
+from tests.test_postgresql_process import get_json
+
+
+async def roles(postgres: PostgresCluster, count: int) -> list[str]:
+    """A fresh database (migrated) and ``count`` login roles that may use it; their connection strings."""
+    dsn = postgres.fresh_dsn()
+    store = PostgresqlStore(dsn)  # creates the tables, as their owner
+    await store.open()
+    await store.close()
+    names = [f"r_{uuid.uuid4().hex[:10]}" for _ in range(count)]
+    conn = await asyncpg.connect(dsn)
+    try:
+        for name in names:
+            await conn.execute(f"CREATE ROLE {name} LOGIN")
+            await conn.execute(f"GRANT CREATE, USAGE ON SCHEMA public TO {name}")
+            await conn.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {name}")
+            await conn.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {name}")
+    finally:
+        await conn.close()
+    return [dsn.replace(f"//{'postgres'}@", f"//{name}@", 1) for name in names]
+
+
+async def as_owner(dsn: str, statement: str) -> None:
+    conn = await asyncpg.connect(re.sub(r"//r_[0-9a-f]+@", "//postgres@", dsn))
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+class Processes:
+    def __init__(self, tmp_path: Path, fake: FakeOpenAI, dsns: list[str]) -> None:
+        self.ports = [free_port() for _ in dsns]
+        self.bridges = [BridgeProcess(postgresql_config(tmp_path / f"p{i}", dsn=dsn, llm=fake.base_url,
+                                                        port=self.ports[i], api_key=f"sk-p{i}",
+                                                        store=f"lease_seconds = {LEASE_SECONDS}"),
+                                      tmp_path / f"p{i}.log") for i, dsn in enumerate(dsns)]
+
+    def base(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.ports[i]}"
+
+    async def start(self) -> None:
+        for bridge in self.bridges:
+            await bridge.start()
+        for i in range(len(self.bridges)):
+            async def up(i: int = i) -> bool:
+                return bool(await get_json(f"{self.base(i)}/healthz"))
+            await wait_for(up, self.bridges, timeout=90)
+
+    async def stop(self) -> None:
+        for bridge in self.bridges:
+            if bridge.proc is not None:
+                await bridge.stop()
+
+
+def turn_ended(log: str, sid: str) -> str | None:
+    """How the turn in web session ``sid`` ended, as its process logged it (None while it runs)."""
+    found = re.search(rf"turn [0-9a-f]+ in web:{re.escape(sid)}: (.+?) after ", log)
+    return found.group(1) if found else None
+
+
+async def test_a_holder_whose_lease_renewals_fail_stops_its_turn_and_the_new_holder_closes_it_once(
+        tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
+    release = asyncio.Event()
+
+    async def reply(body: dict[str, Any]) -> Reply:
+        if asked(body) == "c0 first":
+            return Text("the answer that must not appear beside the notice", hold=release, hold_after=8)
+        return Text(f"answer to {asked(body)}")
+
+    fake_openai.default = Function(reply)
+    dsns = await roles(postgres, 2)
+    processes = Processes(tmp_path, fake_openai, dsns)
+    try:
+        await processes.start()
+        async with aiohttp.ClientSession() as http:
+            sid = await new_session(http, processes.base(0))
+            await post(http, processes.base(0), sid, "c0 first")
+        await wait_for(lambda: len(fake_openai.requests) == 1, processes.bridges)
+        holder = int(fake_openai.auth_headers[0].removeprefix("Bearer sk-p"))
+        other = 1 - holder
+        role = re.search(r"//(r_[0-9a-f]+)@", dsns[holder])
+        assert role is not None
+        # the holder's heartbeat statement fails from now on; its turn streams on, held by the model
+        await as_owner(dsns[holder], f"REVOKE UPDATE ON leases FROM {role.group(1)}")
+
+        async def holder_gave_up() -> bool:
+            return turn_ended(processes.bridges[holder].log(), sid) is not None
+        await wait_for(holder_gave_up, processes.bridges, what="the holder ends its turn")
+
+        async def taken_over() -> bool:
+            return ("assistant", NOTICE) in await history(processes.base(other), sid)
+        await wait_for(taken_over, processes.bridges, what="the other process closes the interrupted turn")
+        release.set()  # what the model would still send reaches nobody
+        async with aiohttp.ClientSession() as http:
+            await post(http, processes.base(holder), sid, "c0 second")  # the conversation goes on
+
+        async def answered() -> bool:
+            return len(await history(processes.base(holder), sid)) >= 4
+        await wait_for(answered, processes.bridges)
+        assert await history(processes.base(holder), sid) == [
+            ("user", "c0 first"), ("assistant", NOTICE), ("user", "c0 second"), ("assistant", "answer to c0 second")]
+        assert turn_ended(processes.bridges[holder].log(), sid) == "abandoned (the session moved to another process)"
+        assert int(fake_openai.auth_headers[1].removeprefix("Bearer sk-p")) == other
+    finally:
+        await processes.stop()
