@@ -10,11 +10,12 @@
   it closed by the new holder writes nothing (``Store.commit_turn``), and a takeover finds nothing to close
   when the old holder's commit came first, so a chat sees one terminal outcome either way.
 - **Takeover** (``take``, called by a worker that was just granted a lease): a turn still recorded as
-  running for that session belonged to a holder that died (a live holder keeps its lease, so nobody else
-  is granted it): it is closed as interrupted and its notice sent — by the one process holding the lease,
-  so once. The session's undelivered turns are sent again, but only those that ended more than
-  ``settle`` seconds ago: until then the process that ran the turn may still be retrying it
-  (``core.redelivery``).
+  running for that session belonged to a holder that died or lost the lease (and abandoned the turn): it
+  is closed as interrupted and its notice sent — by the one process holding the lease, so once. The turns
+  of its subagents (child sessions, which ran inside it) are closed with it, each with the notice in its
+  own history (the chat is told once, for the parent). The session's undelivered turns are sent again,
+  but only those that ended more than ``settle`` seconds ago: until then the process that ran the turn may
+  still be retrying it (``core.redelivery``).
 - **Waiting messages** (``waiting``): the session's stored messages, whichever process admitted them;
   one too old to answer gets its notice instead, in the session's order.
 - **Signals** over the cluster bus (``core.bus``): ``/stop`` and ``/new`` sent to a process
@@ -39,6 +40,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from core.agent.subagents import CHILD_MARK
 from core.bus import ClusterBus
 from core.envelope import InboundEnvelope
 from core.leases import SessionLeases
@@ -118,8 +120,10 @@ class SessionFailover:
     # -- what a worker calls (core.session.Takeover)
 
     async def take(self, key: str) -> None:
-        for turn in await self._store.close_interrupted_turns(key=key):
-            log.info("taking over %s: its turn %s was left running by a process that stopped", key, turn.turn_id)
+        # the session's own turn and its subagents' (they ran inside it, in the same process)
+        for turn in await self._store.close_interrupted_turns(key=key, prefix=key + CHILD_MARK):
+            log.info("taking over %s: its turn %s was left running by a process that stopped", turn.session_key,
+                     turn.turn_id)
             await self._recovery.interrupted(turn)
         now = self._clock()
         for item in await self._store.undelivered_turns(now - self._settings.resume_max_age, key=key,

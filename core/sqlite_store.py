@@ -322,10 +322,12 @@ class SqliteStore:
             "since": since, "key": key, "before": ended_before if ended_before is not None else math.inf})
         return [UndeliveredTurn(turn=rows.turn_from_row(r), text=r[6]) for r in found]
 
-    async def close_interrupted_turns(self, *, key: str | None = None) -> list[TurnRecord]:
-        """Mark every turn still 'running' as 'interrupted' (only ``key``'s with a key) and return them."""
+    async def close_interrupted_turns(self, *, key: str | None = None,
+                                      prefix: str | None = None) -> list[TurnRecord]:
+        """Mark every turn still 'running' as 'interrupted' (with ``key``, only ``key``'s and those of the
+        sessions whose key starts with ``prefix``) and return them."""
         found = await self._write("close_interrupted_turns", writes.CLOSE_INTERRUPTED_TURNS,
-                                  {"now": self._clock(), "key": key})
+                                  {"now": self._clock(), "key": key, "prefix": prefix if key is not None else None})
         return sorted((rows.turn_from_row(r) for r in found), key=lambda t: (t.started_at, t.turn_id))
 
     # -- attachments

@@ -239,9 +239,12 @@ class Store(Protocol):
         that ended before it."""
         ...
 
-    async def close_interrupted_turns(self, *, key: str | None = None) -> list[TurnRecord]:
-        """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up); with
-        ``key`` only that session's (a process taking over the session from one that died)."""
+    async def close_interrupted_turns(self, *, key: str | None = None,
+                                      prefix: str | None = None) -> list[TurnRecord]:
+        """Mark every turn still 'running' as 'interrupted' and return them in the order they started (called
+        once at start-up); with ``key`` only that session's, and with ``prefix`` too those of the sessions
+        whose key starts with it (a process taking over a session from one that died closes the session's
+        turn and its subagents' turns: ``prefix`` = the key + ``CHILD_MARK``)."""
         ...
 
     # attachments

@@ -1,8 +1,11 @@
-"""Taking a conversation over from a process that is alive but lost its lease, as real ``chatbridge run``
-processes on the test cluster: each process connects as a database role of its own, so the test can make
-one holder's lease renewals fail (``REVOKE UPDATE ON leases``) while its turn streams and everything else it
-does still works. The chat must end up showing exactly one terminal outcome: the other process's
-interrupted notice, never the answer as well."""
+"""Taking a conversation over, as real ``chatbridge run`` processes on the test cluster:
+
+- from a process that is alive but lost its lease: each process connects as a database role of its own, so
+  the test can make one holder's lease renewals fail (``REVOKE UPDATE ON leases``) while its turn streams
+  and everything else it does still works. The chat must end up showing exactly one terminal outcome: the
+  other process's interrupted notice, never the answer as well;
+- from a killed process whose turn was running a subagent: the child's turn is closed with the parent's.
+"""
 
 from __future__ import annotations
 
@@ -16,12 +19,13 @@ import aiohttp
 import asyncpg
 
 from core.postgresql.store import PostgresqlStore
-from tests.fakes.openai_server import FakeOpenAI, Function, Reply, Text
+from tests.fakes.openai_server import FakeOpenAI, Function, Reply, Text, ToolCalls
 from tests.support.postgres import PostgresCluster
 from tests.support.process import BridgeProcess, postgresql_config, wait_for
 from tests.test_app import free_port
 from tests.test_postgresql_cluster import LEASE_SECONDS, NOTICE, asked, history, new_session, post
 from tests.test_postgresql_process import get_json
+from tests.test_subagents import is_child, subagent
 
 
 async def roles(postgres: PostgresCluster, count: int) -> list[str]:
@@ -52,11 +56,11 @@ async def as_owner(dsn: str, statement: str) -> None:
 
 
 class Processes:
-    def __init__(self, tmp_path: Path, fake: FakeOpenAI, dsns: list[str]) -> None:
+    def __init__(self, tmp_path: Path, fake: FakeOpenAI, dsns: list[str], extra: str = "") -> None:
         self.ports = [free_port() for _ in dsns]
         self.bridges = [BridgeProcess(postgresql_config(tmp_path / f"p{i}", dsn=dsn, llm=fake.base_url,
                                                         port=self.ports[i], api_key=f"sk-p{i}",
-                                                        store=f"lease_seconds = {LEASE_SECONDS}"),
+                                                        store=f"lease_seconds = {LEASE_SECONDS}", extra=extra),
                                       tmp_path / f"p{i}.log") for i, dsn in enumerate(dsns)]
 
     def base(self, i: int) -> str:
@@ -125,5 +129,45 @@ async def test_a_holder_whose_lease_renewals_fail_stops_its_turn_and_the_new_hol
             ("user", "c0 first"), ("assistant", NOTICE), ("user", "c0 second"), ("assistant", "answer to c0 second")]
         assert turn_ended(processes.bridges[holder].log(), sid) == "abandoned (the session moved to another process)"
         assert int(fake_openai.auth_headers[1].removeprefix("Bearer sk-p")) == other
+    finally:
+        await processes.stop()
+
+
+async def test_a_subagent_left_running_by_a_killed_holder_is_closed_with_its_parent(
+        tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
+    never = asyncio.Event()
+
+    async def reply(body: dict[str, Any]) -> Reply:
+        if is_child(body):
+            return Text("the child's findings, cut off", hold=never, hold_after=6)
+        return ToolCalls([subagent("TASK look it up")], ids=["call_S"])
+
+    fake_openai.default = Function(reply)
+    dsn = postgres.fresh_dsn()
+    processes = Processes(tmp_path, fake_openai, [dsn, dsn], extra="[agent.subagents]\nenabled = true\n")
+    try:
+        await processes.start()
+        async with aiohttp.ClientSession() as http:
+            sid = await new_session(http, processes.base(0))
+            await post(http, processes.base(0), sid, "c0 first")
+        await wait_for(lambda: len(fake_openai.requests) == 2, processes.bridges)  # the parent's, the child's
+        holder = int(fake_openai.auth_headers[0].removeprefix("Bearer sk-p"))
+        other = 1 - holder
+        await processes.bridges[holder].kill()
+
+        async def taken_over() -> bool:
+            return ("assistant", NOTICE) in await history(processes.base(other), sid)
+        await wait_for(taken_over, processes.bridges, timeout=60, what="the takeover")
+        conn = await asyncpg.connect(dsn)
+        try:
+            [child] = [r[0] for r in await conn.fetch("SELECT key FROM sessions WHERE key LIKE $1",
+                                                      f"web:{sid}-sub-%")]
+            running = await conn.fetch("SELECT session_key FROM turns WHERE state = 'running'")
+        finally:
+            await conn.close()
+        assert running == []  # neither the parent's turn nor the child's is left running
+        assert await history(processes.base(other), child.removeprefix("web:")) == [
+            ("user", "TASK look it up"), ("assistant", NOTICE)]  # the child's own history says so too
+        assert [text for _, text in await history(processes.base(other), sid)].count(NOTICE) == 1
     finally:
         await processes.stop()

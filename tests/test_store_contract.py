@@ -419,6 +419,17 @@ async def test_close_interrupted_turns_of_one_session_leaves_the_others_running(
     assert [t.turn_id for t in await store.close_interrupted_turns()] == ["t2"]
 
 
+async def test_close_interrupted_turns_of_one_session_and_its_subagents(store: Store) -> None:
+    child, grandchild = f"{KEY}{CHILD_MARK}0123456789ab", f"{KEY}{CHILD_MARK}0123456789ab{CHILD_MARK}ba9876543210"
+    await store.append_message(KEY, user("1"), begin_turn=("t1", "{}"))
+    await store.append_message(child, user("2"), begin_turn=("t2", "{}"))
+    await store.append_message(grandchild, user("3"), begin_turn=("t3", "{}"))
+    await store.append_message(f"{KEY}x{CHILD_MARK}0123456789ab", user("4"), begin_turn=("t4", "{}"))  # not a child
+    closed = await store.close_interrupted_turns(key=KEY, prefix=KEY + CHILD_MARK)
+    assert [(t.turn_id, t.session_key) for t in closed] == [("t1", KEY), ("t2", child), ("t3", grandchild)]
+    assert [t.turn_id for t in await store.close_interrupted_turns()] == ["t4"]
+
+
 async def test_a_turn_closed_as_interrupted_is_never_committed_after(store: Store) -> None:
     """A turn record closes once: after a takeover closed it (another process), the old holder's commit
     writes nothing; a commit that came first leaves the takeover nothing to close."""

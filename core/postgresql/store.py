@@ -393,11 +393,15 @@ class PostgresqlStore:
                                     else None) for r in found]
 
     @lands
-    async def close_interrupted_turns(self, *, key: str | None = None) -> list[TurnRecord]:
-        """Mark every turn still 'running' as 'interrupted' (only ``key``'s with a key) and return them."""
+    async def close_interrupted_turns(self, *, key: str | None = None,
+                                      prefix: str | None = None) -> list[TurnRecord]:
+        """Mark every turn still 'running' as 'interrupted' (with ``key``, only ``key``'s and those of the
+        sessions whose key starts with ``prefix``) and return them."""
         found = await self._fetch("close_interrupted_turns", "UPDATE turns SET state = 'interrupted', ended_at = $1"
-                                  f" WHERE state = 'running' AND ($2::text IS NULL OR session_key = $2)"
-                                  f" RETURNING {TURN_SELECT}", self._clock(), key)
+                                  " WHERE state = 'running' AND ($2::text IS NULL OR session_key = $2"
+                                  " OR ($3::text IS NOT NULL AND starts_with(session_key, $3)))"
+                                  f" RETURNING {TURN_SELECT}", self._clock(), key,
+                                  prefix if key is not None else None)
         return sorted((rows.turn_from_row(r) for r in found), key=lambda t: (t.started_at, t.turn_id))
 
     # -- attachments

@@ -325,7 +325,8 @@ WHERE t.ended_at > :since AND t.ended_at < :before AND t.state IN ('completed', 
 ORDER BY t.ended_at"""
 
 CLOSE_INTERRUPTED_TURNS = """
-UPDATE turns SET state = 'interrupted', ended_at = :now WHERE state = 'running' AND (:key IS NULL OR session_key = :key)
+UPDATE turns SET state = 'interrupted', ended_at = :now WHERE state = 'running' AND (:key IS NULL OR session_key = :key
+    OR (:prefix IS NOT NULL AND substr(session_key, 1, length(:prefix)) = :prefix))
 RETURNING turn_id, session_key, state, target_json, started_at, ended_at"""
 
 SET_CHANNEL_STATE = """
