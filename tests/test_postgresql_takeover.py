@@ -4,13 +4,16 @@
   the test can make one holder's lease renewals fail (``REVOKE UPDATE ON leases``) while its turn streams
   and everything else it does still works. The chat must end up showing exactly one terminal outcome: the
   other process's interrupted notice, never the answer as well;
-- from a killed process whose turn was running a subagent: the child's turn is closed with the parent's.
+- from a killed process whose turn was running a subagent: the child's turn is closed with the parent's;
+- a message stored before the database had leases (schema version 1) is answered once processes share it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import secrets
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,9 @@ from typing import Any
 import aiohttp
 import asyncpg
 
+from channels.web.context import CHANNEL, WebContext, session_key
+from core.envelope import InboundEnvelope
+from core.postgresql.schema import migrate
 from core.postgresql.store import PostgresqlStore
 from tests.fakes.openai_server import FakeOpenAI, Function, Reply, Text, ToolCalls
 from tests.support.postgres import PostgresCluster
@@ -169,5 +175,36 @@ async def test_a_subagent_left_running_by_a_killed_holder_is_closed_with_its_par
         assert await history(processes.base(other), child.removeprefix("web:")) == [
             ("user", "TASK look it up"), ("assistant", NOTICE)]  # the child's own history says so too
         assert [text for _, text in await history(processes.base(other), sid)].count(NOTICE) == 1
+    finally:
+        await processes.stop()
+
+
+async def test_a_message_waiting_from_before_sessions_had_leases_is_answered_once_several_processes_run(
+        tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
+    """A database at schema version 1 (one process, no leases) with a message stored and not yet answered:
+    the processes started on it migrate it, and one of them answers the message."""
+    fake_openai.default = Function(lambda body: Text(f"answer to {asked(body)}"))
+    dsn = postgres.fresh_dsn()
+    sid = secrets.token_hex(8)
+    envelope = InboundEnvelope(channel=CHANNEL, chat_id=sid, session_key=session_key(sid), sender_id="web-user",
+                               content="c0 waiting", event_id="c0-waiting",
+                               channel_context=WebContext(client_id="c0-waiting").wrap())
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert await migrate(conn, target=1) == 1
+        await conn.execute("INSERT INTO inbound (channel, event_id, envelope, admitted_at, expires_at)"
+                           " VALUES ($1, $2, $3, $4, $5)", CHANNEL, "c0-waiting", envelope.model_dump_json(),
+                           time.time(), time.time() + 3600)
+    finally:
+        await conn.close()
+    processes = Processes(tmp_path, fake_openai, [dsn, dsn])
+    try:
+        await processes.start()
+
+        async def answered() -> bool:
+            return len(await history(processes.base(0), sid)) >= 2
+        await wait_for(answered, processes.bridges, what="the waiting message is answered")
+        assert await history(processes.base(1), sid) == [("user", "c0 waiting"), ("assistant", "answer to c0 waiting")]
+        assert [asked(r) for r in fake_openai.requests] == ["c0 waiting"]
     finally:
         await processes.stop()
