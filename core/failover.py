@@ -21,6 +21,10 @@
 - **Signals** over the cluster bus (``core.bus``): ``/stop`` and ``/new`` sent to a process
   that does not hold the session are forwarded to the holder (``session.stop``, ``session.new``). Messages
   need no signal: a holder reads the store after each turn and once more after releasing its lease.
+  A forwarded ``/new`` is durable: it is stored with the session's messages first (``waiting`` hands it
+  back as a job in its place, taking the messages before it), and the signal only makes the holder stop
+  the reply being written and read the store. A holder that dies as the signal is sent leaves the stored
+  ``/new`` to the process that takes the session over, which applies it in order.
 - **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, a turn left running) and no live
   lease are woken here; whichever process gets the lease takes them over. That is what moves a dead
   holder's sessions; at start-up it runs at once, instead of the recovery of every session a single
@@ -44,7 +48,7 @@ from core.agent.subagents import CHILD_MARK
 from core.bus import ClusterBus
 from core.envelope import InboundEnvelope
 from core.leases import SessionLeases
-from core.session import Admitted, SessionManager
+from core.session import Job, SessionManager, StoredJob, Waiting
 from core.settings import CoreSettings
 from core.store import Store, TurnRecord, UndeliveredTurn
 from core.supervisor import ShuttingDownError, TaskSupervisor
@@ -74,8 +78,9 @@ class Recovery(Protocol):
         """``/stop`` forwarded to this process (the holder)."""
         ...
 
-    def new_here(self, envelope: InboundEnvelope) -> None:
-        """``/new`` forwarded to this process (the holder)."""
+    def stored_job(self, envelope: InboundEnvelope, seq: int) -> Job | None:
+        """The job a stored command stands for (a forwarded ``/new``; it finishes record ``seq`` itself), or
+        None for a message."""
         ...
 
 
@@ -130,15 +135,19 @@ class SessionFailover:
                                                         ended_before=now - self.settle):
             await self._recovery.redeliver(item)
 
-    async def waiting(self, key: str) -> list[Admitted]:
+    async def waiting(self, key: str) -> list[Waiting]:
         now = self._clock()
-        fresh: list[Admitted] = []
+        fresh: list[Waiting] = []
         for record in await self._store.waiting_inbound(key=key):
             try:
                 envelope = InboundEnvelope.model_validate_json(record.payload)
             except ValueError:
                 log.warning("inbound message %s is unreadable and is dropped", record.seq)
                 await self._store.finish_inbound([record.seq])
+                continue
+            job = self._recovery.stored_job(envelope, record.seq)
+            if job is not None:  # a command is applied whatever its age: it answers nothing
+                fresh.append(StoredJob("new", job, record.seq))
                 continue
             age = now - envelope.received_at
             if age <= self._settings.resume_max_age:
@@ -158,11 +167,14 @@ class SessionFailover:
         return True
 
     async def forward_new(self, envelope: InboundEnvelope) -> None:
-        """``/new`` for a session another process holds (its worker was refused the lease here)."""
-        if self._bus is None:
-            log.warning("/new for %s reached a process that does not hold the session", envelope.key())
-            return
-        await self._publish(NEW, envelope.key(), envelope)
+        """``/new`` for a session another process holds (its worker was refused the lease here): stored with
+        the session's messages, so whichever process serves the session next applies it in its place (the
+        holder, or the one that takes over if the holder dies meanwhile), then the holder is told to stop
+        the reply being written and read it."""
+        await self._store.admit_inbound(envelope.channel, None, envelope.model_dump_json(),
+                                        ttl_seconds=self._settings.dedupe_ttl_seconds, key=envelope.key())
+        if self._bus is not None:
+            await self._publish(NEW, envelope.key(), None)
 
     async def _publish(self, topic: str, key: str, envelope: InboundEnvelope | None) -> None:
         assert self._bus is not None
@@ -188,12 +200,10 @@ class SessionFailover:
         note = self._note(payload)
         if note is None:
             return
-        key, envelope = note
-        if envelope is not None and self._manager().holds(key):
-            try:
-                self._recovery.new_here(envelope)
-            except ShuttingDownError:
-                pass
+        key, _ = note
+        if self._manager().holds(key):  # (else its lease is free: the store is read by whoever takes it)
+            self._manager().cancel_running(key)
+            self._wake(key)
 
     def _note(self, payload: str) -> tuple[str, InboundEnvelope | None] | None:
         try:

@@ -90,6 +90,22 @@ Job = Callable[[Sequence[Admitted]], Awaitable[None]]
 """Ordered session work; it receives the messages it took over (``schedule(..., take_waiting=True)``)."""
 
 
+@dataclass(frozen=True, slots=True)
+class StoredJob:
+    """Ordered session work another process stored with the session's messages (a forwarded ``/new``): it
+    runs in its place among them and takes the messages stored before it (``schedule(..., take_waiting)``),
+    whichever process serves the session next."""
+
+    name: str
+    run: Job
+    seq: int
+    """Its inbound seq: its place in the session's order."""
+
+
+Waiting = Admitted | StoredJob
+"""What a session's stored queue holds, in order (``Takeover.waiting``)."""
+
+
 @dataclass(slots=True)
 class _Job:
     name: str
@@ -108,8 +124,9 @@ class Takeover(Protocol):
         """The lease was just granted: finish what a previous holder left (interrupted and undelivered turns)."""
         ...
 
-    async def waiting(self, key: str) -> list[Admitted]:
-        """The session's stored messages waiting for an answer, in arrival order (others are dealt with)."""
+    async def waiting(self, key: str) -> list[Waiting]:
+        """The session's stored messages waiting for an answer and its stored jobs, in arrival order (others
+        are dealt with)."""
         ...
 
 
@@ -353,23 +370,43 @@ class SessionManager:
             log.warning("reading the waiting messages of %s failed: %s", session.key, exc)
             return
         queued = {f[1] for i in session.items if isinstance(i, Place) and (f := i.filled) is not None}
-        loaded = []
-        for envelope, seq in waiting:
+        loaded: list[Place | StoredJob] = []
+        for item in waiting:
+            seq = item.seq if isinstance(item, StoredJob) else item[1]
             if seq in session.taken or seq in queued:
                 continue
             session.taken.add(seq)
+            if isinstance(item, StoredJob):
+                loaded.append(item)
+                continue
             place = Place(loaded=True)
-            place.fill(envelope, seq)
+            place.fill(*item)
             loaded.append(place)
         # a /new queued here takes those received before it: they belong to the conversation it ends
         job = next((i for i in session.items if isinstance(i, _Job) and i.sent_at is not None), None)
-        for place in loaded:
-            admitted = place.filled
+        for entry in loaded:
+            if isinstance(entry, StoredJob):
+                self._place_stored_job(session, entry)
+                continue
+            admitted = entry.filled
             if job is not None and job.sent_at is not None and admitted is not None \
                     and admitted[0].received_at <= job.sent_at:
-                job.taken.append(place)
+                job.taken.append(entry)
             else:
-                session.items.append(place)
+                session.items.append(entry)
+
+    @staticmethod
+    def _place_stored_job(session: _ActiveSession, stored: StoredJob) -> None:
+        """Queue a stored job in its place by inbound seq: it takes the stored messages before it (they
+        belong to the conversation a /new ends) and runs before those after it."""
+        def before(item: Place | _Job) -> bool:
+            return isinstance(item, Place) and (f := item.filled) is not None and f[1] < stored.seq
+
+        taken = [item for item in session.items if isinstance(item, Place) and before(item)]
+        kept = [item for item in session.items if not before(item)]
+        at = next((i for i, item in enumerate(kept) if isinstance(item, Place)), len(kept))
+        kept.insert(at, _Job(stored.name, stored.run, taken))
+        session.items = collections.deque(kept)
 
     async def _release(self, session: _ActiveSession) -> None:
         """Give the lease back (the worker's own step, so it never races the next ``acquire`` here), then

@@ -5,7 +5,9 @@
   and everything else it does still works. The chat must end up showing exactly one terminal outcome: the
   other process's interrupted notice, never the answer as well;
 - from a killed process whose turn was running a subagent: the child's turn is closed with the parent's;
-- a message stored before the database had leases (schema version 1) is answered once processes share it.
+- a message stored before the database had leases (schema version 1) is answered once processes share it;
+- a ``/new`` forwarded to a holder that was just killed is applied, in its place, by the process that
+  takes the conversation over.
 """
 
 from __future__ import annotations
@@ -62,11 +64,12 @@ async def as_owner(dsn: str, statement: str) -> None:
 
 
 class Processes:
-    def __init__(self, tmp_path: Path, fake: FakeOpenAI, dsns: list[str], extra: str = "") -> None:
+    def __init__(self, tmp_path: Path, fake: FakeOpenAI, dsns: list[str], extra: str = "",
+                 lease: int = LEASE_SECONDS) -> None:
         self.ports = [free_port() for _ in dsns]
         self.bridges = [BridgeProcess(postgresql_config(tmp_path / f"p{i}", dsn=dsn, llm=fake.base_url,
                                                         port=self.ports[i], api_key=f"sk-p{i}",
-                                                        store=f"lease_seconds = {LEASE_SECONDS}", extra=extra),
+                                                        store=f"lease_seconds = {lease}", extra=extra),
                                       tmp_path / f"p{i}.log") for i, dsn in enumerate(dsns)]
 
     def base(self, i: int) -> str:
@@ -206,5 +209,46 @@ async def test_a_message_waiting_from_before_sessions_had_leases_is_answered_onc
         await wait_for(answered, processes.bridges, what="the waiting message is answered")
         assert await history(processes.base(1), sid) == [("user", "c0 waiting"), ("assistant", "answer to c0 waiting")]
         assert [asked(r) for r in fake_openai.requests] == ["c0 waiting"]
+    finally:
+        await processes.stop()
+
+
+async def test_new_forwarded_to_a_holder_killed_at_that_moment_is_applied_by_the_next_holder(
+        tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
+    never = asyncio.Event()
+
+    async def reply(body: dict[str, Any]) -> Reply:
+        if asked(body) == "c0 first":
+            return Text("cut off in the middle of the answer", hold=never, hold_after=8)
+        return Text(f"answer to {asked(body)}")
+
+    fake_openai.default = Function(reply)
+    dsn = postgres.fresh_dsn()
+    # a lease long enough that the /new surely reaches the other process while the dead holder's lease lasts
+    processes = Processes(tmp_path, fake_openai, [dsn, dsn], lease=6)
+    try:
+        await processes.start()
+        async with aiohttp.ClientSession() as http:
+            sid = await new_session(http, processes.base(0))
+            await post(http, processes.base(0), sid, "c0 first")
+            await wait_for(lambda: len(fake_openai.requests) == 1, processes.bridges)
+            holder = int(fake_openai.auth_headers[0].removeprefix("Bearer sk-p"))
+            other = 1 - holder
+            await post(http, processes.base(other), sid, "c0 second")  # waits for the holder: /new ends it
+            await processes.bridges[holder].kill()
+            await post(http, processes.base(other), sid, "/new")  # forwarded to the holder, which is gone
+
+            async def taken_over() -> bool:
+                return ("assistant", NOTICE) in await history(processes.base(other), sid)
+            await wait_for(taken_over, processes.bridges, timeout=60, what="the takeover")
+            await post(http, processes.base(other), sid, "c0 third")
+
+            async def answered() -> bool:
+                return ("assistant", "answer to c0 third") in await history(processes.base(other), sid)
+            await wait_for(answered, processes.bridges, timeout=60)
+        assert [asked(r) for r in fake_openai.requests] == ["c0 first", "c0 third"]  # "c0 second" went with /new
+        assert [m["role"] for m in fake_openai.requests[1]["messages"]] == ["system", "user"]  # a new conversation
+        assert await history(processes.base(other), sid) == [
+            ("user", "c0 first"), ("assistant", NOTICE), ("user", "c0 third"), ("assistant", "answer to c0 third")]
     finally:
         await processes.stop()
