@@ -8,7 +8,9 @@ waits for the place at the head of the queue, so messages are served strictly in
 
 Besides messages, the queue carries *jobs*: work that must happen in the session's order, such as ``/new``
 (which also takes the places of the messages sent before it: they belong to the conversation it ends) or the
-notice for a message too old to answer after a restart.
+notice for a message too old to answer after a restart. A job another process stored with the session's
+messages (a forwarded ``/new``, ``StoredJob``) is read back with them and queued in its place by inbound
+seq.
 
 A worker exists only while its session has work; after ``session_idle_seconds`` without any it exits, and
 the session costs nothing but its database row. ``stop`` reaches the running turn directly, never through

@@ -135,8 +135,8 @@ class PostgresqlLeases:
         keys = list(self._held)
         deadline = time.monotonic() + self._ttl
         try:
-            # never past the first lease's deadline, and never more than a beat (the next beat tries again)
-            async with asyncio.timeout(min(self.remaining(), self._ttl / 3)):
+            # a slow answer is still good until the first lease's deadline, and worthless after it
+            async with asyncio.timeout(self.remaining()):
                 with store_errors("renew leases"):
                     found = await self._connected().fetch(_RENEW, self.owner, keys, self._ttl)
         except (StoreError, TimeoutError) as exc:
