@@ -252,3 +252,48 @@ async def test_new_forwarded_to_a_holder_killed_at_that_moment_is_applied_by_the
             ("user", "c0 first"), ("assistant", NOTICE), ("user", "c0 third"), ("assistant", "answer to c0 third")]
     finally:
         await processes.stop()
+
+
+async def test_a_subagent_of_a_turn_whose_holder_lost_the_lease_is_left_to_the_new_holder_too(
+        tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
+    never = asyncio.Event()
+
+    async def reply(body: dict[str, Any]) -> Reply:
+        if is_child(body):
+            return Text("the child's findings, cut off", hold=never, hold_after=6)
+        return ToolCalls([subagent("TASK look it up")], ids=["call_S"])
+
+    fake_openai.default = Function(reply)
+    dsns = await roles(postgres, 2)
+    processes = Processes(tmp_path, fake_openai, dsns, extra="[agent.subagents]\nenabled = true\n")
+    try:
+        await processes.start()
+        async with aiohttp.ClientSession() as http:
+            sid = await new_session(http, processes.base(0))
+            await post(http, processes.base(0), sid, "c0 first")
+        await wait_for(lambda: len(fake_openai.requests) == 2, processes.bridges)  # the parent's, the child's
+        holder = int(fake_openai.auth_headers[0].removeprefix("Bearer sk-p"))
+        other = 1 - holder
+        role = re.search(r"//(r_[0-9a-f]+)@", dsns[holder])
+        assert role is not None
+        await as_owner(dsns[holder], f"REVOKE UPDATE ON leases FROM {role.group(1)}")
+
+        async def taken_over() -> bool:
+            return ("assistant", NOTICE) in await history(processes.base(other), sid)
+        await wait_for(taken_over, processes.bridges, what="the takeover")
+
+        async def holder_gave_up() -> bool:
+            return turn_ended(processes.bridges[holder].log(), sid) is not None
+        await wait_for(holder_gave_up, processes.bridges, what="the holder ends its turn")
+        assert turn_ended(processes.bridges[holder].log(), sid) == "abandoned (the session moved to another process)"
+        conn = await asyncpg.connect(dsns[other])
+        try:
+            [child] = [r[0] for r in await conn.fetch("SELECT key FROM sessions WHERE key LIKE $1",
+                                                      f"web:{sid}-sub-%")]
+        finally:
+            await conn.close()
+        # the child's history ends as its parent's does: with the new holder's notice, not a stop of its own
+        assert await history(processes.base(other), child.removeprefix("web:")) == [
+            ("user", "TASK look it up"), ("assistant", NOTICE)]
+    finally:
+        await processes.stop()
