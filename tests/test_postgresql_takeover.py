@@ -119,14 +119,17 @@ async def test_a_holder_whose_lease_renewals_fail_stops_its_turn_and_the_new_hol
         assert role is not None
         # the holder's heartbeat statement fails from now on; its turn streams on, held by the model
         await as_owner(dsns[holder], f"REVOKE UPDATE ON leases FROM {role.group(1)}")
+        revoked = time.monotonic()
 
         async def holder_gave_up() -> bool:
             return turn_ended(processes.bridges[holder].log(), sid) is not None
         await wait_for(holder_gave_up, processes.bridges, what="the holder ends its turn")
+        gave_up = time.monotonic() - revoked
 
         async def taken_over() -> bool:
             return ("assistant", NOTICE) in await history(processes.base(other), sid)
         await wait_for(taken_over, processes.bridges, what="the other process closes the interrupted turn")
+        took = time.monotonic() - revoked
         release.set()  # what the model would still send reaches nobody
         async with aiohttp.ClientSession() as http:
             await post(http, processes.base(holder), sid, "c0 second")  # the conversation goes on
@@ -138,6 +141,8 @@ async def test_a_holder_whose_lease_renewals_fail_stops_its_turn_and_the_new_hol
             ("user", "c0 first"), ("assistant", NOTICE), ("user", "c0 second"), ("assistant", "answer to c0 second")]
         assert turn_ended(processes.bridges[holder].log(), sid) == "abandoned (the session moved to another process)"
         assert int(fake_openai.auth_headers[1].removeprefix("Bearer sk-p")) == other
+        print(f"\nrenewals failing from t=0 (lease {LEASE_SECONDS} s): the holder stopped its turn at {gave_up:.2f} s,"
+              f" the notice was in the history at {took:.2f} s")
     finally:
         await processes.stop()
 
