@@ -73,8 +73,8 @@ class SessionLeases(Protocol):
         ...
 
     async def orphans(self, *, limit: int) -> list[str]:
-        """Sessions with work and no live lease (waiting inbound messages, or a turn left running); at most
-        ``limit``."""
+        """Sessions with work and no live lease (waiting inbound messages, or a turn left running, its own or
+        one of its subagents'); at most ``limit``."""
         ...
 
 

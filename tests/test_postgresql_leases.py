@@ -105,6 +105,11 @@ async def test_orphans_are_sessions_with_work_and_no_live_lease(dsn: str) -> Non
         assert len(await a.orphans(limit=1)) == 1
         await expire_all(dsn)
         assert sorted(await a.orphans(limit=10)) == ["web:running", "web:waiting"]
+        # a subagent's turn left running after its parent's was closed: its conversation has work
+        await store.close_interrupted_turns(key="web:running", prefix="web:running" + CHILD_MARK)
+        nested = f"web:child-left{CHILD_MARK}0123456789ab{CHILD_MARK}ba9876543210"
+        await store.append_message(nested, user, begin_turn=("t5", "{}"))
+        assert sorted(await a.orphans(limit=10)) == ["web:child-left", "web:waiting"]
     finally:
         await a.close()
         await store.close()

@@ -38,11 +38,14 @@ _RENEW = ("UPDATE leases SET expires_at = clock_timestamp() + make_interval(secs
           " WHERE owner = $1 AND name = ANY($2::text[]) RETURNING name")
 
 # Sessions with work and no live lease: waiting messages, or a turn left running. Subagent sessions
-# (``exclude`` matches their keys) run inside their parent's turn and never hold a lease of their own.
+# (``exclude`` matches their keys) run inside their parent's turn and never hold a lease of their own: a
+# subagent's turn left running counts for the conversation it ran in (its key with the child suffixes cut,
+# $3), whose takeover closes it.
 _ORPHANS = """
 SELECT w.k FROM (
     SELECT session_key AS k FROM inbound WHERE envelope IS NOT NULL AND session_key IS NOT NULL
-    UNION SELECT session_key FROM turns WHERE state = 'running'
+    UNION SELECT CASE WHEN $3::text IS NULL THEN session_key ELSE regexp_replace(session_key, $3, '') END
+    FROM turns WHERE state = 'running'
 ) AS w
 WHERE ($1::text IS NULL OR w.k !~ $1)
   AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = w.k AND l.expires_at >= clock_timestamp())
@@ -58,6 +61,9 @@ class PostgresqlLeases:
         self._dsn = dsn
         self._ttl = ttl
         self._exclude = glob_to_regex(exclude_glob) if exclude_glob is not None else None
+        # a child's key is its parent's plus what the glob's leading * does not cover, once per level
+        self._child_suffix = f"({glob_to_regex(exclude_glob[1:])[1:-1]})+$" \
+            if exclude_glob is not None and exclude_glob.startswith("*") else None
         self.owner = uuid.uuid4().hex
         self._held: dict[str, float] = {}
         """key -> monotonic deadline: past it, the lease may belong to someone else."""
@@ -155,5 +161,5 @@ class PostgresqlLeases:
 
     async def orphans(self, *, limit: int) -> list[str]:
         with store_errors("orphaned sessions"):
-            found = await self._connected().fetch(_ORPHANS, self._exclude, limit)
+            found = await self._connected().fetch(_ORPHANS, self._exclude, limit, self._child_suffix)
         return [str(r[0]) for r in found]
