@@ -25,11 +25,11 @@
   back as a job in its place, taking the messages before it), and the signal only makes the holder stop
   the reply being written and read the store. A holder that dies as the signal is sent leaves the stored
   ``/new`` to the process that takes the session over, which applies it in order.
-- **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, a turn left running — its own
-  or a subagent's) and no live lease are woken here; whichever process gets the lease takes them over. That is what moves a dead
-  holder's sessions; at start-up it runs at once, instead of the recovery of every session a single
-  process does (which would close the turns other live processes are running). A turn that only waits for
-  its delivery does not wake its session (a platform that keeps refusing it would be tried every sweep):
+- **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, a turn left running — its own or a
+  subagent's) and no live lease are woken here; whichever process gets the lease takes them over. That is what
+  moves a dead holder's sessions; at start-up it runs at once, instead of the recovery of every session a
+  single process does (which would close the turns other live processes are running). A turn that only waits
+  for its delivery does not wake its session (a platform that keeps refusing it would be tried every sweep):
   it is sent when its session is next taken over.
 """
 
