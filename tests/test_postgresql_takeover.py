@@ -3,7 +3,8 @@
 - from a process that is alive but lost its lease: each process connects as a database role of its own, so
   the test can make one holder's lease renewals fail (``REVOKE UPDATE ON leases``) while its turn streams
   and everything else it does still works. The chat must end up showing exactly one terminal outcome: the
-  other process's interrupted notice, never the answer as well;
+  other process's interrupted notice, never the answer as well; a subagent the turn was running is left to
+  the new holder too (its history ends with the same notice, not a stop of its own);
 - from a killed process whose turn was running a subagent: the child's turn is closed with the parent's;
 - a message stored before the database had leases (schema version 1) is answered once processes share it;
 - a ``/new`` forwarded to a holder that was just killed is applied, in its place, by the process that
@@ -28,7 +29,7 @@ from core.envelope import InboundEnvelope
 from core.postgresql.schema import migrate
 from core.postgresql.store import PostgresqlStore
 from tests.fakes.openai_server import FakeOpenAI, Function, Reply, Text, ToolCalls
-from tests.support.postgres import PostgresCluster
+from tests.support.postgres import USER, PostgresCluster
 from tests.support.process import BridgeProcess, postgresql_config, wait_for
 from tests.test_app import free_port
 from tests.test_postgresql_cluster import LEASE_SECONDS, NOTICE, asked, history, new_session, post
@@ -52,11 +53,11 @@ async def roles(postgres: PostgresCluster, count: int) -> list[str]:
             await conn.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {name}")
     finally:
         await conn.close()
-    return [dsn.replace(f"//{'postgres'}@", f"//{name}@", 1) for name in names]
+    return [dsn.replace(f"//{USER}@", f"//{name}@", 1) for name in names]
 
 
 async def as_owner(dsn: str, statement: str) -> None:
-    conn = await asyncpg.connect(re.sub(r"//r_[0-9a-f]+@", "//postgres@", dsn))
+    conn = await asyncpg.connect(re.sub(r"//r_[0-9a-f]+@", f"//{USER}@", dsn))
     try:
         await conn.execute(statement)
     finally:
