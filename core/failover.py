@@ -42,7 +42,9 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict
 
 from core.agent.subagents import CHILD_MARK
 from core.bus import ClusterBus
@@ -65,6 +67,17 @@ SWEEP_LIMIT = 100
 """Sessions woken per sweep; the next sweep takes the rest."""
 
 
+class StoredCommand(BaseModel):
+    """A command stored with a session's messages for whichever process serves the session next (a forwarded
+    ``/new``). Its JSON is not an envelope's: a process that does not know it drops it as unreadable rather
+    than answering it as a message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    command: Literal["new"]
+    envelope: InboundEnvelope
+
+
 class Recovery(Protocol):
     """What ChatCore does for a session taken over (the same steps its start-up does for every session)."""
 
@@ -78,9 +91,9 @@ class Recovery(Protocol):
         """``/stop`` forwarded to this process (the holder)."""
         ...
 
-    def stored_job(self, envelope: InboundEnvelope, seq: int) -> Job | None:
+    def stored_job(self, command: str, envelope: InboundEnvelope, seq: int) -> Job | None:
         """The job a stored command stands for (a forwarded ``/new``; it finishes record ``seq`` itself), or
-        None for a message."""
+        None when there is none."""
         ...
 
 
@@ -142,12 +155,12 @@ class SessionFailover:
             try:
                 envelope = InboundEnvelope.model_validate_json(record.payload)
             except ValueError:
+                job = self._stored_job(record.payload, record.seq)
+                if job is not None:  # a command is applied whatever its age: it answers nothing
+                    fresh.append(job)
+                    continue
                 log.warning("inbound message %s is unreadable and is dropped", record.seq)
                 await self._store.finish_inbound([record.seq])
-                continue
-            job = self._recovery.stored_job(envelope, record.seq)
-            if job is not None:  # a command is applied whatever its age: it answers nothing
-                fresh.append(StoredJob("new", job, record.seq))
                 continue
             age = now - envelope.received_at
             if age <= self._settings.resume_max_age:
@@ -155,6 +168,14 @@ class SessionFailover:
             else:
                 await self._recovery.too_old(envelope, record.seq, age)
         return fresh
+
+    def _stored_job(self, payload: str, seq: int) -> StoredJob | None:
+        try:
+            stored = StoredCommand.model_validate_json(payload)
+        except ValueError:
+            return None
+        job = self._recovery.stored_job(stored.command, stored.envelope, seq)
+        return StoredJob(stored.command, job, seq) if job is not None else None
 
     # -- commands sent to a process that does not hold the session
 
@@ -171,7 +192,8 @@ class SessionFailover:
         the session's messages, so whichever process serves the session next applies it in its place (the
         holder, or the one that takes over if the holder dies meanwhile), then the holder is told to stop
         the reply being written and read it."""
-        await self._store.admit_inbound(envelope.channel, None, envelope.model_dump_json(),
+        stored = StoredCommand(command="new", envelope=envelope)
+        await self._store.admit_inbound(envelope.channel, None, stored.model_dump_json(),
                                         ttl_seconds=self._settings.dedupe_ttl_seconds, key=envelope.key())
         if self._bus is not None:
             await self._publish(NEW, envelope.key(), None)

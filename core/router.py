@@ -197,11 +197,10 @@ class IngressRouter:
             log.error("dedupe check failed for %s/%s: %s", envelope.channel, envelope.event_id, exc)
             return True
 
-    def stored_job(self, envelope: InboundEnvelope, seq: int) -> Job | None:
+    def stored_job(self, command: str, envelope: InboundEnvelope, seq: int) -> Job | None:
         """The job of a command another process stored for this session (``SessionFailover.forward_new``):
-        a ``/new`` whose record ``seq`` is finished with the context reset; None for a message (a command is
-        never stored as one)."""
-        if parse_command(envelope.content) != "new":
+        a ``/new`` whose record ``seq`` is finished with the context reset; None for any other."""
+        if command != "new":
             return None
         return functools.partial(self._new_conversation, envelope, record=seq)
 

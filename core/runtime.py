@@ -277,9 +277,9 @@ class ChatCore:
         """``/stop`` another process received for a session this one holds."""
         await self.router.stop_here(envelope)
 
-    def stored_job(self, envelope: InboundEnvelope, seq: int) -> Job | None:
+    def stored_job(self, command: str, envelope: InboundEnvelope, seq: int) -> Job | None:
         """The job of a command another process stored for a session this one serves (a forwarded ``/new``)."""
-        return self.router.stored_job(envelope, seq)
+        return self.router.stored_job(command, envelope, seq)
 
     def set_deciders(self, channel: str, allow_from: Iterable[str]) -> None:
         """The users (ids or names, as in ``allow_from``) who may decide any approval of ``channel``'s
