@@ -8,7 +8,8 @@
   exactly when) abandons its running turn and starts nothing more (``SessionManager.lost``); the new
   holder closes that turn with its interrupted notice. The turn record is the fence: a commit that finds
   it closed by the new holder writes nothing (``Store.commit_turn``), and a takeover finds nothing to close
-  when the old holder's commit came first, so a chat sees one terminal outcome either way.
+  when the old holder's commit came first, so a chat sees one terminal outcome either way. The process's
+  own liveness (``core.processes``) is one of these leases, taken again when it was lost.
 - **Takeover** (``take``, called by a worker that was just granted a lease): a turn still recorded as
   running for that session belonged to a holder that died or lost the lease (and abandoned the turn): it
   is closed as interrupted and its notice sent — by the one process holding the lease, so once. The turns
@@ -50,6 +51,7 @@ from core.agent.subagents import CHILD_MARK
 from core.bus import ClusterBus
 from core.envelope import InboundEnvelope
 from core.leases import SessionLeases
+from core.processes import Processes
 from core.session import Job, SessionManager, StoredJob, Waiting
 from core.settings import CoreSettings
 from core.store import Store, TurnRecord, UndeliveredTurn
@@ -99,7 +101,7 @@ class Recovery(Protocol):
 
 class SessionFailover:
     def __init__(self, *, store: Store, leases: SessionLeases, settings: CoreSettings, supervisor: TaskSupervisor,
-                 recovery: Recovery, bus: ClusterBus | None = None,
+                 recovery: Recovery, bus: ClusterBus | None = None, processes: Processes | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._leases = leases
@@ -107,6 +109,7 @@ class SessionFailover:
         self._supervisor = supervisor
         self._recovery = recovery
         self._bus = bus
+        self._processes = processes
         self._clock = clock
         self.sessions: SessionManager | None = None
         self._unsubscribe: list[Callable[[], None]] = []
@@ -271,6 +274,11 @@ class SessionFailover:
                 continue
             if lost:
                 self._manager().lost(lost)
+                if self._processes is not None:
+                    try:
+                        await self._processes.renewed(lost)
+                    except Exception as exc:  # the next beat that finds it lost tries again
+                        log.warning("taking this process's liveness again failed: %s", exc)
 
     async def _sweeper(self) -> None:
         while True:

@@ -26,15 +26,16 @@ import asyncpg
 
 from channels.web.context import CHANNEL, WebContext, session_key
 from core.envelope import InboundEnvelope
+from core.failures import TurnFailurePresenter
 from core.postgresql.schema import migrate
 from core.postgresql.store import PostgresqlStore
 from tests.fakes.openai_server import FakeOpenAI, Function, Reply, Text, ToolCalls
+from tests.support.cluster import LEASE_SECONDS, Cluster, asked, history, new_session, post
 from tests.support.postgres import USER, PostgresCluster
-from tests.support.process import BridgeProcess, postgresql_config, wait_for
-from tests.test_app import free_port
-from tests.test_postgresql_cluster import LEASE_SECONDS, NOTICE, asked, history, new_session, post
-from tests.test_postgresql_process import get_json
+from tests.support.process import wait_for
 from tests.test_subagents import is_child, subagent
+
+NOTICE = TurnFailurePresenter().interrupted_by_restart()
 
 
 async def roles(postgres: PostgresCluster, count: int) -> list[str]:
@@ -64,32 +65,6 @@ async def as_owner(dsn: str, statement: str) -> None:
         await conn.close()
 
 
-class Processes:
-    def __init__(self, tmp_path: Path, fake: FakeOpenAI, dsns: list[str], extra: str = "",
-                 lease: int = LEASE_SECONDS) -> None:
-        self.ports = [free_port() for _ in dsns]
-        self.bridges = [BridgeProcess(postgresql_config(tmp_path / f"p{i}", dsn=dsn, llm=fake.base_url,
-                                                        port=self.ports[i], api_key=f"sk-p{i}",
-                                                        store=f"lease_seconds = {lease}", extra=extra),
-                                      tmp_path / f"p{i}.log") for i, dsn in enumerate(dsns)]
-
-    def base(self, i: int) -> str:
-        return f"http://127.0.0.1:{self.ports[i]}"
-
-    async def start(self) -> None:
-        for bridge in self.bridges:
-            await bridge.start()
-        for i in range(len(self.bridges)):
-            async def up(i: int = i) -> bool:
-                return bool(await get_json(f"{self.base(i)}/healthz"))
-            await wait_for(up, self.bridges, timeout=90)
-
-    async def stop(self) -> None:
-        for bridge in self.bridges:
-            if bridge.proc is not None:
-                await bridge.stop()
-
-
 def turn_ended(log: str, sid: str) -> str | None:
     """How the turn in web session ``sid`` ended, as its process logged it (None while it runs)."""
     found = re.search(rf"turn [0-9a-f]+ in web:{re.escape(sid)}: (.+?) after ", log)
@@ -107,7 +82,7 @@ async def test_a_holder_whose_lease_renewals_fail_stops_its_turn_and_the_new_hol
 
     fake_openai.default = Function(reply)
     dsns = await roles(postgres, 2)
-    processes = Processes(tmp_path, fake_openai, dsns)
+    processes = Cluster(tmp_path, fake_openai, dsns, 2)
     try:
         await processes.start()
         async with aiohttp.ClientSession() as http:
@@ -159,7 +134,7 @@ async def test_a_subagent_left_running_by_a_killed_holder_is_closed_with_its_par
 
     fake_openai.default = Function(reply)
     dsn = postgres.fresh_dsn()
-    processes = Processes(tmp_path, fake_openai, [dsn, dsn], extra="[agent.subagents]\nenabled = true\n")
+    processes = Cluster(tmp_path, fake_openai, dsn, 2, extra="[agent.subagents]\nenabled = true\n")
     try:
         await processes.start()
         async with aiohttp.ClientSession() as http:
@@ -206,7 +181,7 @@ async def test_a_message_waiting_from_before_sessions_had_leases_is_answered_onc
                            time.time(), time.time() + 3600)
     finally:
         await conn.close()
-    processes = Processes(tmp_path, fake_openai, [dsn, dsn])
+    processes = Cluster(tmp_path, fake_openai, dsn, 2)
     try:
         await processes.start()
 
@@ -231,7 +206,7 @@ async def test_new_forwarded_to_a_holder_killed_at_that_moment_is_applied_by_the
     fake_openai.default = Function(reply)
     dsn = postgres.fresh_dsn()
     # a lease long enough that the /new surely reaches the other process while the dead holder's lease lasts
-    processes = Processes(tmp_path, fake_openai, [dsn, dsn], lease=6)
+    processes = Cluster(tmp_path, fake_openai, dsn, 2, lease_seconds=6)
     try:
         await processes.start()
         async with aiohttp.ClientSession() as http:
@@ -271,7 +246,7 @@ async def test_a_subagent_of_a_turn_whose_holder_lost_the_lease_is_left_to_the_n
 
     fake_openai.default = Function(reply)
     dsns = await roles(postgres, 2)
-    processes = Processes(tmp_path, fake_openai, dsns, extra="[agent.subagents]\nenabled = true\n")
+    processes = Cluster(tmp_path, fake_openai, dsns, 2, extra="[agent.subagents]\nenabled = true\n")
     try:
         await processes.start()
         async with aiohttp.ClientSession() as http:
