@@ -189,8 +189,11 @@ def _session_writes_sql(k_rows: int, m_rows: int) -> str:
         "context_start_seq": "CASE WHEN cur.fresh_context THEN cur.next_seq - 1 ELSE cur.context_start_seq END",
         "next_seq": "cur.next_seq + cur.add_seq", "created_at": "cur.created_at", "updated_at": "cur.now",
     }
+    # ... and the turn it closes, when recorded, still runs (a turn record is closed once)
     holds = ("(cur.expect_generation IS NULL OR cur.generation = cur.expect_generation)"
-             " AND (cur.expect_state_version IS NULL OR cur.state_version = cur.expect_state_version)")
+             " AND (cur.expect_state_version IS NULL OR cur.state_version = cur.expect_state_version)"
+             " AND (cur.end_turn IS NULL OR NOT EXISTS"
+             " (SELECT 1 FROM turns WHERE turn_id = cur.end_turn AND state <> 'running'))")
     no_session = ", ".join("NULL" for _ in SESSION_COLUMNS[1:])
     no_turn = ", ".join("NULL" for _ in _TURN_COLUMNS)
     sql = [
@@ -322,7 +325,8 @@ WHERE t.ended_at > :since AND t.ended_at < :before AND t.state IN ('completed', 
 ORDER BY t.ended_at"""
 
 CLOSE_INTERRUPTED_TURNS = """
-UPDATE turns SET state = 'interrupted', ended_at = :now WHERE state = 'running' AND (:key IS NULL OR session_key = :key)
+UPDATE turns SET state = 'interrupted', ended_at = :now WHERE state = 'running' AND (:key IS NULL OR session_key = :key
+    OR (:prefix IS NOT NULL AND substr(session_key, 1, length(:prefix)) = :prefix))
 RETURNING turn_id, session_key, state, target_json, started_at, ended_at"""
 
 SET_CHANNEL_STATE = """
