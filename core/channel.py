@@ -30,11 +30,13 @@ from core.snapshot import TurnSnapshot
 class SinkError(Exception):
     """A sink or a channel could not make the platform show something (after its own retries)."""
 
-    def __init__(self, message: str = "", *, unsent: str | None = None) -> None:
+    def __init__(self, message: str = "", *, unsent: str | None = None, outcome_unknown: bool = False) -> None:
         super().__init__(message)
         self.unsent = unsent
         """From ``send_plain`` of a text sent as several messages of which the first were taken: the rest,
         which the chat does not show. None: nothing of the text is shown (or the channel cannot tell)."""
+        self.outcome_unknown = outcome_unknown
+        """A send of what is not shown timed out: the platform may show it after all."""
 
 
 class TurnFeed(Protocol):
@@ -67,12 +69,14 @@ class TurnSink(Protocol):
         ...
 
     async def abort(self) -> None:
-        """Stop all platform work for this turn (shutdown or a hanging sink)."""
+        """Stop all platform work for this turn (shutdown or a hanging sink). What the chat shows stays as
+        it is (no call is waited for: the platform may be the one hanging)."""
         ...
 
     def undelivered(self, snapshot: TurnSnapshot) -> str | None:
-        """After a failed ``finish``: the part of ``snapshot``'s text the platform does not show (for the
-        fallback), or None when the sink cannot tell, in which case the fallback carries the whole text."""
+        """After a failed ``finish`` or an ``abort``: the part of ``snapshot``'s text the platform does not
+        show (for the fallback; "" when it shows all of it), or None when the sink cannot tell, in which
+        case the fallback carries the whole text."""
         ...
 
     def paused_seconds(self) -> float:

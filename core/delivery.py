@@ -39,6 +39,17 @@ class DeliveryError:
     """What the platform does not show of the terminal text; None = unknown (send it all)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Unshown:
+    """What a plain send left unshown."""
+
+    text: str
+    """What of the text the chat does not show ("": all of it)."""
+    maybe_shown: bool = False
+    """A send of ``text`` timed out: the platform may show it after all, and sending it again could show it
+    twice (``core.redelivery``)."""
+
+
 def _paused(sink: TurnSink) -> float:
     try:
         return max(0.0, float(sink.paused_seconds()))
@@ -47,17 +58,21 @@ def _paused(sink: TurnSink) -> float:
 
 
 class DeliveryHandle:
-    def __init__(self, task: asyncio.Task[DeliveryError | None], sink: TurnSink, grace: float) -> None:
+    def __init__(self, task: asyncio.Task[DeliveryError | None], sink: TurnSink, grace: float,
+                 controller: TurnController) -> None:
         self._task = task
         self._sink = sink
         self._grace = grace
+        self._controller = controller
 
     async def wait(self, timeout: float) -> DeliveryError | None:
         """None when the terminal snapshot is visible; a DeliveryError otherwise (also on timeout).
 
         The timeout is stretched by every platform pause (429 retry_after) the chat was under while
         waiting, however long, plus a grace for the calls that follow a pause: a paused chat is waited
-        for, not given up on."""
+        for, not given up on. A wait that runs out aborts the sink, which leaves the chat as it is, and
+        asks it what of the terminal text the chat does not show: the fallback carries only that (the
+        whole answer may already be there, streamed into a preview the final update never reached)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         counted = _paused(self._sink)
@@ -85,12 +100,22 @@ class DeliveryHandle:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5):
                     await self._sink.abort()
-            return DeliveryError(f"sink did not finish within {timeout:.0f}s")
+            return DeliveryError(f"sink did not finish within {timeout:.0f}s", self._undelivered())
         except asyncio.CancelledError:
             if self._task.done() and not self._task.cancelled():
                 raise
             self._task.cancel()
             raise
+
+    def _undelivered(self) -> str | None:
+        snapshot = self._controller.snapshot
+        if not snapshot.terminal:
+            return None
+        try:
+            return self._sink.undelivered(snapshot)
+        except Exception as exc:  # a sink bug: the fallback carries the whole text
+            log.warning("could not tell what turn %s's chat shows: %s", snapshot.turn_id, exc)
+            return None
 
 
 class PlainSender:
@@ -104,14 +129,15 @@ class PlainSender:
     async def send(self, target: TurnTarget, text: str) -> bool:
         return await self._send(target, text) is None
 
-    async def send_rest(self, target: TurnTarget, text: str) -> str:
+    async def send_rest(self, target: TurnTarget, text: str) -> Unshown:
         """Send ``text`` (not empty); returns what of it the chat does not show: "" when the platform took
         all of it, the unsent rest when it took the first messages of a long one, else ``text``."""
         failure = await self._send(target, text)
         if failure is None:
-            return ""
-        unsent = failure.unsent if isinstance(failure, SinkError) else None
-        return unsent or text
+            return Unshown("")
+        if not isinstance(failure, SinkError):
+            return Unshown(text)
+        return Unshown(failure.unsent or text, failure.outcome_unknown)
 
     async def _send(self, target: TurnTarget, text: str) -> Exception | None:
         channel = self._channels.get(target.channel)
@@ -149,7 +175,7 @@ class TurnDeliveryService:
             with contextlib.suppress(Exception):
                 await sink.abort()
             raise DeliveryStartError(str(exc)) from exc
-        return DeliveryHandle(task, sink, self._settings.sink_open_timeout)
+        return DeliveryHandle(task, sink, self._settings.sink_open_timeout, controller)
 
     async def _drive(self, sink: TurnSink, controller: TurnController) -> DeliveryError | None:
         turn_id = controller.snapshot.turn_id

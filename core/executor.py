@@ -207,9 +207,11 @@ class ConversationExecutor:
             log.info("delivery for %s failed (%s); sending one plain fallback", target.session_key, err.reason)
             if self._metrics is not None:
                 self._metrics.fallbacks.labels(target.channel).inc()
+        else:
+            log.info("delivery for %s failed (%s); the chat shows all of it already", target.session_key, err.reason)
         rest = await self._redelivery.deliver(turn_id, target, text)
-        if rest:
-            log.warning("the fallback for %s failed too; it is sent again later", target.session_key)
+        if rest.text:
+            log.warning("the fallback for %s failed too", target.session_key)
             self._redelivery.schedule(turn_id, target, rest)
 
     def _fallback_text(self, outcome: TurnRunOutcome, terminal: TurnSnapshot, err: DeliveryError) -> str:

@@ -4,7 +4,8 @@
 (with ``LocalLeases`` — one process per database — none of it runs, and start-up stays as it was):
 
 - **Heartbeat**: every held lease is renewed every ``ttl / 3`` in one statement; the sessions whose lease
-  was lost start nothing more (``SessionManager.lost``).
+  was lost start nothing more (``SessionManager.lost``). The process's own liveness (``core.processes``)
+  is one of these leases, taken again when it was lost.
 - **Takeover** (``take``, called by a worker that was just granted a lease): a turn still recorded as
   running for that session belonged to a holder that died (a live holder keeps its lease, so nobody else
   is granted it): it is closed as interrupted and its notice sent — by the one process holding the lease,
@@ -38,6 +39,7 @@ from typing import Protocol
 from core.bus import ClusterBus
 from core.envelope import InboundEnvelope
 from core.leases import SessionLeases
+from core.processes import Processes
 from core.session import Admitted, SessionManager
 from core.settings import CoreSettings
 from core.store import Store, TurnRecord, UndeliveredTurn
@@ -75,7 +77,7 @@ class Recovery(Protocol):
 
 class SessionFailover:
     def __init__(self, *, store: Store, leases: SessionLeases, settings: CoreSettings, supervisor: TaskSupervisor,
-                 recovery: Recovery, bus: ClusterBus | None = None,
+                 recovery: Recovery, bus: ClusterBus | None = None, processes: Processes | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._leases = leases
@@ -83,6 +85,7 @@ class SessionFailover:
         self._supervisor = supervisor
         self._recovery = recovery
         self._bus = bus
+        self._processes = processes
         self._clock = clock
         self.sessions: SessionManager | None = None
         self._unsubscribe: list[Callable[[], None]] = []
@@ -229,6 +232,11 @@ class SessionFailover:
                 continue
             if lost:
                 self._manager().lost(lost)
+                if self._processes is not None:
+                    try:
+                        await self._processes.renewed(lost)
+                    except Exception as exc:  # the next beat that finds it lost tries again
+                        log.warning("taking this process's liveness again failed: %s", exc)
 
     async def _sweeper(self) -> None:
         while True:

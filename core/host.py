@@ -13,6 +13,10 @@ Every platform channel gets a :class:`ChannelHost`, bound to its name:
   approval another process holds is decided there (``ChatCore.decide_anywhere``), so the answer is awaited;
 - ``spawn(name, coro)`` runs work as a supervised task (bounded shutdown; a failed spawn raises);
 - ``get_state`` / ``set_state`` keep small durable values across restarts (a polling offset, a cursor);
+  ``state_names(prefix)`` lists the names of those values that begin with ``prefix`` and ``delete_state``
+  forgets one (values kept per process, such as each process's open approval requests);
+- ``processes`` says which of the processes sharing the store are alive (``core.processes``), so that
+  what a dead one left on the platform is cleaned up by one live process, and never what a live one shows;
 - ``mark_seen(key)`` is durable dedupe on the channel's own keys (e.g. a Slack ``event_id`` on top of the
   envelope's (channel, ts)), kept for the dedupe TTL. For an inbound message prefer the envelope's
   ``event_id``, which core records together with the message itself; ``mark_seen`` is for keys that must
@@ -54,6 +58,7 @@ from core.leadership import Lead
 from core.media.library import Refusal as AttachmentRefused
 from core.messages import AttachmentRef, ChatMessage
 from core.metrics import CallResult
+from core.processes import Processes
 from core.relay import Relay
 from core.router import AdmissionError, SubmitResult
 from core.store import AttachmentRecord, SessionRecord
@@ -70,6 +75,7 @@ __all__ = [
     "DecideResult",
     "Decider",
     "MediaLimits",
+    "Processes",
     "SessionHost",
     "ShuttingDownError",
     "SubmitResult",
@@ -113,6 +119,17 @@ class ChannelHost(Protocol):
         ...
 
     async def set_state(self, name: str, value: str) -> None: ...
+
+    async def state_names(self, prefix: str) -> list[str]:
+        """The names of this channel's durable values that begin with ``prefix``, sorted."""
+        ...
+
+    async def delete_state(self, name: str) -> None: ...
+
+    @property
+    def processes(self) -> Processes:
+        """Which processes sharing the store are alive, this one's id among them (``core.processes``)."""
+        ...
 
     async def mark_seen(self, key: str) -> bool:
         """Record ``key`` durably for the dedupe TTL; True when it is new, False when seen before."""
@@ -230,6 +247,16 @@ class CoreHost:
 
     async def set_state(self, name: str, value: str) -> None:
         await self._core.store.set_channel_state(self._channel, name, value)
+
+    async def state_names(self, prefix: str) -> list[str]:
+        return await self._core.store.channel_state_names(self._channel, prefix)
+
+    async def delete_state(self, name: str) -> None:
+        await self._core.store.delete_channel_state(self._channel, name)
+
+    @property
+    def processes(self) -> Processes:
+        return self._core.processes
 
     async def mark_seen(self, key: str) -> bool:
         return await self._core.store.mark_event_processed(

@@ -11,9 +11,12 @@ stays so in the store, and the next start sends it (``ChatCore._redeliver``), as
 Never twice: every try is one ``send_plain`` of what the chat does not show yet, made only after the
 previous one failed — when the platform took the first messages of a long text, only the rest is tried
 again (``SinkError.unsent``); a try that succeeded ends the retries and marks the turn, so neither this
-process nor the next start sends it again. Whether a failed send might still have been carried out (a
-timeout) is the channel's call policy's business, which repeats such a send at most once or under the
-platform's idempotency key (``channels.common.calls``).
+process nor the next start sends it again. A try that timed out may have been carried out all the same:
+the channel's call policy repeats such a send at most once (or under the platform's idempotency key,
+``channels.common.calls``), and that repeat is its only one — a try whose outcome is unknown
+(``Unshown.maybe_shown``) is not followed by background tries, which on a platform without idempotency
+keys could show the text once per try during a long outage. The turn stays undelivered; the next start
+sends it once more (the one case where it may then show twice or, if it had landed, three times).
 
 A channel whose clients read the stored history (``shows_history``, the web chat) already shows the
 committed answer: its turns are marked delivered without a send.
@@ -27,7 +30,7 @@ import logging
 import tenacity
 
 from core.channel import ChannelRegistry
-from core.delivery import PlainSender
+from core.delivery import PlainSender, Unshown
 from core.envelope import TurnTarget
 from core.settings import CoreSettings
 from core.store import Store
@@ -45,21 +48,26 @@ class Redelivery:
         self._supervisor = supervisor
         self._delays = tuple(float(d) for d in settings.redelivery_delays)
 
-    async def deliver(self, turn_id: str, target: TurnTarget, text: str) -> str:
+    async def deliver(self, turn_id: str, target: TurnTarget, text: str) -> Unshown:
         """Send ``text`` as the terminal message of turn ``turn_id`` once. Returns what the chat still does
         not show: "" when it shows all of it (and the turn is marked delivered), else the rest, to send
         again — never the messages the platform already took."""
-        rest = await self._plain.send_rest(target, text) if text else ""
-        if not rest:
+        rest = await self._plain.send_rest(target, text) if text else Unshown("")
+        if not rest.text:
             await self.mark_delivered(turn_id)
         return rest
 
-    def schedule(self, turn_id: str, target: TurnTarget, text: str) -> None:
-        """Try ``text`` again later, in the background, until it is visible or the backoff is spent."""
+    def schedule(self, turn_id: str, target: TurnTarget, rest: Unshown) -> None:
+        """Try ``rest`` again later, in the background, until it is visible or the backoff is spent; not
+        at all when its last send timed out (it may be shown: the next start sends it)."""
+        if rest.maybe_shown:
+            log.warning("the reply of turn %s timed out on its way and may be shown after all; it is not sent "
+                        "again before the next start", turn_id)
+            return
         if not self._delays:
             return
         try:
-            self._supervisor.spawn(f"redeliver:{turn_id}", self._retry(turn_id, target, text))
+            self._supervisor.spawn(f"redeliver:{turn_id}", self._retry(turn_id, target, rest.text))
         except ShuttingDownError:
             log.warning("turn %s is still undelivered; the next start sends it", turn_id)
 
@@ -71,16 +79,18 @@ class Redelivery:
 
     async def _retry(self, turn_id: str, target: TurnTarget, text: str) -> None:
         delays = self._delays
-        pending = text
+        pending = Unshown(text)
 
         async def again() -> bool:
+            """One try; True when no more are to be made (delivered, or its outcome unknown)."""
             nonlocal pending
             channel = self._channels.get(target.channel)
             if getattr(channel, "shows_history", False):  # its pages show the committed turn by now
                 await self.mark_delivered(turn_id)
+                pending = Unshown("")
                 return True
-            pending = await self.deliver(turn_id, target, pending)
-            return not pending
+            pending = await self.deliver(turn_id, target, pending.text)
+            return not pending.text or pending.maybe_shown
 
         def wait(state: tenacity.RetryCallState) -> float:
             return delays[min(state.attempt_number, len(delays) - 1)]
@@ -94,5 +104,10 @@ class Redelivery:
         retrying = tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(len(delays)), wait=wait,
             retry=tenacity.retry_if_result(lambda delivered: not delivered), retry_error_callback=failed)
-        if await retrying(again):
+        if not await retrying(again):
+            return
+        if pending.text:
+            log.warning("a later try of turn %s timed out and may be shown after all; it is not sent again "
+                        "before the next start", turn_id)
+        else:
             log.info("turn %s delivered on a later try", turn_id)

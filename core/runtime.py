@@ -41,6 +41,7 @@ from core.media.transcribe import Transcriber
 from core.media.vision import VisionPolicy
 from core.messages import AttachmentRef, ChatMessage
 from core.metrics import Metrics
+from core.processes import Processes
 from core.redelivery import Redelivery
 from core.relay import Relay
 from core.router import AdmissionError, IngressRouter, RouterClosedError, SubmitResult
@@ -125,8 +126,10 @@ class ChatCore:
             intake=AttachmentIntake(self.media, s, sources=self.channels.get, transcriber=transcriber)
             if self.media is not None else None)
         self.leases = leases or LocalLeases()
+        self.processes = Processes(self.leases, self.node)
         self.failover = SessionFailover(store=store, leases=self.leases, settings=s, supervisor=self.supervisor,
-                                        recovery=self, bus=self.bus) if self.leases.shared else None
+                                        recovery=self, bus=self.bus, processes=self.processes) \
+            if self.leases.shared else None
         self.sessions = SessionManager(store, self.executor, self.supervisor, s, leases=self.leases,
                                        takeover=self.failover)
         if self.failover is not None:
@@ -173,6 +176,7 @@ class ChatCore:
             self.supervisor.spawn("media:expiry", self._expire_media(self.media))
         if self.failover is not None:  # several processes: recover each session as its lease is taken
             await self.leases.open()
+            await self.processes.announce()
             await self.failover.start()
             return
         await self._redeliver()
@@ -226,7 +230,7 @@ class ChatCore:
             return
         log.info("sending the %s turn %s again: a restart came before its delivery", item.turn.state, turn_id)
         rest = await self._redelivery.deliver(turn_id, target, item.text)
-        if rest:
+        if rest.text:
             self._redelivery.schedule(turn_id, target, rest)
 
     async def _resume(self) -> None:

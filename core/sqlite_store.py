@@ -355,6 +355,16 @@ class SqliteStore:
     async def set_channel_state(self, channel: str, name: str, value: str) -> None:
         await self._write("set_channel_state", writes.SET_CHANNEL_STATE, (channel, name, value, self._clock()))
 
+    async def channel_state_names(self, channel: str, prefix: str) -> list[str]:
+        found = await self._read("channel_state_names",
+                                 "SELECT name FROM channel_state WHERE channel = ? AND substr(name, 1, length(?)) = ?"
+                                 " ORDER BY name", (channel, prefix, prefix))
+        return [str(r[0]) for r in found]
+
+    async def delete_channel_state(self, channel: str, name: str) -> None:
+        await self._write("delete_channel_state", "DELETE FROM channel_state WHERE channel = ? AND name = ?",
+                          (channel, name))
+
     # -- traces
 
     async def append_traces(self, key: str, turn_id: str, records: Sequence[tuple[str, dict[str, Any]]]) -> None:

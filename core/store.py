@@ -262,6 +262,14 @@ class Store(Protocol):
 
     async def set_channel_state(self, channel: str, name: str, value: str) -> None: ...
 
+    async def channel_state_names(self, channel: str, prefix: str) -> list[str]:
+        """The names of ``channel``'s values that begin with ``prefix`` (exactly, case and all), sorted."""
+        ...
+
+    async def delete_channel_state(self, channel: str, name: str) -> None:
+        """Forget one value of ``channel`` (nothing happens when there is none)."""
+        ...
+
     # traces (written with commit_turn; alone when the commit failed)
     async def append_traces(self, key: str, turn_id: str, records: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """Append several (kind, payload) records in one transaction, in order."""

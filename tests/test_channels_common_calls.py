@@ -71,6 +71,20 @@ async def test_a_send_whose_outcome_is_unknown_is_repeated_at_most_once():
     assert len(tries) == 3
 
 
+async def test_a_call_that_fails_after_a_try_timed_out_says_its_outcome_is_unknown():
+    # timed out, then refused twice: the first try may have been carried out, whatever the last one says
+    clock = ManualClock()
+    calls = Calls(Throttle(clock=clock), POLICY)
+    tries, make = failing(transient(outcome_unknown=True), transient(), transient())
+    with pytest.raises(PlatformError) as failed:
+        await calls.call(make(clock), scopes=[A], idempotent=False)
+    assert len(tries) == 3 and failed.value.outcome_unknown
+    tries, make = failing(transient(), transient(), transient())
+    with pytest.raises(PlatformError) as failed:
+        await calls.call(make(clock), scopes=[A], idempotent=False)
+    assert not failed.value.outcome_unknown
+
+
 async def test_a_live_update_is_tried_once_but_its_429_still_pauses_the_chat():
     clock = ManualClock()
     throttle = Throttle(clock=clock)

@@ -5,6 +5,7 @@ only the tail; what the chat ends up showing is the final rendering."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from channels.common.calls import CallPolicy, Calls
 from channels.common.errors import PlatformError
@@ -34,6 +35,9 @@ class Stream:
     async def close(self, snapshot: TurnSnapshot, part: Part | None) -> str | None:
         self.closed = part
         return "streamed"
+
+    def leftover(self) -> tuple[str, Part] | None:
+        return None
 
 
 class Chat:
@@ -113,3 +117,101 @@ async def test_a_long_reply_freezes_finished_messages_and_ends_as_its_final_spli
                          None)
         if successor is not None:
             assert not [call for call in chat.calls[successor:] if call[:2] == ("edit", mid)]
+
+
+# ---- abort: core gave up waiting; the chat stays as it is ----------------------------------------------
+
+
+class LeftoverStream(Stream):
+    """A stream that leaves its message in the chat (the web chat's turn entry, a Slack stream's message)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text = ""
+
+    async def push(self, snapshot: TurnSnapshot, text: str, change: TextChange | None) -> None:
+        await super().push(snapshot, text, change)
+        self.text = text
+
+    def leftover(self) -> tuple[str, Part] | None:
+        return ("streamed", Part.plain(self.text)) if self.text else None
+
+
+class Shouting(PlainRenderer):
+    """A final rendering that differs from the streamed one (as formatting does)."""
+
+    def final_part(self, source: str) -> Part:
+        return Part(text=source.upper(), source=source)
+
+
+def squash(text: str) -> str:
+    return "".join(text.split())
+
+
+async def until(cond: Callable[[], bool]) -> None:
+    """Wait (at most 2 s) until ``cond`` holds."""
+    for _ in range(400):
+        if cond():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached in time")
+
+
+async def streamed_then_finished(sink: LiveSink, shown: Callable[[], str], streamed: str,
+                                 final: str) -> TurnSnapshot:
+    """Stream ``streamed`` until the chat shows it (``shown``), then end the turn with ``final``."""
+    c = TurnController("t", "s")
+    following = asyncio.create_task(sink.follow(c))
+    words = streamed.split(" ")
+    await stream_text(c, *[f"{w} " for w in words[:-1]], words[-1])
+    await until(lambda: squash(shown()) == squash(streamed))
+    snapshot = c.finish("completed", text=final)
+    await asyncio.wait_for(following, 1)
+    return snapshot
+
+
+async def test_an_aborted_sink_counts_every_message_it_left_and_names_only_the_rest():
+    chat = Chat(limit=40)
+    sink = sink_for(chat)
+    streamed = " ".join(f"w{i}" for i in range(30))
+    final = streamed + " and the words the preview never got"
+    snapshot = await streamed_then_finished(sink, lambda: "".join(chat.shown.values()), streamed, final)
+    await sink.abort()  # the final update never came
+    rest = sink.undelivered(snapshot)
+    assert rest is not None
+    assert squash("".join(chat.shown.values()) + rest) == squash(final)  # every word once
+
+
+async def test_an_aborted_native_stream_counts_what_its_message_shows():
+    stream = LeftoverStream()
+    sink = sink_for(Chat(stream=stream))
+    snapshot = await streamed_then_finished(sink, lambda: stream.text, "The answer begins", "The answer begins here")
+    await sink.abort()
+    assert sink.undelivered(snapshot) == "here"
+
+    stream = LeftoverStream()
+    sink = sink_for(Chat(stream=stream))
+    snapshot = await streamed_then_finished(sink, lambda: stream.text, "All of it", "All of it")
+    await sink.abort()
+    assert sink.undelivered(snapshot) == ""  # the stream's message shows the whole answer
+
+
+async def test_a_delete_an_abort_cut_off_counts_as_done_so_its_words_are_sent_again_not_lost():
+    class Stuck(Chat):
+        async def edit(self, message_id: str, part: Part) -> None:
+            if part.text.isupper():
+                raise PlatformError("message can't be edited", kind="permanent")
+            await super().edit(message_id, part)
+
+        async def delete(self, message_id: str) -> None:
+            await asyncio.Event().wait()  # the platform never answers
+
+    chat = Stuck()
+    sink = LiveSink(chat, Shouting(), Calls(Throttle(), CallPolicy(timeout=None)), settings=NO_GATE)
+    snapshot = await streamed_then_finished(sink, lambda: "".join(chat.shown.values()), "a b c", "a b c")
+    finishing = asyncio.create_task(sink.finish(snapshot))
+    await until(lambda: sink.deleting is not None)  # the stale preview's delete is on its way
+    finishing.cancel()
+    await asyncio.gather(finishing, return_exceptions=True)
+    await sink.abort()
+    assert sink.undelivered(snapshot) == "a b c"

@@ -7,79 +7,31 @@ to A's browser) is printed, never asserted."""
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from tests.browser.server import Event, SSEClient, open_stream, seq_of
+from tests.browser.server import Event, open_stream, seq_of
 from tests.fakes.openai_server import FakeOpenAI, Text, ToolCalls
+from tests.support.cluster import Cluster, Follower, assert_monotonic
 from tests.support.postgres import PostgresCluster
-from tests.support.process import BridgeProcess, postgresql_config, wait_for
-from tests.test_app import free_port
-from tests.test_postgresql_process import get_json
+from tests.support.process import wait_for
 
 ECHO_SERVER = Path(__file__).resolve().parent / "mcp_servers" / "echo_server.py"
-
-
-def config(directory: Path, llm: str, port: int, dsn: str) -> Path:
-    return postgresql_config(directory, dsn=dsn, llm=llm, port=port, api_key="sk-postgresql-fanout", titles=True,
-                             extra=f"""
+MCP_ECHO = f"""
 [[agent.mcp_servers]]
 name = "echo"
 command = "{sys.executable}"
 args = ["{ECHO_SERVER}"]
 approval = "ask"
-""")
-
-
-class Follower:
-    """Reads one SSE connection in the background, noting when each event arrived."""
-
-    def __init__(self, client: SSEClient) -> None:
-        self.client = client
-        self.arrived: list[tuple[float, Event]] = []
-        self.changed = asyncio.Event()
-        self.task = asyncio.get_running_loop().create_task(self._read())
-
-    async def _read(self) -> None:
-        while True:
-            ev = await self.client.next(timeout=120)
-            self.arrived.append((time.monotonic(), ev))
-            self.changed.set()
-
-    @property
-    def events(self) -> list[Event]:
-        return [ev for _, ev in self.arrived]
-
-    async def until(self, pred: Any, after: int = 0, timeout: float = 30.0) -> int:
-        """The index of the first event from ``after`` on that satisfies ``pred`` (bounded wait)."""
-        async with asyncio.timeout(timeout):
-            while True:
-                for i, ev in enumerate(self.events[after:], after):
-                    if pred(ev):
-                        return i
-                self.changed.clear()
-                await self.changed.wait()
-
-    async def close(self) -> None:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-        self.client.resp.close()
+"""
 
 
 def shown(events: list[Event]) -> list[tuple[str, Any]]:
     return [(e.name, e.data) for e in events]
-
-
-def assert_monotonic(events: list[Event]) -> None:
-    ids = [seq_of(e.id) for e in events if e.id is not None]
-    assert len({epoch for epoch, _ in ids}) == 1, ids
-    assert [seq for _, seq in ids] == list(range(ids[0][1], ids[0][1] + len(ids))), ids
 
 
 async def listeners(dsn: str) -> int:
@@ -107,15 +59,12 @@ async def terminate_listeners(dsn: str) -> int:
 async def test_a_browser_on_one_process_follows_and_approves_a_turn_another_process_runs(
         tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
     dsn = postgres.fresh_dsn()
-    ports = [free_port(), free_port()]
-    bridges = [await BridgeProcess(config(tmp_path / f"p{i}", fake_openai.base_url, ports[i], dsn),
-                                   tmp_path / f"p{i}.log").start() for i in range(2)]
-    a, b = (f"http://127.0.0.1:{p}" for p in ports)
+    cluster = Cluster(tmp_path, fake_openai, dsn, 2, titles=True, extra=MCP_ECHO)
+    bridges = cluster.bridges
+    a, b = cluster.base(0), cluster.base(1)
     followers: list[Follower] = []
     try:
-        async def both_up() -> bool:
-            return all([await get_json(f"{base}/healthz") for base in (a, b)])
-        await wait_for(both_up, bridges)
+        await cluster.start()
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{a}/api/sessions") as resp:
                 sid = (await resp.json())["id"]
@@ -185,5 +134,4 @@ async def test_a_browser_on_one_process_follows_and_approves_a_turn_another_proc
     finally:
         for follower in followers:
             await follower.close()
-        for bridge in bridges:
-            await bridge.stop()
+        await cluster.stop()

@@ -6,22 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from tests.fakes.openai_server import FakeOpenAI, Text
 from tests.support.postgres import PostgresCluster
-from tests.support.process import BridgeProcess, postgresql_config, wait_for
+from tests.support.process import BridgeProcess, get_json, postgresql_config, wait_for
 from tests.test_app import free_port
-
-
-async def get_json(url: str) -> Any:
-    try:
-        async with aiohttp.ClientSession() as s, s.get(url) as resp:
-            return await resp.json() if resp.status == 200 else None
-    except aiohttp.ClientError:
-        return None
 
 
 async def waiting_for_the_migration_lock(dsn: str) -> int:

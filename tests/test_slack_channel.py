@@ -916,3 +916,23 @@ async def test_approval_buttons_left_by_a_crash_say_the_restart_denied_them(tmp_
         assert await t.channel.host.get_state(OPEN_STATE) == "[]"
     finally:
         await t.close()
+
+
+async def test_a_fallback_that_timed_out_is_repeated_once_not_once_per_background_try(tmp_path, fake_openai, slack):
+    # Slack carries every post out but answers too late: the client times out, so each may have been shown
+    # (chat.postMessage has no idempotency key). The call policy repeats the post once; the background does
+    # not post it again, or the conversation would show the answer once per try during the outage.
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await slack_harness(tmp_path, fake_openai, slack, call_timeout=0.3,
+                            core={"redelivery_delays": (0.05, 0.05, 0.05)})
+    try:
+        slack.fail("reactions.add", error="channel_not_found")  # no live delivery: the plain reply only
+        slack.fail("chat.postMessage", error="internal_error", apply_first=True, hang=30.0, times=1_000_000)
+        await t.deliver(slack.user_message("capital of France?"))
+        await t.settle()
+        await t.wait_for(lambda: not any(x.get_name().startswith("redeliver:") for x in asyncio.all_tasks()),
+                         timeout=10)
+        assert slack.visible("D0ALICE") == [ANSWER, ANSWER]  # the one repeat of a post that timed out
+        assert slack.count("chat.postMessage") == 2
+    finally:
+        await t.close()

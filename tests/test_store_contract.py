@@ -515,6 +515,27 @@ async def test_channel_state_is_durable_and_overwritable(backend: Backend) -> No
         await store.close()
 
 
+async def test_channel_state_names_are_listed_by_exact_prefix_and_a_value_can_be_forgotten(backend: Backend) -> None:
+    store = await reopened(backend)
+    try:
+        for name in ("open:b", "open", "open:a", "opened", "Open:c", "offset", "open%", "x_open:d"):
+            await store.set_channel_state("telegram", name, "[]")
+        await store.set_channel_state("slack", "open:z", "[]")
+        # a prefix is matched as it is: no pattern characters, no case folding, no other channel's names
+        assert await store.channel_state_names("telegram", "open:") == ["open:a", "open:b"]
+        assert await store.channel_state_names("telegram", "open") == ["open", "open%", "open:a", "open:b", "opened"]
+        assert await store.channel_state_names("telegram", "open_") == []
+        assert await store.channel_state_names("telegram", "%") == []
+        assert await store.channel_state_names("web", "") == []
+        await store.delete_channel_state("telegram", "open:a")
+        await store.delete_channel_state("telegram", "never-set")
+        assert await store.get_channel_state("telegram", "open:a") is None
+        assert await store.channel_state_names("telegram", "open:") == ["open:b"]
+        assert await store.get_channel_state("slack", "open:z") == "[]"
+    finally:
+        await store.close()
+
+
 async def test_attachments_are_claimed_and_expire(store: Store) -> None:
     def record(i: str, at: float, claimed: bool) -> AttachmentRecord:
         return AttachmentRecord(id=i, session_key=KEY, kind="image", name=f"{i}.png", content_type="image/png",

@@ -126,3 +126,26 @@ async def test_a_long_answer_taken_in_part_is_completed_later_without_repeating_
         assert await undelivered(t) == []
     finally:
         await t.close()
+
+
+async def test_a_fallback_that_timed_out_is_repeated_once_not_once_per_background_try(tmp_path, fake_openai, tg):
+    # Telegram carries every send out but answers too late: the client times out, so each may have been
+    # shown (there is no idempotency key). The call policy repeats the send once; the background does not
+    # send it again, or the chat would show the answer once per try for as long as the outage lasts.
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await telegram_harness(tmp_path, fake_openai, tg, call_timeout=0.3,
+                               core={"redelivery_delays": (0.05, 0.05, 0.05)})
+    try:
+        # no live updates, and the live final is refused: the plain fallback is the first send that lands
+        tg.fail("sendChatAction", status=403, description="Forbidden: bot was blocked by the user")
+        tg.fail("sendMessage", status=403, description="Forbidden: bot was blocked by the user")
+        tg.fail("sendMessage", status=502, description="Bad Gateway", apply_first=True, hang=30.0,
+                times=1_000_000)
+        tg.user_message("capital of France?")
+        await t.settle()
+        await t.wait_for(lambda: not retrying(), timeout=10)
+        assert tg.visible(CHAT) == [SHOWN, SHOWN]  # the one repeat of a send that timed out; never more
+        assert tg.count("sendMessage") == 3  # the refused live final, the fallback and its one repeat
+        assert len(await undelivered(t)) == 1  # the next start sends it
+    finally:
+        await t.close()

@@ -8,6 +8,8 @@ Each attempt is bounded by the policy's ``timeout``. Then:
   whose outcome is unknown (a send that timed out may have been carried out) is tried at most
   ``unknown_outcome_attempts`` times unless it is idempotent (an edit or a delete repeats a target state;
   a send carrying an idempotency key the platform honours), so a message appears twice at worst once;
+  a call that fails in the end says so (``PlatformError.outcome_unknown``) when any of its tries timed
+  out, not only the last, so its caller does not send it again (``core.redelivery``);
 - rate_limited (429): the limited scope is paused for retry_after (``Throttle.pause``, the one pause
   mechanism) and the call is made again once the pause is over, however long; a pause does not use up an
   attempt (at most ``max_pauses`` of them per call, so a call stays bounded);
@@ -120,8 +122,11 @@ class Calls:
         ``paced=False`` honours the scopes' pauses without taking a slot; ``timeout`` overrides the
         policy's bound on one attempt (a long poll)."""
         bound = timeout if timeout is not None else self.policy.timeout
+        unknown = False
+        """A try of this call timed out: it may have been carried out."""
 
         async def attempt() -> T:
+            nonlocal unknown
             if scopes:
                 if paced:
                     await self.throttle.reserve(scopes)
@@ -139,8 +144,10 @@ class Calls:
                             _bound.reset(token)
             except TimeoutError:
                 self._observe("error")
+                unknown = True
                 raise PlatformError(f"no answer within {bound:g}s", kind="transient", outcome_unknown=True) from None
             except PlatformError as exc:
+                unknown = unknown or exc.outcome_unknown
                 self._observe("rate_limited" if exc.kind == "rate_limited" else "error")
                 if exc.kind == "rate_limited" and scopes:
                     self.throttle.pause(exc.scope or scopes[0].key, exc.retry_after or 1.0)
@@ -155,7 +162,11 @@ class Calls:
             return AsyncRetrying(stop=_Stop(self.policy, idempotent), wait=_Wait(self.policy, bool(scopes)),
                                  retry=retry_if_exception(_retryable), reraise=True)
 
-        return await run_with_retries(policy, attempt)
+        try:
+            return await run_with_retries(policy, attempt)
+        except PlatformError as exc:
+            exc.outcome_unknown = exc.outcome_unknown or unknown  # an earlier try may have been carried out
+            raise
 
     async def pace(self, scopes: Sequence[Scope]) -> None:
         """Take a slot in ``scopes`` from inside an attempt. The attempt's bound stands still while this waits

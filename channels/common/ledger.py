@@ -5,8 +5,10 @@ fallback can tell exactly which parts the chat does not show yet.
 
 What counts as shown: a message shows a part when it shows the part's final rendering. A streaming
 preview (the plain Markdown source) is stale once the final failed: the sink removes it before the
-fallback, so the chat ends showing the formatted answer once. Only a preview the platform would not let
-us remove (``kept``) still counts for its words: sending them again would show them twice.
+fallback, so the chat ends showing the formatted answer once. Only a preview that stays (``kept``: the
+platform would not let us remove it, or the sink was aborted and left the chat as it was) still counts
+for its words: sending them again would show them twice. A kept preview that shows the beginning of its
+part (the reply grew after its last update) leaves only the rest of that part missing.
 """
 
 from __future__ import annotations
@@ -91,3 +93,20 @@ class Ledger:
     def missing(self, desired: list[Part]) -> list[Part]:
         """The desired parts the chat does not show (what a fallback must still send)."""
         return [part for i, part in enumerate(desired) if not self.shows(i, part)]
+
+    def unshown(self, desired: list[Part]) -> list[str]:
+        """The Markdown the chat does not show of each desired part it does not show in full: the whole
+        source, or the rest of it after what a kept preview of that part already shows."""
+        rest: list[str] = []
+        for i, part in enumerate(desired):
+            if self.shows(i, part):
+                continue
+            entry = self.entries[i] if i < len(self.entries) else None
+            shown = entry.part.source.rstrip() if entry is not None and entry.kept and not entry.gone else ""
+            if shown.strip() and part.source.startswith(shown):
+                left = part.source[len(shown):].strip()
+                if left:
+                    rest.append(left)
+                continue
+            rest.append(part.source)
+        return rest

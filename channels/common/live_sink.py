@@ -27,6 +27,11 @@ this is the rest of the ``TurnSink`` contract:
   throttle's. If the final still fails, previews that do not show their final form are deleted where the
   platform allows, so the core's single fallback (exactly the parts the ledger says are missing) leaves
   the chat showing the formatted answer once (``channels.common.ledger``).
+- Abort (core gave up waiting, or shutdown) stops at once and leaves the chat as it is: nothing is
+  removed, so every message, and what a native stream leaves in the chat (``NativeStream.leftover``),
+  counts for the words it shows, and ``undelivered`` names only the rest. A call the abort cut off may
+  have been carried out: an edit or a send counts as not made (its text may then show twice, never be
+  lost), a delete as made.
 - Approvals: a new pending approval is posted at once by the platform's prompts; one that ended without
   a press is marked with how it ended.
 - Subagents: while child sessions of the turn run, the last streamed message carries one status line per
@@ -59,7 +64,7 @@ from channels.common.reconciler import Reconciler
 from channels.common.splitter import Chunk, split
 from channels.common.status import status_lines
 from channels.common.throttle import Scope
-from core.agent.approvals import DENIED_BY_TIMEOUT
+from core.agent.approvals import DENIED_BY_TIMEOUT, DENIED_BY_USER
 from core.channel import SinkError, TurnFeed
 from core.snapshot import ApprovalRequest, TurnSnapshot
 
@@ -92,8 +97,9 @@ def body(snapshot: TurnSnapshot) -> str:
 
 
 def ended_line(snapshot: TurnSnapshot, call_id: str, origin: tuple[str, ...] = ()) -> str:
-    """How an approval ended without a press on its prompt, from the tool's status in ``snapshot`` (for a
-    subagent's call, from its child's state: its tools are not the turn's)."""
+    """How an approval ended without a press on its prompt in this process (timed out, stopped, or decided
+    through another process), from the tool's status in ``snapshot`` (for a subagent's call, from its
+    child's state: its tools are not the turn's)."""
     if origin:
         child = next((c for c in snapshot.children if c.origin == origin), None)
         if snapshot.state == "cancelled" or (child is not None and child.state == "cancelled"):
@@ -102,6 +108,8 @@ def ended_line(snapshot: TurnSnapshot, call_id: str, origin: tuple[str, ...] = (
     tool = next((t for t in snapshot.tools if t.call_id == call_id), None)
     if tool is not None and tool.status == "denied" and tool.summary == DENIED_BY_TIMEOUT:
         return "⌛ Denied: nobody decided in time."
+    if tool is not None and tool.status == "denied" and tool.summary == DENIED_BY_USER:
+        return "❌ Denied."
     if tool is not None and tool.status in ("running", "done"):
         return "✅ Allowed."
     return "⏹ The reply was stopped before a decision."  # /stop denies what is pending
@@ -131,7 +139,13 @@ class _Paced:
 
     async def delete(self, message_id: str) -> None:
         s = self._sink
-        await s.calls.call(lambda: s.ops.delete(message_id), scopes=s.ops.scopes, retry=s.final)
+        s.deleting = message_id  # cleared when the call is over, not when an abort cuts it off
+        try:
+            await s.calls.call(lambda: s.ops.delete(message_id), scopes=s.ops.scopes, retry=s.final)
+        except PlatformError:
+            s.deleting = None
+            raise
+        s.deleting = None
 
 
 class LiveSink:
@@ -159,6 +173,8 @@ class LiveSink:
         self.reconciler = Reconciler(_Paced(self))
         self.final = False
         """Set once the turn is over: calls are then retried within the policy."""
+        self.deleting: str | None = None
+        """The message a delete is on its way for (an abort counts it as deleted)."""
         self._loop = asyncio.get_running_loop()
         self._opened = self._loop.time()
         self._typing_at = -1e9
@@ -269,10 +285,21 @@ class LiveSink:
             raise SinkError(str(exc)) from None
 
     async def abort(self) -> None:
+        if self._aborted:
+            return
         self._aborted = True
+        ledger = self.ledger
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            self._adopt(stream.leftover())
+        for index, entry in enumerate(ledger.entries):
+            if entry.message_id == self.deleting:
+                ledger.gone(index)  # maybe deleted: its words are sent again rather than lost
+            elif not entry.gone:
+                ledger.keep(index)
 
     def undelivered(self, snapshot: TurnSnapshot) -> str | None:
-        return "\n\n".join(p.source for p in self.ledger.missing(self._final_parts(snapshot)))
+        return "\n\n".join(self.ledger.unshown(self._final_parts(snapshot)))
 
     def paused_seconds(self) -> float:
         return max(0.0, self.calls.throttle.paused_total(self.ops.scopes) - self._paused_at_open)
@@ -435,15 +462,17 @@ class LiveSink:
         return parts
 
     async def _close_stream(self, snapshot: TurnSnapshot, parts: list[Part]) -> None:
-        stream, self.stream = self.stream, None
+        stream = self.stream  # kept until the close is over: an abort meanwhile counts what it shows
         assert stream is not None
         index = len(self.ledger)
         part = parts[index] if index < len(parts) else None
         try:
             message_id = await self.calls.call(lambda: stream.close(snapshot, part), scopes=self.ops.scopes)
         except PlatformError:
+            self.stream = None
             self._adopt(_leftover(stream))  # a stale preview now: removed before a fallback
             raise
+        self.stream = None
         if message_id is not None and part is not None:
             self.ledger.accepted_send(message_id, part)
 

@@ -67,6 +67,12 @@ class NativeStream(Protocol):
         stream leaves nothing behind (the part is then sent as a message)."""
         ...
 
+    def leftover(self) -> tuple[str, Part] | None:
+        """The message the stream leaves in the chat and what it shows (its ``source``: the Markdown it
+        shows of the reply), or None when it leaves none (a draft preview vanishes). Asked after an
+        abort: what it shows counts as shown."""
+        ...
+
 
 @runtime_checkable
 class MessageStream(Protocol):

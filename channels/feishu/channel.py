@@ -35,7 +35,13 @@ Commands (``/stop``, ``/new``, ``/help``, ``/compact``) are message text, with o
 
 Approvals: each request is a card of its own with Allow / Deny buttons (``channels.feishu.sink``); a press
 is decided by core's rule through ``host.decide`` and answered with a toast and the decided card. Requests
-still open are kept in the channel's durable state, so the next start marks the cards a crash left behind.
+still open are kept in the channel's durable state, so the next start marks the cards a crash left behind
+(with several processes: the cards of a process that died, marked by one live process). Feishu hands a
+press to whichever process's connection it picks, not necessarily the one that posted the card: that one
+finds the request by its ref in the posting process's record and decides through ``host.decide``, which
+forwards the decision to the process holding the approval and waits at most 2 s for its answer (inside
+``press_wait`` and Feishu's 3 s); the press is answered with a toast, and the posting process's sink
+replaces the card once, as for an approval that ended without a press there.
 
 Attachments (images, files, voice, video, the images of a post) travel as ``MediaItem``s; core downloads
 them during the turn through ``fetch_attachment`` (``core.media.fetch.AttachmentSource``), which streams
@@ -382,7 +388,7 @@ class FeishuChannel:
                         raise
                     await self._post(ops, scopes, render.plain_post_content(source), key + "p")
             except PlatformError as exc:
-                raise SinkError(str(exc)) from None
+                raise SinkError(str(exc), outcome_unknown=exc.outcome_unknown) from None
 
     async def _post(self, ops: FeishuOps, scopes: tuple[Scope, ...], content: str, key: str) -> None:
         await self.calls.call(lambda: ops.post("post", content, key), scopes=scopes)
@@ -481,12 +487,23 @@ class FeishuChannel:
             return {}
         if action.event_id and not await self.host.mark_seen(f"press:{action.event_id}"):
             return approvals.toast("info", approvals.GONE)  # the same press delivered again
-        entry = self.pending_approvals.get(action.approval.ref)
-        if entry is None:
-            return approvals.toast("info", approvals.GONE)
         decision = action.approval.decision
         who = action.operator
         names = tuple(n for n in (who.user_id, who.union_id) if n)
+        entry = self.pending_approvals.get(action.approval.ref)
+        if entry is None:
+            elsewhere = await self._find(action.approval.ref)
+            if elsewhere is None or action.message_id not in (None, elsewhere.message_id):  # not that card's
+                return approvals.toast("info", approvals.GONE)
+            # posted by another process: decided where it is pending; that process's sink shows the outcome
+            result = await self.host.decide(elsewhere.session_key, elsewhere.call_id, decision,
+                                            Decider(who.open_id, names), origin=elsewhere.origin)
+            if result is DecideResult.REFUSED:
+                return approvals.toast("warning", approvals.NOT_YOURS)
+            if result is DecideResult.NOT_PENDING:
+                return approvals.toast("info", approvals.GONE)
+            return approvals.toast("success" if decision == "allow" else "info",
+                                   approvals.ALLOWED if decision == "allow" else approvals.DENIED)
         result = await self.host.decide(entry.session_key, entry.call_id, decision, Decider(who.open_id, names),
                                   origin=entry.origin)
         if result is DecideResult.REFUSED:
@@ -519,9 +536,30 @@ class FeishuChannel:
         await self._open.save()
 
     def _open_records(self) -> list[Record]:
-        return [{"ref": e.ref, "message_id": e.message_id, "tool": e.tool_name, "arguments": e.arguments,
-                 "requested_by": e.requested_by}
-                for e in self.pending_approvals.open()]
+        """What a restart needs to close a request, and a press in another process to decide it."""
+        records = []
+        for e in self.pending_approvals.open():
+            record: Record = {"ref": e.ref, "session": e.session_key, "call": e.call_id, "tool": e.tool_name,
+                              "arguments": e.arguments, "requested_by": e.requested_by}
+            if e.origin:
+                record["origin"] = list(e.origin)
+            if e.message_id is not None:  # shown: a restart can close it
+                record["message_id"] = e.message_id
+            records.append(record)
+        return records
+
+    async def _find(self, ref: str) -> PendingApproval | None:
+        """A request another process posted, from its record (None: unknown, or not shown yet)."""
+        item = await self._open.find(lambda r: r.get("ref") == ref)
+        if item is None or item.get("message_id") is None:
+            return None
+        try:
+            origin = tuple(str(o) for o in item.get("origin") or ())
+            return PendingApproval(ref, str(item["session"]), str(item["call"]), str(item["tool"]),
+                                   str(item.get("arguments") or ""), item.get("requested_by"),
+                                   message_id=str(item["message_id"]), origin=origin)
+        except (KeyError, TypeError, ValueError):
+            return None
 
     async def close_left_over(self) -> None:
         """Start-up: every approval card a previous process left with live buttons says the restart denied it."""

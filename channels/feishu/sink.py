@@ -280,6 +280,8 @@ class CardStream:
     def __init__(self, ops: FeishuOps) -> None:
         self._ops = ops
         self.card: CardState | None = None
+        self._source = ""
+        """The Markdown of the reply the card shows (its content also has the activity lines)."""
 
     async def _open(self, content: str, *, streaming: bool = True) -> CardState:
         ops = self._ops
@@ -312,13 +314,14 @@ class CardStream:
         answer = render.card_markdown(text) if text.strip() else ""
         status = activity(snapshot)
         await self._show(f"{answer}\n\n{status}".strip() if status else answer)
+        self._source = text
 
     async def freeze(self, part: Part) -> str:
         """The streaming card shows ``part`` for good; the next push opens a new card."""
         card = self.card or await self._open(part.text, streaming=False)  # finished already: no streaming
         message_id = await self._sent(card)
         await set_card(self._ops.api, card, part.text, close=True)
-        self.card = None
+        self.card, self._source = None, ""
         return message_id
 
     async def close(self, snapshot: TurnSnapshot, part: Part | None) -> str | None:
@@ -334,6 +337,12 @@ class CardStream:
         await set_card(self._ops.api, card, part.text if part is not None else card.content, close=True)
         self.card = None  # finished: a part sent after it gets a card of its own
         return message_id
+
+    def leftover(self) -> tuple[str, Part] | None:
+        card = self.card
+        if card is None or card.message_id is None:
+            return None
+        return card.message_id, Part(text=card.content, source=self._source)
 
     async def note_below(self) -> None:
         """After the final update failed for good: one try to close the card with a pointer to the fallback."""
@@ -412,8 +421,14 @@ class FeishuPrompts:
             origin=request.origin)
         card = approvals.approval_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by)
         content = json.dumps(card, ensure_ascii=False)
-        entry.message_id = await self._channel.calls.call(
-            lambda: self._ops.post("interactive", content, entry.key), scopes=self._ops.scopes, idempotent=True)
+        await self._channel.save_open_approvals()  # findable by a press that reaches another process
+        try:
+            entry.message_id = await self._channel.calls.call(
+                lambda: self._ops.post("interactive", content, entry.key), scopes=self._ops.scopes, idempotent=True)
+        except Exception:
+            entry.outcome = "ended"  # never shown with its buttons: nothing to find or close
+            await self._channel.save_open_approvals()
+            raise
         await self._channel.save_open_approvals()
         return entry
 
@@ -440,7 +455,8 @@ class PendingApproval:
 
 
 class PendingApprovals:
-    """Approval requests by the short ``ref`` their buttons carry (call ids never travel to the client)."""
+    """This process's approval requests by the short ``ref`` their buttons carry (call ids never travel to the
+    client; another process finds them by ``ref`` in the open-requests record, ``channels.common.open_approvals``)."""
 
     def __init__(self, limit: int = 1000) -> None:
         self._by_ref: dict[str, PendingApproval] = {}
@@ -459,5 +475,5 @@ class PendingApprovals:
         return self._by_ref.get(ref)
 
     def open(self) -> list[PendingApproval]:
-        """Requests shown with their buttons that have not ended."""
-        return [e for e in self._by_ref.values() if e.outcome is None and e.message_id is not None]
+        """Requests that have not ended: shown with their buttons, or about to be."""
+        return [e for e in self._by_ref.values() if e.outcome is None]

@@ -224,7 +224,7 @@ class SlackChannel:
                         if exc.kind != "format" or not part.formatting:
                             raise
             except PlatformError as exc:
-                raise SinkError(str(exc)) from None
+                raise SinkError(str(exc), outcome_unknown=exc.outcome_unknown) from None
 
     async def show_decision(self, entry: PromptHandle, blocks: list[dict[str, Any]]) -> None:
         """Update an approval message to show how it ended (no buttons). It answers a press, so it goes at once
@@ -479,6 +479,7 @@ class SlackChannel:
         result = await self.host.decide(press.action.session_key, press.action.call_id, press.decision,
                                   decided_by=Decider(press.user_id, names), origin=press.action.origin)
         entry = self.prompts_by_call.get(press.action)
+        posted_here = entry is not None
         if entry is None:
             entry = self._handle_for(press, body)
         if result is DecideResult.REFUSED:
@@ -493,7 +494,9 @@ class SlackChannel:
                     entry, decided_blocks(entry.tool_name, entry.arguments, "ended", label=entry.label)))
             return
         outcome: Literal["allowed", "denied"] = "allowed" if press.decision == "allow" else "denied"
-        if entry is not None:
+        # decided in another process (the one running the turn): its sink, which posted the buttons, shows
+        # the outcome, once
+        if entry is not None and posted_here:
             entry.outcome = outcome
             self._spawn("slack:approval-decided", self.show_decision(
                 entry, decided_blocks(entry.tool_name, entry.arguments, outcome, by=press.user_id,

@@ -5,8 +5,10 @@ topic): the tool's name and every argument, with the two buttons under the last 
 say what the call does (``ShownArgument.key``, e.g. fetch_url's URL) are shown whole, split over several
 messages if they do not fit Telegram's limit in one; only the other arguments are shortened, marked, when
 the whole request would not fit one message. A button's ``callback_data`` is
-``ap:<ref>:<a|d>``, where ``ref`` is a random token that maps, in memory, to (session key, tool call id);
-it stays far below Telegram's 64-byte limit whatever the call id looks like.
+``ap:<ref>:<a|d>``, where ``ref`` is a random token that maps to (session key, tool call id): in the memory
+of the process that posted the request, and in its open-requests record in the store
+(``channels.common.open_approvals``), saved before the buttons are shown. It stays far below Telegram's
+64-byte limit whatever the call id looks like.
 
 Who may press is core's rule (``core.agent.deciders``: the user whose message started the turn or, when
 ``allow_from`` is a list rather than "*", a user on it; the channel hands core its ``allow_from`` once).
@@ -16,10 +18,18 @@ edited to show it (the edit carries no keyboard, which removes it). An approval 
 a press (timed out, the turn stopped) is edited the same way by the sink; a press the bridge no longer
 knows (after a restart, or once the turn ended) is answered "no longer pending" and its keyboard removed.
 
+Several processes on one database: the process that receives a press (the one polling the bot, or
+whichever took the webhook request) may not be the one that posted the request, whose turn holds the
+approval. It finds the request by its ref in the posting process's record and decides through
+``host.decide``, which forwards the decision to the holder (``core.agent.approval_relay``); it answers the
+callback query, and the holder's sink edits the message once to show how the approval ended (without the
+presser's name, which only the process that got the press knows).
+
 Approvals do not outlive the process (a restart ends the turn that waited for them), but their buttons
 would: so every posted request that has not ended is also kept in the channel's durable state, and the next
-start edits each one to say it was denied by the restart, before the first update is read
-(``channels.common.open_approvals``). A button nobody can act on never looks live.
+start edits each one to say it was denied by the restart, before the first update is read; with several
+processes, those of a process that died are closed by one live process (``channels.common.open_approvals``).
+A button nobody can act on never looks live.
 """
 
 from __future__ import annotations
@@ -135,6 +145,18 @@ def _split_exactly(text: str, limit: int, continued: str) -> list[str]:
     return parts
 
 
+def _record(entry: PendingApproval) -> Record:
+    """What a restart needs to close the request, and a press in another process to decide it."""
+    record: Record = {"ref": entry.ref, "session": entry.session_key, "call": entry.call_id,
+                      "by": entry.requested_by, "chat_id": entry.chat_id, "tool": entry.tool_name,
+                      "text": entry.parts[-1]}
+    if entry.origin:
+        record["origin"] = list(entry.origin)
+    if entry.message_id is not None:  # shown: a restart can close it
+        record["message_id"] = entry.message_id
+    return record
+
+
 def outcome_text(entry: PendingApproval, line: str) -> str:
     """The last part of the request with how it ended appended (the edit that removes the keyboard)."""
     last = entry.parts[-1] if entry.parts else f"🔧 Approval needed: {entry.tool_name}"
@@ -166,7 +188,8 @@ class ApprovalButtons:
     # ---- what a restart must close ------------------------------------------------------------------
 
     async def posted(self, entry: PendingApproval) -> None:
-        """The request is shown with its buttons: remember it durably until it ends."""
+        """The request is about to be shown (``message_id`` None) or is shown with its buttons: remember it
+        durably until it ends (so a press that reaches another process finds it)."""
         await self._save()
 
     async def close_left_over(self) -> None:
@@ -179,8 +202,21 @@ class ApprovalButtons:
         await self.show_outcome(entry, RESTARTED)
 
     def _open_records(self) -> list[Record]:
-        return [{"chat_id": e.chat_id, "message_id": e.message_id, "tool": e.tool_name, "text": e.parts[-1]}
-                for e in self._by_ref.values() if e.outcome is None and e.message_id is not None and e.parts]
+        return [_record(e) for e in self._by_ref.values() if e.outcome is None and e.parts]
+
+    async def _find(self, ref: str) -> PendingApproval | None:
+        """A request another process posted (or this one, before it was forgotten), from its record."""
+        item = await self._open.find(lambda r: r.get("ref") == ref)
+        if item is None:
+            return None
+        try:
+            origin = item.get("origin") or []
+            by = item.get("by")
+            return PendingApproval(ref, str(item["session"]), str(item["call"]), str(item["tool"]),
+                                   None if by is None else str(by), int(item["chat_id"]), (str(item["text"]),),
+                                   int(item["message_id"]), origin=tuple(str(o) for o in origin))
+        except (KeyError, TypeError, ValueError):
+            return None  # not shown yet, or not readable: nothing anyone can press on
 
     async def _save(self) -> None:
         await self._open.save()
@@ -208,6 +244,12 @@ class ApprovalButtons:
         ref, decision = parsed
         entry = self._by_ref.get(ref)
         message = query.message if isinstance(query.message, Message) else None
+        if entry is None:
+            elsewhere = await self._find(ref)
+            if elsewhere is not None and (message is None or (message.chat.id, message.message_id)
+                                          == (elsewhere.chat_id, elsewhere.message_id)):
+                await self._press_elsewhere(query, elsewhere, decision)
+                return
         if entry is None or entry.outcome is not None:
             decided = entry is not None and entry.outcome in ("allowed", "denied")
             await self._answer(query, f"Already {entry.outcome}." if entry is not None and decided else GONE)
@@ -232,6 +274,22 @@ class ApprovalButtons:
         await self._answer(query, "Allowed" if decision == "allow" else "Denied")
         mark = "✅ Allowed" if decision == "allow" else "❌ Denied"
         await self.show_outcome(entry, f"{mark} by {who}")
+
+    async def _press_elsewhere(self, query: CallbackQuery, entry: PendingApproval,
+                               decision: Literal["allow", "deny"]) -> None:
+        """A press on a request another process posted: decided where the approval is pending; the message
+        is left to the posting process's sink, which shows how the approval ended once."""
+        user = query.from_user
+        username = vouched_username(user)
+        result = await self._channel.host.decide(entry.session_key, entry.call_id, decision,
+                                                 decided_by=Decider(str(user.id), (username,) if username else ()),
+                                                 origin=entry.origin)
+        if result is DecideResult.REFUSED:
+            await self._answer(query, NOT_YOURS, alert=True)
+        elif result is DecideResult.NOT_PENDING:
+            await self._answer(query, GONE)
+        else:
+            await self._answer(query, "Allowed" if decision == "allow" else "Denied")
 
     async def show_outcome(self, entry: PendingApproval, line: str) -> None:
         """Edit the approval message to show how it ended; the edit has no keyboard, so the buttons go.

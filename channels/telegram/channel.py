@@ -173,7 +173,8 @@ class TelegramChannel:
                         chat_id=dest.chat_id, text=chunk, parse_mode=None, message_thread_id=dest.thread_id,
                         reply_parameters=reply), chat=dest.key)
             except PlatformError as exc:  # the messages before this one are shown: only the rest is missing
-                raise SinkError(str(exc), unsent="\n".join(chunks[i:]) if i else None) from None
+                raise SinkError(str(exc), unsent="\n".join(chunks[i:]) if i else None,
+                                outcome_unknown=exc.outcome_unknown) from None
 
     # ---- lifecycle -----------------------------------------------------------------------------
 

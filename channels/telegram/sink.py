@@ -133,6 +133,9 @@ class DraftStream:
     async def close(self, snapshot: TurnSnapshot, part: Part | None) -> str | None:
         return None  # the final message, sent next, replaces the preview
 
+    def leftover(self) -> tuple[str, Part] | None:
+        return None  # a draft is no message of the chat
+
 
 class TelegramPrompts:
     """``ApprovalPrompts``: an approval request with Allow / Deny buttons, in the turn's chat and topic."""
@@ -147,15 +150,21 @@ class TelegramPrompts:
         entry = self._channel.approval_buttons.register(
             session_key, request.call_id, request.tool_name, request.arguments,
             request.requested_by or self._target.sender_id, d.chat_id, origin=request.origin, label=request.label)
+        await self._channel.approval_buttons.posted(entry)  # findable by a press in another process
         msg = None
         # A request longer than one message comes in parts; the keyboard goes under the last one only once
         # every part is shown, so nobody decides on half of the arguments.
-        for i, text in enumerate(entry.parts):
-            last = i == len(entry.parts) - 1
-            msg = await self._channel.client.call(SendMessage(
-                chat_id=d.chat_id, text=text, parse_mode=None, message_thread_id=d.thread_id,
-                reply_parameters=d.reply() if i == 0 else None, reply_markup=keyboard(entry.ref) if last else None),
-                chat=d.key)
+        try:
+            for i, text in enumerate(entry.parts):
+                last = i == len(entry.parts) - 1
+                msg = await self._channel.client.call(SendMessage(
+                    chat_id=d.chat_id, text=text, parse_mode=None, message_thread_id=d.thread_id,
+                    reply_parameters=d.reply() if i == 0 else None,
+                    reply_markup=keyboard(entry.ref) if last else None), chat=d.key)
+        except Exception:
+            entry.outcome = "ended"  # never shown with its buttons: nothing to find or close
+            await self._channel.approval_buttons.posted(entry)
+            raise
         if msg is not None:
             entry.message_id = msg.message_id
             await self._channel.approval_buttons.posted(entry)

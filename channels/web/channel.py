@@ -90,10 +90,13 @@ class WebStream:
         self._hub = hub
         self._session_id = session_id
         self._client_id = client_id
+        self._shown: tuple[str, str] | None = None
+        """(turn id, text) of the turn's entry as the pages show it."""
 
     async def push(self, snapshot: TurnSnapshot, text: str, change: TextChange | None) -> None:
         appended = "" if change is None else None if change.replace else change.text
         self._hub.stream(self._session_id).turn_update(snapshot, self._client_id, appended=appended)
+        self._shown = (snapshot.turn_id, text)
 
     async def close(self, snapshot: TurnSnapshot, part: Part | None) -> str | None:
         stream = self._hub.stream(self._session_id)
@@ -101,6 +104,9 @@ class WebStream:
         if not stream.has_terminal(snapshot.turn_id):
             raise PlatformError("terminal event not recorded", kind="permanent")
         return snapshot.turn_id
+
+    def leftover(self) -> tuple[str, Part] | None:
+        return None if self._shown is None else (self._shown[0], Part.plain(self._shown[1]))
 
 
 class WebChannel:

@@ -440,6 +440,18 @@ class PostgresqlStore:
                           " ON CONFLICT (channel, name) DO UPDATE SET value = EXCLUDED.value,"
                           " updated_at = EXCLUDED.updated_at", channel, name, value, self._clock())
 
+    @lands
+    async def channel_state_names(self, channel: str, prefix: str) -> list[str]:
+        found = await self._fetch("channel_state_names",
+                                  "SELECT name FROM channel_state WHERE channel = $1 AND starts_with(name, $2)"
+                                  " ORDER BY name COLLATE \"C\"", channel, prefix)
+        return [str(r[0]) for r in found]
+
+    @lands
+    async def delete_channel_state(self, channel: str, name: str) -> None:
+        await self._fetch("delete_channel_state", "DELETE FROM channel_state WHERE channel = $1 AND name = $2",
+                          channel, name)
+
     # -- traces
 
     @lands

@@ -6,7 +6,7 @@ takes ``--model-ms``), fed over the web chat's HTTP API: ``--conversations`` con
 (messages answered / wall time until the last answer is in the history) and the p50 and p95 of the time
 from a message's post to the model request that answers it (its wait in the queue, the lease, the
 context). Then SIGKILLs the process streaming a held answer and prints how long after the kill another
-process sent the conversation's next model request (lease ``--lease`` seconds).
+process sent the conversation's next model request (leases of 2 s).
 
     python -m tests.bench.cluster             # about two minutes
     python -m tests.bench.cluster --quick
@@ -33,9 +33,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.fakes.openai_server import FakeOpenAI, Function, Reply, Text  # noqa: E402
+from tests.support.cluster import LEASE_SECONDS, Cluster, asked, new_session, post  # noqa: E402
 from tests.support.postgres import running_cluster  # noqa: E402
 from tests.support.process import wait_for  # noqa: E402
-from tests.test_postgresql_cluster import Cluster, asked, history, new_session, post  # noqa: E402
 
 
 async def throughput(root: Path, dsn: str, processes: int, conversations: int, messages: int,
@@ -66,9 +66,7 @@ async def throughput(root: Path, dsn: str, processes: int, conversations: int, m
                                        for n, sid in enumerate(sids)))
                 await wait_for(lambda: len(asked_at) >= conversations * messages, cluster.bridges, timeout=600)
                 for sid in sids:
-                    async def done(sid: str = sid) -> bool:
-                        return len(await history(cluster.base(0), sid)) == 2 * messages
-                    await wait_for(done, cluster.bridges, timeout=600)
+                    await cluster.wait_answered(sid, messages, timeout=600)
                 elapsed = time.monotonic() - began
         finally:
             await cluster.stop()
@@ -92,12 +90,9 @@ async def takeover(root: Path, dsn: str) -> float:
                 sid = await new_session(http, cluster.base(0))
                 await post(http, cluster.base(0), sid, "c0 first")
                 await wait_for(lambda: len(fake.requests) == 1, cluster.bridges)
-                holder = int(fake.auth_headers[0].removeprefix("Bearer sk-p"))
+                holder = cluster.sender(0)
                 await post(http, cluster.base(1 - holder), sid, "c0 second")
-            await cluster.bridges[holder].kill()
-            killed = time.monotonic()
-            await wait_for(lambda: len(fake.requests) >= 2, cluster.bridges, timeout=120)
-            return time.monotonic() - killed
+            return await cluster.kill_until(holder, lambda: len(fake.requests) >= 2, timeout=120)
         finally:
             await cluster.stop()
 
@@ -116,14 +111,14 @@ async def main() -> None:
             sys.exit(pg)
         with tempfile.TemporaryDirectory() as tmp:
             print(f"{args.conversations} conversations x {args.messages} messages, model answer "
-                  f"{args.model_ms:.0f} ms, lease {2} s")
+                  f"{args.model_ms:.0f} ms, lease {LEASE_SECONDS} s")
             for n in (1, 2, 3):
                 rate, p50, p95 = await throughput(Path(tmp) / f"n{n}", pg.fresh_dsn(), n, args.conversations,
                                                   args.messages, args.model_ms / 1000)
                 print(f"{n} process(es): {rate:6.1f} turns/s   post -> model request p50 {p50 * 1000:6.0f} ms"
                       f"   p95 {p95 * 1000:6.0f} ms")
             took = await takeover(Path(tmp) / "takeover", pg.fresh_dsn())
-            print(f"SIGKILL of the holder: the next model request {took:.2f} s later (lease 2 s)")
+            print(f"SIGKILL of the holder: the next model request {took:.2f} s later (lease {LEASE_SECONDS} s)")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
+
 if TYPE_CHECKING:
     from tests.fakes.telegram import FakeTelegram
 
@@ -74,6 +76,15 @@ async def wait_for(cond: Callable[[], Any], bridges: BridgeProcess | Sequence[Br
     group = [bridges] if isinstance(bridges, BridgeProcess) else list(bridges)
     logs = "\n----\n".join(b.log()[-4000 // len(group):] for b in group if b.log_path.exists())
     raise AssertionError(f"{what or 'condition'} not reached in time; bridge log:\n{logs}")
+
+
+async def get_json(url: str) -> Any:
+    """The JSON a GET of ``url`` answers with 200; None for any other status, or when nothing answers."""
+    try:
+        async with aiohttp.ClientSession() as s, s.get(url) as resp:
+            return await resp.json() if resp.status == 200 else None
+    except aiohttp.ClientError:
+        return None
 
 
 def postgresql_config(directory: Path, *, dsn: str, llm: str, port: int, api_key: str = "sk-test",

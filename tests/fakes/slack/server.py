@@ -161,7 +161,8 @@ class Fault:
     drop: bool = False
     """Close the connection without an answer (the client sees a network error)."""
     apply_first: bool = False
-    """Carry the call out, then answer with the failure (a response lost after the work was done)."""
+    """Carry the call out, then answer with the failure (a response lost after the work was done); with
+    ``hang``, carried out before the wait (a call that lands but whose answer comes too late)."""
     body: str | None = None
     """A raw body for the failure (e.g. an HTML error page on a 5xx)."""
 
@@ -452,13 +453,13 @@ class FakeSlack(UserActions):
     async def _apply_fault(self, request: web.Request, call: Call, fault: Fault,
                            handler: Callable[[dict[str, Any]], dict[str, Any]] | None,
                            params: dict[str, Any]) -> web.StreamResponse:
-        if fault.hang:
-            await asyncio.sleep(fault.hang)
         if fault.apply_first and handler is not None:
             try:
                 handler(params)
             except SlackError:
                 pass
+        if fault.hang:
+            await asyncio.sleep(fault.hang)
         if fault.drop:
             call.status, call.error = 0, "dropped"
             if request.transport is not None:

@@ -98,7 +98,8 @@ class Fault:
     times: int = 1
     when: Callable[[dict[str, Any]], bool] | None = None
     apply_first: bool = False
-    """Carry the call out, then answer with the error (a response lost after the work was done)."""
+    """Carry the call out, then answer with the error (a response lost after the work was done); with
+    ``hang``, carried out before the wait (a call that lands but whose answer comes too late)."""
     hang: float = 0.0
 
 
@@ -379,10 +380,10 @@ class FakeTelegram:
         fault = self._fault(method, params)
         handler = getattr(self, f"_m_{method}", None)
         if fault is not None:
-            if fault.hang:
-                await asyncio.sleep(fault.hang)
             if fault.apply_first and handler is not None:
                 await handler(params)
+            if fault.hang:
+                await asyncio.sleep(fault.hang)
             call.status = fault.status
             return self._error(fault.status, fault.description, fault.retry_after)
         if handler is None:
