@@ -314,7 +314,7 @@ class SqliteStore:
         await self._write("end_turn", writes.END_TURN, (state, self._clock(), turn_id))
 
     async def mark_delivered(self, turn_id: str) -> None:
-        await self._write("mark_delivered", writes.MARK_DELIVERED, (turn_id, self._clock()))
+        await self._writing("mark_delivered").mark_delivered("mark_delivered", turn_id, self._clock())
 
     async def undelivered_turns(self, since: float, *, key: str | None = None,
                                 ended_before: float | None = None) -> list[UndeliveredTurn]:
