@@ -2,6 +2,10 @@
 
 Set at most once. Whoever must react registers a callback and is called at once, so a turn needs no
 task of its own just to wait for a /stop that usually never comes.
+
+``abandon`` sets it too, and says more: this process lost the session (its lease, ``core.leases``) to
+another one, which owns the turn's outcome from now on. The turn stops like on ``/stop`` but commits
+nothing and delivers nothing more (``core.executor``).
 """
 
 from __future__ import annotations
@@ -12,10 +16,21 @@ from collections.abc import Callable
 class CancelSignal:
     def __init__(self) -> None:
         self._set = False
+        self._abandoned = False
         self._listeners: list[Callable[[], object]] = []
 
     def is_set(self) -> bool:
         return self._set
+
+    @property
+    def abandoned(self) -> bool:
+        """The turn was abandoned (``abandon``): its outcome is another process's to close."""
+        return self._abandoned
+
+    def abandon(self) -> None:
+        """Stop the turn and leave its outcome to the process that took its session over."""
+        self._abandoned = True
+        self.set()
 
     def set(self) -> None:
         if self._set:

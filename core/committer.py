@@ -10,6 +10,9 @@ same text its chat is shown — as a message of kind "notice", in the same revis
 a client that resyncs after a restart, finds it in history instead of losing it with the live stream.
 Notices are for people only: the context builder never sends them to the model. Persisting one delivers
 nothing; what a chat is sent stays the executor's business (one terminal message per turn).
+
+A turn record is closed once: a commit that finds it closed already (another process took the session
+over and closed it as interrupted, ``Store.commit_turn``) writes nothing and says so (``taken_over``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from core.events import EventBus, TurnCommitted
 from core.failures import TurnFailure, TurnFailureKind, TurnFailurePresenter
 from core.messages import MessageSource, NewMessage, ToolCall
 from core.runner import Cancelled, Completed, Failed, Stale, TurnRunOutcome
-from core.store import CommitResult, StaleStateError, Store, TurnState
+from core.store import CommitResult, StaleStateError, Store, TurnEndedError, TurnState
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,9 @@ class CommitOutcome:
     """The revision holding the turn's messages; None when they could not be persisted."""
     notice: str | None
     """The terminal notice of a turn that ended without an answer (what its chat is shown), else None."""
+    taken_over: bool = False
+    """Nothing was committed: another process took the session over and closed the turn first (with its
+    interrupted notice); the outcome is that process's, and this one delivers nothing."""
 
 
 class TurnCommitter:
@@ -69,6 +75,10 @@ class TurnCommitter:
                                                        expect_generation=None, expect_state_version=None,
                                                        end_turn=(turn_id, _turn_state(outcome)),
                                                        trace=(turn_id, trace))
+        except TurnEndedError:
+            log.warning("turn %s of %s was closed by the process that took the session over; its output is "
+                        "not committed", turn_id, key)
+            return CommitOutcome(outcome, None, None, taken_over=True)
         except Exception as exc:
             log.error("persisting turn %s of %s failed: %s", turn_id, key, exc)
             failure = TurnFailure(TurnFailureKind.TURN_PERSISTENCE, f"{type(exc).__name__}: {exc}")

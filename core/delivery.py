@@ -118,6 +118,14 @@ class DeliveryHandle:
             return None
 
 
+    async def abandon(self) -> None:
+        """Stop following the turn at once and show nothing more of it (the sink is aborted, its terminal
+        state never sent): another process owns the turn's outcome."""
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task  # its cancellation aborts the sink
+
+
 class PlainSender:
     """Sends one ordinary message through a channel (fallbacks, notices, command replies).
 

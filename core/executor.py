@@ -11,6 +11,11 @@
 5. DeliveryHandle.wait → plain fallback at most once; the turn is marked delivered only when the chat shows
    its terminal content, else the missing text is sent again later (``core.redelivery``)
 6. TitleService.schedule (background)
+
+A turn whose process lost the session to another one (``CancelSignal.abandon`` when the lease was lost, or
+a commit that finds the turn closed by the new holder) ends before step 4 or at it: it commits nothing,
+sends no terminal message and no fallback, and its live view stops where it is. The new holder closes it
+with its interrupted notice (``core.failover``): the chat sees one terminal outcome.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ from core.title import TitleService
 from core.turn_log import turn_scope
 
 log = logging.getLogger(__name__)
+
+ABANDONED = "abandoned (the session moved to another process)"
+"""How a turn ends in its log line when its process lost the session's lease (``CancelSignal.abandon``)."""
 
 
 class ConversationExecutor:
@@ -84,6 +92,8 @@ class ConversationExecutor:
 
         # 1. fetch the attachments, then persist the user message with their references
         attachments = await self._take_attachments(envelope, cancel)
+        if cancel.abandoned:  # the session moved to another process: it answers the stored message
+            return ABANDONED
         try:
             message, record = await self._store.append_message(key, NewMessage(
                 role="user", content=envelope.content, received_at=envelope.received_at,
@@ -123,10 +133,16 @@ class ConversationExecutor:
                 log.exception("running the turn in %s failed", key)
                 outcome = Failed(TurnFailure(TurnFailureKind.AGENT_CREATION, repr(exc)), controller.text)
 
-        # 4. commit, and only then show the terminal state
+        # 4. commit, and only then show the terminal state; a turn whose session moved to another process
+        # meanwhile (its lease was lost, or the new holder closed the turn first) ends here: the new holder
+        # closes it with its interrupted notice, the chat gets nothing more from this one
+        if cancel.abandoned:
+            return await self._abandon(key, handle, context)
         trace = self._trace_records(key, controller)  # complete once the run is over
         committed = await self._committer.commit(key, turn_id, outcome, base_generation=base_generation,
                                                  base_state_version=base_state_version, trace=trace)
+        if committed.taken_over:
+            return await self._abandon(key, handle, context)
         outcome = committed.outcome
         if committed.result is not None:
             context.committed(committed.result)
@@ -148,6 +164,16 @@ class ConversationExecutor:
         return _outcome_label(outcome)
 
     # ---- steps ---------------------------------------------------------------------------------
+
+    @staticmethod
+    async def _abandon(key: str, handle: DeliveryHandle | None, context: ContextCache) -> str:
+        """Leave the turn to the process that took its session over: no commit, no terminal message, no
+        fallback; the live view stops where it is."""
+        log.warning("the turn in %s is left to the process that took the session over", key)
+        context.clear()
+        if handle is not None:
+            await handle.abandon()
+        return ABANDONED
 
     async def _take_attachments(self, envelope: InboundEnvelope, cancel: CancelSignal) -> Intake:
         """The message's attachments, fetched and read; ``/stop`` abandons the downloads at once."""

@@ -3,25 +3,34 @@
 ``core.leases`` says which process runs a session's worker; this module is what the processes do about it
 (with ``LocalLeases`` — one process per database — none of it runs, and start-up stays as it was):
 
-- **Heartbeat**: every held lease is renewed every ``ttl / 3`` in one statement; the sessions whose lease
-  was lost start nothing more (``SessionManager.lost``). The process's own liveness (``core.processes``)
-  is one of these leases, taken again when it was lost.
+- **Heartbeat**: every held lease is renewed every ``ttl / 3`` in one statement; when renewals fail, one
+  more beat comes at the first lease's deadline. A session whose lease was lost (``core.leases`` says
+  exactly when) abandons its running turn and starts nothing more (``SessionManager.lost``); the new
+  holder closes that turn with its interrupted notice. The turn record is the fence: a commit that finds
+  it closed by the new holder writes nothing (``Store.commit_turn``), and a takeover finds nothing to close
+  when the old holder's commit came first, so a chat sees one terminal outcome either way. The process's
+  own liveness (``core.processes``) is one of these leases, taken again when it was lost.
 - **Takeover** (``take``, called by a worker that was just granted a lease): a turn still recorded as
-  running for that session belonged to a holder that died (a live holder keeps its lease, so nobody else
-  is granted it): it is closed as interrupted and its notice sent — by the one process holding the lease,
-  so once. The session's undelivered turns are sent again, but only those that ended more than
-  ``settle`` seconds ago: until then the process that ran the turn may still be retrying it
-  (``core.redelivery``).
+  running for that session belonged to a holder that died or lost the lease (and abandoned the turn): it
+  is closed as interrupted and its notice sent — by the one process holding the lease, so once. The turns
+  of its subagents (child sessions, which ran inside it) are closed with it, each with the notice in its
+  own history (the chat is told once, for the parent). The session's undelivered turns are sent again,
+  but only those that ended more than ``settle`` seconds ago: until then the process that ran the turn may
+  still be retrying it (``core.redelivery``).
 - **Waiting messages** (``waiting``): the session's stored messages, whichever process admitted them;
   one too old to answer gets its notice instead, in the session's order.
 - **Signals** over the cluster bus (``core.bus``): ``/stop`` and ``/new`` sent to a process
   that does not hold the session are forwarded to the holder (``session.stop``, ``session.new``). Messages
   need no signal: a holder reads the store after each turn and once more after releasing its lease.
-- **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, a turn left running) and no live
-  lease are woken here; whichever process gets the lease takes them over. That is what moves a dead
-  holder's sessions; at start-up it runs at once, instead of the recovery of every session a single
-  process does (which would close the turns other live processes are running). A turn that only waits for
-  its delivery does not wake its session (a platform that keeps refusing it would be tried every sweep):
+  A forwarded ``/new`` is durable: it is stored with the session's messages first (``waiting`` hands it
+  back as a job in its place, taking the messages before it), and the signal only makes the holder stop
+  the reply being written and read the store. A holder that dies as the signal is sent leaves the stored
+  ``/new`` to the process that takes the session over, which applies it in order.
+- **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, a turn left running — its own or a
+  subagent's) and no live lease are woken here; whichever process gets the lease takes them over. That is what
+  moves a dead holder's sessions; at start-up it runs at once, instead of the recovery of every session a
+  single process does (which would close the turns other live processes are running). A turn that only waits
+  for its delivery does not wake its session (a platform that keeps refusing it would be tried every sweep):
   it is sent when its session is next taken over.
 """
 
@@ -34,13 +43,16 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Literal, Protocol
 
+from pydantic import BaseModel, ConfigDict
+
+from core.agent.subagents import CHILD_MARK
 from core.bus import ClusterBus
 from core.envelope import InboundEnvelope
 from core.leases import SessionLeases
 from core.processes import Processes
-from core.session import Admitted, SessionManager
+from core.session import Job, SessionManager, StoredJob, Waiting
 from core.settings import CoreSettings
 from core.store import Store, TurnRecord, UndeliveredTurn
 from core.supervisor import ShuttingDownError, TaskSupervisor
@@ -57,6 +69,17 @@ SWEEP_LIMIT = 100
 """Sessions woken per sweep; the next sweep takes the rest."""
 
 
+class StoredCommand(BaseModel):
+    """A command stored with a session's messages for whichever process serves the session next (a forwarded
+    ``/new``). Its JSON is not an envelope's: a process that does not know it drops it as unreadable rather
+    than answering it as a message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    command: Literal["new"]
+    envelope: InboundEnvelope
+
+
 class Recovery(Protocol):
     """What ChatCore does for a session taken over (the same steps its start-up does for every session)."""
 
@@ -70,8 +93,9 @@ class Recovery(Protocol):
         """``/stop`` forwarded to this process (the holder)."""
         ...
 
-    def new_here(self, envelope: InboundEnvelope) -> None:
-        """``/new`` forwarded to this process (the holder)."""
+    def stored_job(self, command: str, envelope: InboundEnvelope, seq: int) -> Job | None:
+        """The job a stored command stands for (a forwarded ``/new``; it finishes record ``seq`` itself), or
+        None when there is none."""
         ...
 
 
@@ -117,21 +141,27 @@ class SessionFailover:
     # -- what a worker calls (core.session.Takeover)
 
     async def take(self, key: str) -> None:
-        for turn in await self._store.close_interrupted_turns(key=key):
-            log.info("taking over %s: its turn %s was left running by a process that stopped", key, turn.turn_id)
+        # the session's own turn and its subagents' (they ran inside it, in the same process)
+        for turn in await self._store.close_interrupted_turns(key=key, prefix=key + CHILD_MARK):
+            log.info("taking over %s: its turn %s was left running by a process that stopped", turn.session_key,
+                     turn.turn_id)
             await self._recovery.interrupted(turn)
         now = self._clock()
         for item in await self._store.undelivered_turns(now - self._settings.resume_max_age, key=key,
                                                         ended_before=now - self.settle):
             await self._recovery.redeliver(item)
 
-    async def waiting(self, key: str) -> list[Admitted]:
+    async def waiting(self, key: str) -> list[Waiting]:
         now = self._clock()
-        fresh: list[Admitted] = []
+        fresh: list[Waiting] = []
         for record in await self._store.waiting_inbound(key=key):
             try:
                 envelope = InboundEnvelope.model_validate_json(record.payload)
             except ValueError:
+                job = self._stored_job(record.payload, record.seq)
+                if job is not None:  # a command is applied whatever its age: it answers nothing
+                    fresh.append(job)
+                    continue
                 log.warning("inbound message %s is unreadable and is dropped", record.seq)
                 await self._store.finish_inbound([record.seq])
                 continue
@@ -141,6 +171,14 @@ class SessionFailover:
             else:
                 await self._recovery.too_old(envelope, record.seq, age)
         return fresh
+
+    def _stored_job(self, payload: str, seq: int) -> StoredJob | None:
+        try:
+            stored = StoredCommand.model_validate_json(payload)
+        except ValueError:
+            return None
+        job = self._recovery.stored_job(stored.command, stored.envelope, seq)
+        return StoredJob(stored.command, job, seq) if job is not None else None
 
     # -- commands sent to a process that does not hold the session
 
@@ -153,11 +191,15 @@ class SessionFailover:
         return True
 
     async def forward_new(self, envelope: InboundEnvelope) -> None:
-        """``/new`` for a session another process holds (its worker was refused the lease here)."""
-        if self._bus is None:
-            log.warning("/new for %s reached a process that does not hold the session", envelope.key())
-            return
-        await self._publish(NEW, envelope.key(), envelope)
+        """``/new`` for a session another process holds (its worker was refused the lease here): stored with
+        the session's messages, so whichever process serves the session next applies it in its place (the
+        holder, or the one that takes over if the holder dies meanwhile), then the holder is told to stop
+        the reply being written and read it."""
+        stored = StoredCommand(command="new", envelope=envelope)
+        await self._store.admit_inbound(envelope.channel, None, stored.model_dump_json(),
+                                        ttl_seconds=self._settings.dedupe_ttl_seconds, key=envelope.key())
+        if self._bus is not None:
+            await self._publish(NEW, envelope.key(), None)
 
     async def _publish(self, topic: str, key: str, envelope: InboundEnvelope | None) -> None:
         assert self._bus is not None
@@ -183,12 +225,10 @@ class SessionFailover:
         note = self._note(payload)
         if note is None:
             return
-        key, envelope = note
-        if envelope is not None and self._manager().holds(key):
-            try:
-                self._recovery.new_here(envelope)
-            except ShuttingDownError:
-                pass
+        key, _ = note
+        if self._manager().holds(key):  # (else its lease is free: the store is read by whoever takes it)
+            self._manager().cancel_running(key)
+            self._wake(key)
 
     def _note(self, payload: str) -> tuple[str, InboundEnvelope | None] | None:
         try:
@@ -224,7 +264,9 @@ class SessionFailover:
 
     async def _heartbeat(self) -> None:
         while True:
-            await asyncio.sleep(self._leases.ttl / 3)
+            # a beat every ttl / 3, and one at the first lease's deadline when renewals keep failing: a lease
+            # is lost then, and its turn must stop before another process may take the session over
+            await asyncio.sleep(min(self._leases.ttl / 3, self._leases.remaining()))
             try:
                 lost = await self._leases.renew()
             except Exception as exc:  # the next beat tries again; holds() says no once the ttl ran out

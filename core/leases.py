@@ -3,8 +3,21 @@
 A session's turns must run one after the other (DESIGN.md §2), so its worker runs in exactly one process
 at a time: the one holding the session's lease. ``SessionManager`` acquires the lease before its worker
 serves anything and releases it when the worker exits; a worker that cannot get it hands its messages
-(stored already) to the holder. ``ChatCore`` renews every held lease in one call every ``ttl / 3``; a lease
-that could not be renewed is *lost* (another process may take it once it expires), and the worker stops.
+(stored already) to the holder. ``ChatCore`` renews every held lease in one call every ``ttl / 3``.
+
+A held lease is *lost* — the process can no longer prove it holds it — in exactly two cases:
+
+- a renewal reached the database and the lease is no longer this process's (another process took it after
+  it expired, or it is gone): lost at once;
+- no renewal succeeded for ``ttl`` seconds, counted on this process's monotonic clock from the moment the
+  last successful grant or renewal was *sent* (so never later than the expiry the database recorded): the
+  database unreachable, the connection killed, the statement failing or hanging. Past that moment another
+  process may take the lease, so it is lost then, whatever the database would say once reachable again.
+  A failed renewal before that moment loses nothing: the next one may succeed.
+
+A lost lease stops its session here at once: the running turn is abandoned (it commits and delivers
+nothing more; the new holder closes it with its interrupted notice) and nothing more is started
+(``SessionManager.lost``).
 
 ``LocalLeases`` is the embedded case, one process per database (SQLite): every lease is granted at once,
 never lost, and costs no write. ``core.postgresql.leases`` keeps them in the shared database, for several
@@ -50,13 +63,18 @@ class SessionLeases(Protocol):
         """Whether this process still holds ``key``'s lease (acquired, and renewed within its ttl)."""
         ...
 
+    def remaining(self) -> float:
+        """Seconds until the first held lease is lost unless renewed (``ttl`` when none is held)."""
+        ...
+
     async def renew(self) -> list[str]:
-        """Extend every held lease; returns the keys lost (renewal refused, or not renewed within the ttl)."""
+        """Extend every held lease; returns the keys lost (see the module docstring). Returns by the time the
+        first held lease would be lost, whatever the database does."""
         ...
 
     async def orphans(self, *, limit: int) -> list[str]:
-        """Sessions with work and no live lease (waiting inbound messages, or a turn left running); at most
-        ``limit``."""
+        """Sessions with work and no live lease (waiting inbound messages, or a turn left running, its own or
+        one of its subagents'); at most ``limit``."""
         ...
 
 
@@ -89,6 +107,9 @@ class LocalLeases:
 
     def holds(self, key: str) -> bool:
         return True
+
+    def remaining(self) -> float:
+        return self._ttl
 
     async def renew(self) -> list[str]:
         return []

@@ -27,7 +27,7 @@ from core.delivery import PlainSender
 from core.envelope import InboundEnvelope
 from core.failover import SessionFailover
 from core.failures import TurnFailurePresenter
-from core.session import Admitted, SessionManager
+from core.session import Admitted, Job, SessionManager
 from core.settings import CoreSettings
 from core.store import Store
 from core.supervisor import ShuttingDownError, SupervisorClosedError, TaskSupervisor
@@ -197,8 +197,17 @@ class IngressRouter:
             log.error("dedupe check failed for %s/%s: %s", envelope.channel, envelope.event_id, exc)
             return True
 
-    async def _new_conversation(self, envelope: InboundEnvelope, dropped: Sequence[Admitted]) -> None:
-        await self._new_context(envelope.key(), [inbound for _, inbound in dropped], envelope.received_at)
+    def stored_job(self, command: str, envelope: InboundEnvelope, seq: int) -> Job | None:
+        """The job of a command another process stored for this session (``SessionFailover.forward_new``):
+        a ``/new`` whose record ``seq`` is finished with the context reset; None for any other."""
+        if command != "new":
+            return None
+        return functools.partial(self._new_conversation, envelope, record=seq)
+
+    async def _new_conversation(self, envelope: InboundEnvelope, dropped: Sequence[Admitted], *,
+                                record: int | None = None) -> None:
+        drop = [inbound for _, inbound in dropped] + ([record] if record is not None else [])
+        await self._new_context(envelope.key(), drop, envelope.received_at)
         await self._plain.send(envelope.target(), self._presenter.new_context(unanswered=len(dropped)))
 
     async def _command(self, command: str, envelope: InboundEnvelope) -> None:

@@ -93,7 +93,7 @@ class TurnRunner:
                          settings=self._settings, session_key=snap.session_key, turn_id=snap.turn_id,
                          requested_by=requested_by, emit=controller.apply, spawn=self._supervisor.spawn,
                          depth=depth, on_model_retry=self._on_model_retry,
-                         images_rejected=self._images_rejected)
+                         images_rejected=self._images_rejected, abandoned=lambda: cancel.abandoned)
         compaction: list[Summary] = []
         work = self._supervisor.spawn(f"turn:{snap.turn_id}:loop",
                                       self._run_loop(loop, prepared, controller, compaction))

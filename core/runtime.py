@@ -46,7 +46,7 @@ from core.redelivery import Redelivery
 from core.relay import Relay
 from core.router import AdmissionError, IngressRouter, RouterClosedError, SubmitResult
 from core.runner import TurnRunner
-from core.session import Admitted, SessionManager
+from core.session import Admitted, Job, SessionManager
 from core.settings import CoreSettings
 from core.store import (
     AttachmentRecord,
@@ -281,9 +281,9 @@ class ChatCore:
         """``/stop`` another process received for a session this one holds."""
         await self.router.stop_here(envelope)
 
-    def new_here(self, envelope: InboundEnvelope) -> None:
-        """``/new`` another process received for a session this one holds."""
-        self.router.new_here(envelope)
+    def stored_job(self, command: str, envelope: InboundEnvelope, seq: int) -> Job | None:
+        """The job of a command another process stored for a session this one serves (a forwarded ``/new``)."""
+        return self.router.stored_job(command, envelope, seq)
 
     def set_deciders(self, channel: str, allow_from: Iterable[str]) -> None:
         """The users (ids or names, as in ``allow_from``) who may decide any approval of ``channel``'s

@@ -8,7 +8,9 @@ waits for the place at the head of the queue, so messages are served strictly in
 
 Besides messages, the queue carries *jobs*: work that must happen in the session's order, such as ``/new``
 (which also takes the places of the messages sent before it: they belong to the conversation it ends) or the
-notice for a message too old to answer after a restart.
+notice for a message too old to answer after a restart. A job another process stored with the session's
+messages (a forwarded ``/new``, ``StoredJob``) is read back with them and queued in its place by inbound
+seq.
 
 A worker exists only while its session has work; after ``session_idle_seconds`` without any it exits, and
 the session costs nothing but its database row. ``stop`` reaches the running turn directly, never through
@@ -25,7 +27,8 @@ holder reads the store after each turn, and serves them. A holder with nothing l
 once (so whichever process receives the next message serves it), then reads the store once more. Because a
 message is stored before the lease is asked for, a message is never left waiting with nobody to serve it;
 one read from the store and also queued here is served once (by its inbound seq). A worker whose lease was
-lost (not renewed in time) starts nothing more.
+lost (``SessionLeases.renew``) abandons its running turn (``CancelSignal.abandon``: it commits and delivers
+nothing more, the next holder closes it with its notice) and starts nothing more.
 """
 
 from __future__ import annotations
@@ -89,6 +92,22 @@ Job = Callable[[Sequence[Admitted]], Awaitable[None]]
 """Ordered session work; it receives the messages it took over (``schedule(..., take_waiting=True)``)."""
 
 
+@dataclass(frozen=True, slots=True)
+class StoredJob:
+    """Ordered session work another process stored with the session's messages (a forwarded ``/new``): it
+    runs in its place among them and takes the messages stored before it (``schedule(..., take_waiting)``),
+    whichever process serves the session next."""
+
+    name: str
+    run: Job
+    seq: int
+    """Its inbound seq: its place in the session's order."""
+
+
+Waiting = Admitted | StoredJob
+"""What a session's stored queue holds, in order (``Takeover.waiting``)."""
+
+
 @dataclass(slots=True)
 class _Job:
     name: str
@@ -107,8 +126,9 @@ class Takeover(Protocol):
         """The lease was just granted: finish what a previous holder left (interrupted and undelivered turns)."""
         ...
 
-    async def waiting(self, key: str) -> list[Admitted]:
-        """The session's stored messages waiting for an answer, in arrival order (others are dealt with)."""
+    async def waiting(self, key: str) -> list[Waiting]:
+        """The session's stored messages waiting for an answer and its stored jobs, in arrival order (others
+        are dealt with)."""
         ...
 
 
@@ -187,12 +207,15 @@ class SessionManager:
         session.wakeup.set()
 
     def lost(self, keys: Sequence[str]) -> None:
-        """The leases of ``keys`` could not be renewed: their workers start nothing more (the running turn
-        ends as it would; the next holder finds the queued messages in the store)."""
+        """The leases of ``keys`` are lost (``SessionLeases.renew``): their running turns are abandoned
+        (they commit and deliver nothing more: the next holder closes each with its interrupted notice) and
+        their workers start nothing more (the next holder finds the queued messages in the store)."""
         for key in keys:
             session = self._active.get(key)
             if session is not None:
-                log.warning("lost the lease of %s; its queued messages are left to the next holder", key)
+                log.warning("lost the lease of %s; its turn and queued messages are left to the next holder", key)
+                if session.cancel is not None:
+                    session.cancel.abandon()
                 session.items.clear()
                 session.refresh = False
                 session.wakeup.set()
@@ -349,23 +372,43 @@ class SessionManager:
             log.warning("reading the waiting messages of %s failed: %s", session.key, exc)
             return
         queued = {f[1] for i in session.items if isinstance(i, Place) and (f := i.filled) is not None}
-        loaded = []
-        for envelope, seq in waiting:
+        loaded: list[Place | StoredJob] = []
+        for item in waiting:
+            seq = item.seq if isinstance(item, StoredJob) else item[1]
             if seq in session.taken or seq in queued:
                 continue
             session.taken.add(seq)
+            if isinstance(item, StoredJob):
+                loaded.append(item)
+                continue
             place = Place(loaded=True)
-            place.fill(envelope, seq)
+            place.fill(*item)
             loaded.append(place)
         # a /new queued here takes those received before it: they belong to the conversation it ends
         job = next((i for i in session.items if isinstance(i, _Job) and i.sent_at is not None), None)
-        for place in loaded:
-            admitted = place.filled
+        for entry in loaded:
+            if isinstance(entry, StoredJob):
+                self._place_stored_job(session, entry)
+                continue
+            admitted = entry.filled
             if job is not None and job.sent_at is not None and admitted is not None \
                     and admitted[0].received_at <= job.sent_at:
-                job.taken.append(place)
+                job.taken.append(entry)
             else:
-                session.items.append(place)
+                session.items.append(entry)
+
+    @staticmethod
+    def _place_stored_job(session: _ActiveSession, stored: StoredJob) -> None:
+        """Queue a stored job in its place by inbound seq: it takes the stored messages before it (they
+        belong to the conversation a /new ends) and runs before those after it."""
+        def before(item: Place | _Job) -> bool:
+            return isinstance(item, Place) and (f := item.filled) is not None and f[1] < stored.seq
+
+        taken = [item for item in session.items if isinstance(item, Place) and before(item)]
+        kept = [item for item in session.items if not before(item)]
+        at = next((i for i, item in enumerate(kept) if isinstance(item, Place)), len(kept))
+        kept.insert(at, _Job(stored.name, stored.run, taken))
+        session.items = collections.deque(kept)
 
     async def _release(self, session: _ActiveSession) -> None:
         """Give the lease back (the worker's own step, so it never races the next ``acquire`` here), then

@@ -10,7 +10,7 @@ One database file in WAL mode, two aiosqlite connections, each with its own thre
 
 Schema and migrations: ``core.sqlite.schema``; rows to records: ``core.sqlite.rows``. Every sqlite failure
 leaving a public method is a ``StoreError`` whose message names the operation and the sqlite error, never
-message content; ``StaleStateError`` from ``commit_turn`` passes through unchanged.
+message content; ``StaleStateError`` and ``TurnEndedError`` from ``commit_turn`` pass through unchanged.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from core.store import (
     SessionRecord,
     StaleStateError,
     StoreError,
+    TurnEndedError,
     TurnRecord,
     TurnState,
     UndeliveredTurn,
@@ -204,9 +205,10 @@ class SqliteStore:
         """Atomically check the expectations, insert ``messages`` and raise history_revision by one
         (with ``end_turn`` and ``trace``, see ``Store.commit_turn``).
 
-        Raises StaleStateError (and writes nothing) when an expectation fails. The result carries every
-        message with seq above the previous revision (including messages appended since), so consecutive
-        revisions are contiguous deltas covering each message exactly once.
+        Raises StaleStateError (and writes nothing) when an expectation fails, TurnEndedError when
+        ``end_turn``'s record was closed already. The result carries every message with seq above the
+        previous revision (including messages appended since), so consecutive revisions are contiguous deltas
+        covering each message exactly once.
         """
         now = self._clock()
         ids = [uuid.uuid4().hex for _ in messages]
@@ -216,6 +218,9 @@ class SqliteStore:
             end_turn=end_turn, trace=(trace[0], rows.traces_json(trace[1])) if trace and trace[1] else None,
             appended=True))
         if not found:
+            if end_turn is not None and await self._read(
+                    "commit_turn", "SELECT 1 FROM turns WHERE turn_id = ? AND state <> 'running'", (end_turn[0],)):
+                raise TurnEndedError(f"turn {end_turn[0]} of {key} was closed already")
             raise StaleStateError(f"session {key} moved on (expected generation {expect_generation}, "
                                   f"state_version {expect_state_version})")
         header = _header(found)
@@ -309,7 +314,7 @@ class SqliteStore:
         await self._write("end_turn", writes.END_TURN, (state, self._clock(), turn_id))
 
     async def mark_delivered(self, turn_id: str) -> None:
-        await self._write("mark_delivered", writes.MARK_DELIVERED, (turn_id, self._clock()))
+        await self._writing("mark_delivered").mark_delivered("mark_delivered", turn_id, self._clock())
 
     async def undelivered_turns(self, since: float, *, key: str | None = None,
                                 ended_before: float | None = None) -> list[UndeliveredTurn]:
@@ -317,10 +322,12 @@ class SqliteStore:
             "since": since, "key": key, "before": ended_before if ended_before is not None else math.inf})
         return [UndeliveredTurn(turn=rows.turn_from_row(r), text=r[6]) for r in found]
 
-    async def close_interrupted_turns(self, *, key: str | None = None) -> list[TurnRecord]:
-        """Mark every turn still 'running' as 'interrupted' (only ``key``'s with a key) and return them."""
+    async def close_interrupted_turns(self, *, key: str | None = None,
+                                      prefix: str | None = None) -> list[TurnRecord]:
+        """Mark every turn still 'running' as 'interrupted' (with ``key``, only ``key``'s and those of the
+        sessions whose key starts with ``prefix``) and return them."""
         found = await self._write("close_interrupted_turns", writes.CLOSE_INTERRUPTED_TURNS,
-                                  {"now": self._clock(), "key": key})
+                                  {"now": self._clock(), "key": key, "prefix": prefix if key is not None else None})
         return sorted((rows.turn_from_row(r) for r in found), key=lambda t: (t.started_at, t.turn_id))
 
     # -- attachments

@@ -27,6 +27,11 @@ class StaleStateError(StoreError):
     """A conditional write found the session moved on (generation or state_version changed)."""
 
 
+class TurnEndedError(StoreError):
+    """A commit that closes a turn found its record closed already: another process took the session over
+    and closed the turn as interrupted (``close_interrupted_turns``); that process owns its outcome."""
+
+
 class UnknownMessageError(LookupError):
     """A history page was asked for relative to a message id that is not in that session (bad input, not a
     storage failure)."""
@@ -165,7 +170,9 @@ class Store(Protocol):
         ``end_turn=(turn_id, state)`` closes a running turn and ``trace=(turn_id, [(kind, payload), ...])``
         appends its trace records, in the same transaction.
 
-        Raises StaleStateError (and writes nothing) when an expectation fails.
+        Raises StaleStateError (and writes nothing) when an expectation fails, and TurnEndedError (and writes
+        nothing) when ``end_turn`` names a recorded turn that is no longer running: a turn record is closed
+        once, by its commit or by ``close_interrupted_turns``, and whichever comes first owns the outcome.
         """
         ...
 
@@ -232,9 +239,12 @@ class Store(Protocol):
         that ended before it."""
         ...
 
-    async def close_interrupted_turns(self, *, key: str | None = None) -> list[TurnRecord]:
-        """Mark every turn still 'running' as 'interrupted' and return them (called once at start-up); with
-        ``key`` only that session's (a process taking over the session from one that died)."""
+    async def close_interrupted_turns(self, *, key: str | None = None,
+                                      prefix: str | None = None) -> list[TurnRecord]:
+        """Mark every turn still 'running' as 'interrupted' and return them in the order they started (called
+        once at start-up); with ``key`` only that session's, and with ``prefix`` too those of the sessions
+        whose key starts with it (a process taking over a session from one that died closes the session's
+        turn and its subagents' turns: ``prefix`` = the key + ``CHILD_MARK``)."""
         ...
 
     # attachments

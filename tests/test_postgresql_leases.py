@@ -4,6 +4,7 @@ process took it, given back at close; and the sessions a sweeper must take over.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -104,6 +105,29 @@ async def test_orphans_are_sessions_with_work_and_no_live_lease(dsn: str) -> Non
         assert len(await a.orphans(limit=1)) == 1
         await expire_all(dsn)
         assert sorted(await a.orphans(limit=10)) == ["web:running", "web:waiting"]
+        # a subagent's turn left running after its parent's was closed: its conversation has work
+        await store.close_interrupted_turns(key="web:running", prefix="web:running" + CHILD_MARK)
+        nested = f"web:child-left{CHILD_MARK}0123456789ab{CHILD_MARK}ba9876543210"
+        await store.append_message(nested, user, begin_turn=("t5", "{}"))
+        assert sorted(await a.orphans(limit=10)) == ["web:child-left", "web:waiting"]
     finally:
         await a.close()
         await store.close()
+
+
+async def test_a_renewal_the_database_does_not_answer_loses_the_lease_at_its_deadline_not_later(dsn: str) -> None:
+    """A holder cut off from the database (here: its renewal waits on a row lock another session keeps) must
+    learn by its deadline that it lost the lease, because from then on another process may take it."""
+    leases = PostgresqlLeases(dsn, ttl=1.0)
+    await leases.open()
+    blocker = await asyncpg.connect(dsn)
+    try:
+        assert await leases.acquire(KEY)
+        async with blocker.transaction():
+            await blocker.execute("SELECT 1 FROM leases WHERE name = $1 FOR UPDATE", KEY)
+            async with asyncio.timeout(30):  # a bound on a hang, not a measure: the deadline is 1 s away
+                assert await leases.renew() == [KEY]
+            assert not leases.holds(KEY)
+    finally:
+        await blocker.close()
+        await leases.close()

@@ -101,3 +101,33 @@ async def test_a_database_newer_than_this_code_is_refused(postgres: PostgresClus
     assert await database_schema_version(dsn) == len(MIGRATIONS) + 1
     with pytest.raises(StoreError, match="newer than this code"):
         await PostgresqlStore(dsn).open()
+
+
+async def test_messages_waiting_from_before_the_leases_migration_name_their_session_after_it(
+        postgres: PostgresCluster) -> None:
+    """Step 3 fills in the session of the messages that waited when step 2 added the column: the holder of
+    that session finds them; an envelope that cannot be read is dropped."""
+    import asyncpg
+
+    from core.envelope import InboundEnvelope
+    from core.postgresql.schema import migrate
+    from core.postgresql.store import PostgresqlStore
+
+    dsn = postgres.fresh_dsn()
+    envelope = InboundEnvelope(channel="telegram", chat_id="42", sender_id="7", content="still waiting")
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert await migrate(conn, target=1) == 1
+        for payload in (envelope.model_dump_json(), "{not an envelope"):
+            await conn.execute("INSERT INTO inbound (channel, envelope, admitted_at, expires_at) VALUES"
+                               " ('telegram', $1, $2, $2)", payload, time.time())
+        assert await migrate(conn, target=2) == 2  # the column arrives empty
+    finally:
+        await conn.close()
+    store = PostgresqlStore(dsn)
+    await store.open()
+    try:
+        assert [r.payload for r in await store.waiting_inbound(key="telegram:42")] == [envelope.model_dump_json()]
+        assert [r.payload for r in await store.waiting_inbound()] == [envelope.model_dump_json()]
+    finally:
+        await store.close()

@@ -263,6 +263,7 @@ async def test_concurrent_writes_share_statements_and_still_fail_alone(db_path: 
                 for i in range(1, 6)]
         dup = asyncio.create_task(store.append_message("s9", user("dup"), begin_turn=("t3", "{}")))
         seen = [asyncio.create_task(store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)) for _ in range(2)]
+        marks = [asyncio.create_task(store.mark_delivered(turn)) for turn in ("d1", "d2", "d1", "d3")]
         await other.execute("COMMIT")
     await first
     for task in rest:
@@ -270,6 +271,8 @@ async def test_concurrent_writes_share_statements_and_still_fail_alone(db_path: 
     with pytest.raises(StoreError):
         await dup
     assert [await t for t in seen][1] is None
+    await asyncio.gather(*marks)  # marked twice in one statement: one mark
+    assert db.rows(db_path, "SELECT turn_id FROM deliveries ORDER BY turn_id") == [("d1",), ("d2",), ("d3",)]
     assert db.rows(db_path, "SELECT count(*) FROM messages") == [(6,)]
     assert {t.turn_id for t in await store.close_interrupted_turns()} == {f"t{i}" for i in range(1, 6)}
 

@@ -21,7 +21,7 @@ import pytest
 from core.agent.subagents import CHILD_GLOB, CHILD_MARK
 from core.messages import AttachmentRef, MessageSource, NewMessage, ToolCall
 from core.sqlite_store import SqliteStore
-from core.store import AttachmentRecord, StaleStateError, Store, StoreError, UnknownMessageError
+from core.store import AttachmentRecord, StaleStateError, Store, StoreError, TurnEndedError, UnknownMessageError
 
 KEY = "telegram:chat:1"
 
@@ -417,6 +417,34 @@ async def test_close_interrupted_turns_of_one_session_leaves_the_others_running(
     assert (closed.turn_id, closed.state) == ("t1", "interrupted")
     assert await store.close_interrupted_turns(key=KEY) == []
     assert [t.turn_id for t in await store.close_interrupted_turns()] == ["t2"]
+
+
+async def test_close_interrupted_turns_of_one_session_and_its_subagents(store: Store) -> None:
+    child, grandchild = f"{KEY}{CHILD_MARK}0123456789ab", f"{KEY}{CHILD_MARK}0123456789ab{CHILD_MARK}ba9876543210"
+    await store.append_message(KEY, user("1"), begin_turn=("t1", "{}"))
+    await store.append_message(child, user("2"), begin_turn=("t2", "{}"))
+    await store.append_message(grandchild, user("3"), begin_turn=("t3", "{}"))
+    await store.append_message(f"{KEY}x{CHILD_MARK}0123456789ab", user("4"), begin_turn=("t4", "{}"))  # not a child
+    closed = await store.close_interrupted_turns(key=KEY, prefix=KEY + CHILD_MARK)
+    assert [(t.turn_id, t.session_key) for t in closed] == [("t1", KEY), ("t2", child), ("t3", grandchild)]
+    assert [t.turn_id for t in await store.close_interrupted_turns()] == ["t4"]
+
+
+async def test_a_turn_closed_as_interrupted_is_never_committed_after(store: Store) -> None:
+    """A turn record closes once: after a takeover closed it (another process), the old holder's commit
+    writes nothing; a commit that came first leaves the takeover nothing to close."""
+    await store.append_message(KEY, user("1"), begin_turn=("t1", "{}"))
+    await store.close_interrupted_turns(key=KEY)
+    revision, before = await store.history(KEY)
+    with pytest.raises(TurnEndedError):
+        await store.commit_turn(KEY, [assistant("the answer", "t1")], expect_generation=None,
+                                expect_state_version=None, end_turn=("t1", "completed"))
+    assert await store.history(KEY) == (revision, before)
+    await store.append_message(KEY, user("2"), begin_turn=("t2", "{}"))
+    await store.commit_turn(KEY, [assistant("answer 2", "t2")], expect_generation=None,
+                            expect_state_version=None, end_turn=("t2", "completed"))
+    assert await store.close_interrupted_turns(key=KEY) == []
+    assert [m.content for m in (await store.history(KEY))[1]] == ["1", "2", "answer 2"]
 
 
 async def test_undelivered_turns_of_one_session_and_before_a_time(backend: Backend, clock: FakeClock) -> None:

@@ -371,3 +371,38 @@ async def test_a_batch_is_confirmed_up_to_the_update_core_could_not_store(tmp_pa
         assert len(fake_openai.requests) == 3
     finally:
         await t.close()
+
+
+class HoldsOne(SqliteStore):
+    """Storing the inbound message with ``held`` in it waits for ``gate``."""
+
+    def __init__(self, path, held: str) -> None:
+        super().__init__(path)
+        self.held = held
+        self.gate = asyncio.Event()
+
+    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds, key=None):  # type: ignore[override]
+        if self.held in payload:
+            await self.gate.wait()
+        return await super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds, key=key)
+
+
+async def test_one_chat_whose_message_is_slow_to_store_does_not_hold_up_another_in_the_same_batch(
+        tmp_path, fake_openai, tg):
+    fake_openai.default = Function(lambda body: Text("answer to " + last_user_text(body).split()[0]))
+    tg.user_message("slow", chat_id=701)
+    tg.user_message("quick", chat_id=702)  # queued before polling starts: both come in one batch
+    store = HoldsOne(tmp_path / "chat.db", "slow")
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"store": store})
+    try:
+        await t.wait_for(lambda: tg.visible(702) == ["answer to quick"])
+        assert tg.visible(701) == []
+        # the batch is confirmed only once every message of it is stored
+        assert all(int(c.params.get("offset") or 0) == 0 for c in tg.calls if c.method == "getUpdates")
+        store.gate.set()
+        await t.settle()
+        assert [tg.visible(c) for c in (701, 702)] == [["answer to slow"], ["answer to quick"]]
+        assert len(fake_openai.requests) == 2
+    finally:
+        store.gate.set()
+        await t.close()

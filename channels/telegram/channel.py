@@ -6,7 +6,9 @@ secret-token header checked in constant time. Either way each update goes throug
 normalise) and ``host.submit``, which returns once core has stored the message; only then is the update
 acknowledged (the offset saved, the webhook answered 200). A message core could not store is not
 acknowledged, so Telegram delivers it again; core's durable dedupe on "<chat_id>:<message_id>" makes a
-re-delivered update harmless. An update our own code fails on unexpectedly (a shape it does not expect, a
+re-delivered update harmless. The updates of one polled batch are handed over chat by chat at once
+(each chat's in order), so a burst is stored together; the batch is acknowledged up to its first update
+core did not take. An update our own code fails on unexpectedly (a shape it does not expect, a
 bug) is logged and skipped — acknowledged like a handled one — so one bad update neither ends the receiving
 of those after it nor comes back forever. A callback query (a press
 on an approval button) goes to ``ApprovalButtons`` instead (see ``channels.telegram.approvals``).
@@ -295,16 +297,10 @@ class TelegramChannel:
             self._state = "polling"
             if not updates:
                 continue
-            outcome = "handled"
-            for update in updates:
-                try:
-                    if not await self._handle_or_skip(update):
-                        outcome = "closing"  # shutting down: this update is fetched again
-                        break
-                except AdmissionError:
-                    outcome = "refused"  # not stored: this update (and those after it) come again
-                    break
-                offset = update.update_id + 1
+            outcome, unconfirmed = await self._hand_over(updates)
+            confirmed = [u for u in updates if unconfirmed is None or u.update_id < unconfirmed]
+            if confirmed:
+                offset = confirmed[-1].update_id + 1
             if offset is not None and str(offset) != stored:
                 # persisted once per batch, after every update before it was stored: a crash before this
                 # re-fetches the batch, and core's dedupe drops what it stored already
@@ -316,6 +312,32 @@ class TelegramChannel:
                 delay = self.settings.poll_backoff[0]
                 log.warning("a Telegram update could not be stored; fetching it again in %.0fs", delay)
                 await asyncio.sleep(delay)
+
+    async def _hand_over(self, updates: list[Update]) -> tuple[str, int | None]:
+        """Hand one batch of updates to core: each chat's in order, different chats' at once, so that core
+        stores the messages of a burst together (one write for many) rather than one after another. Returns
+        how it went ("handled", "closing" or "refused") and the first update that must be fetched again:
+        the first one core did not take (shutting down, or it could not be stored), or None. Updates after
+        that one that core did take come again too, and its dedupe drops them."""
+        lanes: dict[object, list[Update]] = {}
+        for update in updates:
+            lanes.setdefault(_chat_of(update), []).append(update)
+
+        async def lane(chat_updates: list[Update]) -> tuple[int, str] | None:
+            for update in chat_updates:
+                try:
+                    if not await self._handle_or_skip(update):
+                        return update.update_id, "closing"  # shutting down: fetched again
+                except AdmissionError:
+                    return update.update_id, "refused"  # not stored: fetched again
+            return None
+
+        if len(lanes) == 1:
+            results = [await lane(updates)]
+        else:
+            results = await asyncio.gather(*(lane(chat_updates) for chat_updates in lanes.values()))
+        stopped = min((r for r in results if r is not None), default=None)
+        return ("handled", None) if stopped is None else (stopped[1], stopped[0])
 
     async def _handle_or_skip(self, update: Update) -> bool:
         """``handle_update``, except that an update our code fails on unexpectedly (a shape it does not
@@ -379,3 +401,12 @@ class TelegramChannel:
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post(WEBHOOK_PATH, self.webhook)
+
+
+def _chat_of(update: Update) -> object:
+    """The chat an update belongs to, as far as the order of handling goes (updates of other kinds and button
+    presses without their message: each in an order of its own)."""
+    message = update.message
+    if message is not None:
+        return message.chat.id
+    return ("update", update.update_id)

@@ -123,7 +123,8 @@ class AgentLoop:
                  settings: CoreSettings, session_key: str, turn_id: str, requested_by: str | None,
                  emit: Callable[[TurnEvent], None], spawn: Spawn, depth: int = 0,
                  on_model_retry: Callable[[], None] | None = None,
-                 images_rejected: Callable[[], None] | None = None) -> None:
+                 images_rejected: Callable[[], None] | None = None,
+                 abandoned: Callable[[], bool] | None = None) -> None:
         self._provider = provider
         self._tools = tools
         self._broker = broker
@@ -134,6 +135,7 @@ class AgentLoop:
         self._emit = emit
         self._spawn = spawn
         self._depth = depth
+        self._abandoned = abandoned
         self._images_rejected = images_rejected
         self._on_model_retry = on_model_retry
         self.rounds: list[Round] = []
@@ -280,7 +282,7 @@ class AgentLoop:
             if not isinstance(args, dict):
                 raise ValueError("arguments must be a JSON object")
             text = await tool.run(args, ToolContext(self._key, self._turn_id, call.call_id, self._requested_by,
-                                                    self._depth, queue.push))
+                                                    self._depth, queue.push, self._abandoned))
             text = normalize_output(str(text))
         except Exception as exc:
             status = "failed"

@@ -16,7 +16,9 @@ Approvals a child asks for are decided in the parent's chat: they appear in the 
 their ``origin`` (``TurnController``) and are answered through ``ChatCore.decide(parent, call, origin=...)``,
 which checks that the origin descends from the parent (``descends``). ``/stop`` in the parent cancels the
 call's task; the child is then stopped through its own cancel signal (its pending approvals denied, its
-"Stopped" notice committed in its history) before the cancellation goes on.
+"Stopped" notice committed in its history) before the cancellation goes on. A parent *abandoned* (its process
+lost the session's lease, ``CancelSignal.abandon``) abandons the child too: it commits nothing, and the
+process that takes the session over closes the child's turn with the parent's.
 
 Result: the child's final answer is the call's output (cut like any tool output by the agent loop). A child
 that failed (a model error after its retries, its ``max_turns``, a crash) or was stopped raises
@@ -323,6 +325,13 @@ class SubagentTool:
         try:
             outcome = await asyncio.shield(work)
         except asyncio.CancelledError:
+            if context.abandoned is not None and context.abandoned():
+                # The parent was abandoned (its process lost the session): so is the child, which commits
+                # nothing; the session's new holder closes its turn with the parent's.
+                cancel.abandon()
+                await asyncio.wait({work}, timeout=self._settings.shutdown_timeout)
+                ended("cancelled", "stopped")
+                raise
             # The parent was stopped: stop the child the same way (its approvals denied, its stop
             # committed in its own history), bounded, then let the cancellation go on.
             cancel.set()

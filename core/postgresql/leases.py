@@ -6,13 +6,17 @@ agree. ``acquire`` is one upsert that takes the row only when it expired or is t
 ``renew`` extends every lease this process holds in one statement, and the keys it no longer finds under its
 owner are lost. This process also keeps, for each lease, a deadline on its own monotonic clock, taken
 before the statement that granted or renewed it was sent: past it, ``holds`` says no even if the database
-could not be reached to learn so, because by then another process may have taken the lease.
+could not be reached to learn so, because by then another process may have taken the lease, and ``renew``
+reports it lost. ``renew`` never waits past the first deadline: a statement still unanswered then (a
+partition, a lock) is given up, so a holder cut off from the database learns it lost its leases in time.
 
 The leases use a small pool of their own, so a store pool busy with turns never delays a renewal.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
 
@@ -23,6 +27,8 @@ from core.postgresql.glob import glob_to_regex
 from core.postgresql.store import CONNECT_TIMEOUT
 from core.store import StoreError
 
+log = logging.getLogger(__name__)
+
 _ACQUIRE = (
     "INSERT INTO leases (name, owner, expires_at) VALUES ($1, $2, clock_timestamp() + make_interval(secs => $3))"
     " ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at"
@@ -32,11 +38,14 @@ _RENEW = ("UPDATE leases SET expires_at = clock_timestamp() + make_interval(secs
           " WHERE owner = $1 AND name = ANY($2::text[]) RETURNING name")
 
 # Sessions with work and no live lease: waiting messages, or a turn left running. Subagent sessions
-# (``exclude`` matches their keys) run inside their parent's turn and never hold a lease of their own.
+# (``exclude`` matches their keys) run inside their parent's turn and never hold a lease of their own: a
+# subagent's turn left running counts for the conversation it ran in (its key with the child suffixes cut,
+# $3), whose takeover closes it.
 _ORPHANS = """
 SELECT w.k FROM (
     SELECT session_key AS k FROM inbound WHERE envelope IS NOT NULL AND session_key IS NOT NULL
-    UNION SELECT session_key FROM turns WHERE state = 'running'
+    UNION SELECT CASE WHEN $3::text IS NULL THEN session_key ELSE regexp_replace(session_key, $3, '') END
+    FROM turns WHERE state = 'running'
 ) AS w
 WHERE ($1::text IS NULL OR w.k !~ $1)
   AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.name = w.k AND l.expires_at >= clock_timestamp())
@@ -52,6 +61,9 @@ class PostgresqlLeases:
         self._dsn = dsn
         self._ttl = ttl
         self._exclude = glob_to_regex(exclude_glob) if exclude_glob is not None else None
+        # a child's key is its parent's plus what the glob's leading * does not cover, once per level
+        self._child_suffix = f"({glob_to_regex(exclude_glob[1:])[1:-1]})+$" \
+            if exclude_glob is not None and exclude_glob.startswith("*") else None
         self.owner = uuid.uuid4().hex
         self._held: dict[str, float] = {}
         """key -> monotonic deadline: past it, the lease may belong to someone else."""
@@ -118,15 +130,23 @@ class PostgresqlLeases:
         deadline = self._held.get(key)
         return deadline is not None and time.monotonic() < deadline
 
+    def remaining(self) -> float:
+        if not self._held:
+            return self._ttl
+        return max(0.0, min(self._held.values()) - time.monotonic())
+
     async def renew(self) -> list[str]:
         if not self._held:
             return []
         keys = list(self._held)
         deadline = time.monotonic() + self._ttl
         try:
-            with store_errors("renew leases"):
-                found = await self._connected().fetch(_RENEW, self.owner, keys, self._ttl)
-        except StoreError:
+            # a slow answer is still good until the first lease's deadline, and worthless after it
+            async with asyncio.timeout(self.remaining()):
+                with store_errors("renew leases"):
+                    found = await self._connected().fetch(_RENEW, self.owner, keys, self._ttl)
+        except (StoreError, TimeoutError) as exc:
+            log.warning("renewing the session leases failed: %s", exc or "no answer in time")
             now = time.monotonic()
             lost = [k for k in keys if self._held.get(k, now) <= now]
         else:
@@ -141,5 +161,5 @@ class PostgresqlLeases:
 
     async def orphans(self, *, limit: int) -> list[str]:
         with store_errors("orphaned sessions"):
-            found = await self._connected().fetch(_ORPHANS, self._exclude, limit)
+            found = await self._connected().fetch(_ORPHANS, self._exclude, limit, self._child_suffix)
         return [str(r[0]) for r in found]

@@ -1,6 +1,7 @@
 """The durable schema on PostgreSQL: tables and indexes, versioned by forward migrations.
 
-``MIGRATIONS`` is an ordered list of steps; the one-row table ``chatbridge_schema`` records how many have
+``MIGRATIONS`` is an ordered list of steps (statements, or a function where rows must be read to be
+changed); the one-row table ``chatbridge_schema`` records how many have
 been applied. ``migrate`` takes a transaction-scoped advisory lock (``MIGRATION_LOCK``) before it even
 looks, so processes that start together against one database queue up: the first applies the missing steps,
 the others then find nothing left to do. Each step commits with the version it reached. A database newer
@@ -14,13 +15,46 @@ source's turn id, for finding a turn's answer without parsing JSON.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 import asyncpg
 
+from core.envelope import InboundEnvelope
 from core.store import StoreError
 
-Migration = tuple[str, ...]
+log = logging.getLogger(__name__)
+
+Step = str | Callable[[asyncpg.Connection], Awaitable[None]]
+"""A statement, or a function that works on the rows (in the step's transaction)."""
+Migration = tuple[Step, ...]
+
+
+async def _fill_inbound_session_keys(conn: asyncpg.Connection) -> None:
+    """Name the session of every waiting inbound message stored before step 2 (its key is its envelope's,
+    as ``IngressRouter`` computes it on admission), so the holder of that session (or the sweeper) finds it.
+    An envelope that cannot be read is dropped, with a warning, as resuming it would (``core.failover``)."""
+    seqs: list[int] = []
+    keys: list[str] = []
+    unreadable: list[int] = []
+    for seq, envelope in await conn.fetch(
+            "SELECT seq, envelope FROM inbound WHERE envelope IS NOT NULL AND session_key IS NULL ORDER BY seq"):
+        try:
+            keys.append(InboundEnvelope.model_validate_json(envelope).key())
+        except ValueError:
+            unreadable.append(int(seq))
+            continue
+        seqs.append(int(seq))
+    if seqs:
+        log.info("migration: %d waiting message(s) stored before sessions had leases now name their session",
+                 len(seqs))
+        await conn.execute("UPDATE inbound SET session_key = k.key"
+                           " FROM unnest($1::bigint[], $2::text[]) AS k (seq, key) WHERE inbound.seq = k.seq",
+                           seqs, keys)
+    if unreadable:
+        log.warning("migration: %d waiting inbound message(s) are unreadable and are dropped", len(unreadable))
+        await conn.execute("UPDATE inbound SET envelope = NULL WHERE seq = ANY($1::bigint[])", unreadable)
 
 MIGRATION_LOCK = 0x63627267  # "cbrg": the advisory lock key every chatbridge process migrates under
 
@@ -144,6 +178,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
         "CREATE INDEX leases_owner ON leases (owner)",
     ),
+    # 3: the messages that waited when step 2 ran were stored without their session's key: nobody would
+    # serve them with several processes. Their envelopes name it.
+    (_fill_inbound_session_keys,),
 )
 
 _VERSION_TABLE = "CREATE TABLE IF NOT EXISTS chatbridge_schema (version INTEGER NOT NULL)"
@@ -171,7 +208,10 @@ async def migrate(conn: asyncpg.Connection, *, target: int | None = None) -> int
                 raise StoreError(f"database schema version {version} is newer than this code ({len(MIGRATIONS)})")
             if version >= goal:
                 return version
-            for statement in MIGRATIONS[version]:
-                await conn.execute(statement)
+            for step in MIGRATIONS[version]:
+                if isinstance(step, str):
+                    await conn.execute(step)
+                else:
+                    await step(conn)
             await conn.execute("DELETE FROM chatbridge_schema")
             await conn.execute("INSERT INTO chatbridge_schema (version) VALUES ($1)", version + 1)

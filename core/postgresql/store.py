@@ -41,6 +41,7 @@ from core.store import (
     SessionRecord,
     StaleStateError,
     StoreError,
+    TurnEndedError,
     TurnRecord,
     TurnState,
     UndeliveredTurn,
@@ -245,8 +246,9 @@ class PostgresqlStore:
         """Atomically check the expectations, insert ``messages`` and raise history_revision by one
         (with ``end_turn`` and ``trace``, see ``Store.commit_turn``).
 
-        Raises StaleStateError (and writes nothing) when an expectation fails. The result carries every
-        message with seq above the previous revision, so consecutive revisions are contiguous deltas.
+        Raises StaleStateError (and writes nothing) when an expectation fails, TurnEndedError when
+        ``end_turn``'s record was closed already. The result carries every message with seq above the
+        previous revision, so consecutive revisions are contiguous deltas.
         """
         now = self._clock()
         ids = [uuid.uuid4().hex for _ in messages]
@@ -257,6 +259,10 @@ class PostgresqlStore:
                     or (expect_state_version is not None and current.record.state_version != expect_state_version)):
                 raise StaleStateError(f"session {key} moved on (expected generation {expect_generation}, "
                                       f"state_version {expect_state_version})")
+            if end_turn is not None:  # locked: a takeover closing it waits, or is waited for
+                state = await conn.fetchval("SELECT state FROM turns WHERE turn_id = $1 FOR UPDATE", end_turn[0])
+                if state is not None and state != "running":
+                    raise TurnEndedError(f"turn {end_turn[0]} of {key} was closed already ({state})")
             after = await SessionWrite(
                 add_version=1 if messages else 0, add_revision=1, revision_seq=current.next_seq + len(messages) - 1,
                 messages=rows.message_values(key, current.next_seq, messages, ids, now), end_turn=end_turn,
@@ -387,11 +393,15 @@ class PostgresqlStore:
                                     else None) for r in found]
 
     @lands
-    async def close_interrupted_turns(self, *, key: str | None = None) -> list[TurnRecord]:
-        """Mark every turn still 'running' as 'interrupted' (only ``key``'s with a key) and return them."""
+    async def close_interrupted_turns(self, *, key: str | None = None,
+                                      prefix: str | None = None) -> list[TurnRecord]:
+        """Mark every turn still 'running' as 'interrupted' (with ``key``, only ``key``'s and those of the
+        sessions whose key starts with ``prefix``) and return them."""
         found = await self._fetch("close_interrupted_turns", "UPDATE turns SET state = 'interrupted', ended_at = $1"
-                                  f" WHERE state = 'running' AND ($2::text IS NULL OR session_key = $2)"
-                                  f" RETURNING {TURN_SELECT}", self._clock(), key)
+                                  " WHERE state = 'running' AND ($2::text IS NULL OR session_key = $2"
+                                  " OR ($3::text IS NOT NULL AND starts_with(session_key, $3)))"
+                                  f" RETURNING {TURN_SELECT}", self._clock(), key,
+                                  prefix if key is not None else None)
         return sorted((rows.turn_from_row(r) for r in found), key=lambda t: (t.started_at, t.turn_id))
 
     # -- attachments

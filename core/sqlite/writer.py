@@ -3,10 +3,11 @@
 Every write is one SQL statement in autocommit mode, run through aiosqlite's public API: the statement is
 the transaction, so a write is atomic without BEGIN/COMMIT round trips, and one that fails leaves nothing
 behind. Each round trip to aiosqlite's thread and each WAL commit costs, so writes are batched: they queue
-while a statement runs, and the next batch merges them, every session write into one statement and every
-admission into another (``core.sqlite.writes``). A busy store thus pays one round trip, one temporary table
-and one commit per batch rather than per write; an idle one sends each write at once. A merged statement
-that fails is retried write by write, so a write still fails alone. Other writes run as they are.
+while a statement runs, and the next batch merges them, every session write into one statement, every
+admission into another and every delivery mark into a third (``core.sqlite.writes``). A busy store thus
+pays one round trip, one temporary table and one commit per batch rather than per write; an idle one sends
+each write at once. A merged statement that fails is retried write by write, so a write still fails alone.
+Other writes run as they are.
 
 A write made while the writer is idle runs at once in its caller's task. Writes made while a statement is
 under way queue, and one task of the store's own serves the queue (its results go to many callers, so no
@@ -45,9 +46,13 @@ MAX_PARAMS = 16_000
 """Bound values in one merged statement, at most (SQLite allows 32,766); a larger write runs alone."""
 
 
+Kind = Literal["session", "admission", "delivery", "statement"]
+"""What a write is: the first three kinds are merged with others of their kind, a statement runs as it is."""
+
+
 @dataclass(slots=True, eq=False)
 class _Write:
-    kind: Literal["session", "admission", "statement"]
+    kind: Kind
     payload: Any
     future: asyncio.Future[Any]
 
@@ -76,6 +81,10 @@ class Writer:
         """Keep one inbound message (merged with others); its seq, or None when its event was marked."""
         return cast(int | None, await self._submit(op, "admission", admission))
 
+    async def mark_delivered(self, op: str, turn_id: str, at: float) -> None:
+        """Record that a turn's terminal content is visible (merged with others)."""
+        await self._submit(op, "delivery", (turn_id, at))
+
     async def close(self) -> None:
         """Writes already made complete first."""
         self._closing = True
@@ -84,7 +93,7 @@ class Writer:
         await self._supervisor.shutdown(0)
         await self._conn.close()
 
-    async def _submit(self, op: str, kind: Literal["session", "admission", "statement"], payload: Any) -> Any:
+    async def _submit(self, op: str, kind: Kind, payload: Any) -> Any:
         if self._closing:
             raise StoreError(f"sqlite store: {op} called while the store is closed")
         item = _Write(kind, payload, asyncio.get_running_loop().create_future())
@@ -94,8 +103,7 @@ class Writer:
         else:  # idle: run it here, and let the writer's task know when it is done
             self._busy = True
             try:
-                await self._run_batch([item] if kind == "session" else [], [item] if kind == "admission" else [],
-                                      [item] if kind == "statement" else [])
+                await self._run_batch({kind: [item]})
             finally:
                 self._busy = False
                 if self._queue:
@@ -115,28 +123,32 @@ class Writer:
                 continue
             self._busy = True
             try:
-                await self._run_batch(*self._take())
+                await self._run_batch(self._take())
             finally:
                 self._busy = False
 
-    async def _run_batch(self, sessions: list[_Write], admissions: list[_Write], statements: list[_Write]) -> None:
+    async def _run_batch(self, batch: dict[Kind, list[_Write]]) -> None:
         try:
-            if admissions:
+            if admissions := batch.get("admission"):
                 await self._admissions(admissions)
-            if sessions:
+            if sessions := batch.get("session"):
                 await self._sessions(sessions)
-            for item in statements:
+            if deliveries := batch.get("delivery"):
+                await self._deliveries(deliveries)
+            for item in batch.get("statement", ()):
                 sql, params = item.payload
                 await self._run(item, sql, params)
         except Exception as exc:  # a defect here must not stop every later write
-            for item in (*admissions, *sessions, *statements):
-                _settle(item, exc=exc)
+            for items in batch.values():
+                for item in items:
+                    _settle(item, exc=exc)
 
-    def _take(self) -> tuple[list[_Write], list[_Write], list[_Write]]:
+    def _take(self) -> dict[Kind, list[_Write]]:
         """The next batch: what is queued, up to the merge limits; two writes of one session never share a
         statement (each is computed from the session as it was), so the second waits for the next batch."""
         sessions: list[_Write] = []
         admissions: list[_Write] = []
+        deliveries: list[_Write] = []
         statements: list[_Write] = []
         keys: set[str] = set()
         params = 0
@@ -153,14 +165,15 @@ class Writer:
                 keys.add(write.key)
                 params += size
                 sessions.append(item)
-            elif item.kind == "admission":
-                if len(admissions) == MAX_MERGED:
+            elif item.kind == "admission" or item.kind == "delivery":
+                merged = admissions if item.kind == "admission" else deliveries
+                if len(merged) == MAX_MERGED:
                     break
-                admissions.append(item)
+                merged.append(item)
             else:
                 statements.append(item)
             self._queue.popleft()
-        return sessions, admissions, statements
+        return {"session": sessions, "admission": admissions, "delivery": deliveries, "statement": statements}
 
     async def _sessions(self, items: list[_Write]) -> None:
         sql, params = writes.session_writes([item.payload for item in items])
@@ -186,6 +199,16 @@ class Writer:
             return
         for item, seq in zip(items, writes.admitted(admissions, cast(list[Row], found)), strict=True):
             _settle(item, seq)
+
+    async def _deliveries(self, items: list[_Write]) -> None:
+        sql, params = writes.deliveries([cast(tuple[str, float], item.payload) for item in items])
+        try:
+            await self._conn.execute_fetchall(sql, params)
+        except Exception as exc:
+            await self._alone(items, self._deliveries, exc)
+            return
+        for item in items:
+            _settle(item)
 
     async def _alone(self, items: list[_Write], run: Any, exc: Exception) -> None:
         """A merged statement failed: each write again on its own, so only the one at fault fails."""

@@ -13,11 +13,11 @@ per new message (``idx`` 0, 1, ...). The inserting SELECT computes every value f
 row and returns none. A commit also selects the messages appended since the previous revision (``idx`` -2),
 which no trigger takes, only so that RETURNING hands them back.
 
-Several session writes, and several admissions, are *merged* into one statement (``SessionWrite``,
-``Admission``): each write's rows carry its number ``w``, so one round trip, one temporary table and one WAL
-commit serve them all (group commit). A merged statement that fails is retried write by write
-(``core.sqlite.writer``), so a write still fails alone. Statement shapes are padded to powers of two (rows
-that match nothing), so SQLite's statement cache holds every shape in use.
+Several session writes, several admissions, and several delivery marks are *merged* into one statement
+(``SessionWrite``, ``Admission``, ``deliveries``): each write's rows carry its number ``w``, so one round
+trip, one temporary table and one WAL commit serve them all (group commit). A merged statement that fails
+is retried write by write (``core.sqlite.writer``), so a write still fails alone. Statement shapes are
+padded to powers of two (rows that match nothing), so SQLite's statement cache holds every shape in use.
 
 Values travel as bound parameters and come back as rows, never through JSON text, which would lose data:
 SQLite's JSON functions (3.40) cut a string at an embedded NUL and print a REAL with 15 digits. Trace
@@ -189,8 +189,11 @@ def _session_writes_sql(k_rows: int, m_rows: int) -> str:
         "context_start_seq": "CASE WHEN cur.fresh_context THEN cur.next_seq - 1 ELSE cur.context_start_seq END",
         "next_seq": "cur.next_seq + cur.add_seq", "created_at": "cur.created_at", "updated_at": "cur.now",
     }
+    # ... and the turn it closes, when recorded, still runs (a turn record is closed once)
     holds = ("(cur.expect_generation IS NULL OR cur.generation = cur.expect_generation)"
-             " AND (cur.expect_state_version IS NULL OR cur.state_version = cur.expect_state_version)")
+             " AND (cur.expect_state_version IS NULL OR cur.state_version = cur.expect_state_version)"
+             " AND (cur.end_turn IS NULL OR NOT EXISTS"
+             " (SELECT 1 FROM turns WHERE turn_id = cur.end_turn AND state <> 'running'))")
     no_session = ", ".join("NULL" for _ in SESSION_COLUMNS[1:])
     no_turn = ", ".join("NULL" for _ in _TURN_COLUMNS)
     sql = [
@@ -277,6 +280,24 @@ def admitted(items: Sequence[Admission], returned: Sequence[tuple[Any, ...]]) ->
     return result
 
 
+# --------------------------------------------------------------------------------------------- delivery marks
+
+
+def deliveries(marks: Sequence[tuple[str, float]]) -> tuple[str, list[Any]]:
+    """One statement recording ``marks`` (turn id, when it was delivered); a turn marked already keeps its mark."""
+    rows = _padded(len(marks))
+    params: list[Any] = [value for mark in marks for value in mark]
+    params.extend((None, 0.0) * (rows - len(marks)))
+    return _deliveries_sql(rows), params
+
+
+@functools.cache
+def _deliveries_sql(rows: int) -> str:
+    return ("INSERT INTO deliveries (turn_id, delivered_at)"
+            f" SELECT * FROM (VALUES {', '.join(['(?, ?)'] * rows)}) WHERE column1 IS NOT NULL"
+            " ON CONFLICT (turn_id) DO NOTHING")
+
+
 # --------------------------------------------------------------------------------------------- the others
 
 BUMP_GENERATION = """
@@ -305,7 +326,6 @@ FORGET_INBOUND = "DELETE FROM inbound WHERE seq = ?"
 
 END_TURN = "UPDATE turns SET state = ?, ended_at = ? WHERE turn_id = ? AND state = 'running'"
 
-MARK_DELIVERED = "INSERT INTO deliveries (turn_id, delivered_at) VALUES (?, ?) ON CONFLICT (turn_id) DO NOTHING"
 
 # The terminal message of each turn that ended after :since (and before :before; of :key only, unless it is
 # NULL) and was not delivered: its answer, or its notice.
@@ -322,7 +342,8 @@ WHERE t.ended_at > :since AND t.ended_at < :before AND t.state IN ('completed', 
 ORDER BY t.ended_at"""
 
 CLOSE_INTERRUPTED_TURNS = """
-UPDATE turns SET state = 'interrupted', ended_at = :now WHERE state = 'running' AND (:key IS NULL OR session_key = :key)
+UPDATE turns SET state = 'interrupted', ended_at = :now WHERE state = 'running' AND (:key IS NULL OR session_key = :key
+    OR (:prefix IS NOT NULL AND substr(session_key, 1, length(:prefix)) = :prefix))
 RETURNING turn_id, session_key, state, target_json, started_at, ended_at"""
 
 SET_CHANNEL_STATE = """

@@ -37,6 +37,9 @@ class ToolContext:
     emit: Callable[[TurnEvent], None] | None = None
     """Pushes a turn event (``core.agent.events``) into the turn's stream, in arrival order with the rest:
     how ``run_subagent`` forwards its child session's events. Only while ``run`` runs."""
+    abandoned: Callable[[], bool] | None = None
+    """Once the call is cancelled: whether its turn was abandoned (``CancelSignal.abandon``: the process lost
+    the session, whose new holder closes what ran), rather than stopped."""
 
 
 class Tool(Protocol):

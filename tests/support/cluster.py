@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +27,17 @@ LEASE_SECONDS = 2
 
 
 class Cluster:
-    """``count`` processes on the database at ``dsn``, each with its own data_dir under ``root`` and its own
-    web port; ``extra`` (config sections) and ``titles`` go into every config, ``lease_seconds`` into
-    ``[store]``."""
+    """``count`` processes on the database at ``dsn`` (one connection string for all, or one per process:
+    the database roles of their own), each with its own data_dir under ``root`` and its own web port;
+    ``extra`` (config sections) and ``titles`` go into every config, ``lease_seconds`` into ``[store]``."""
 
-    def __init__(self, root: Path, fake: FakeOpenAI, dsn: str, count: int, *, extra: str = "",
+    def __init__(self, root: Path, fake: FakeOpenAI, dsn: str | Sequence[str], count: int, *, extra: str = "",
                  titles: bool = False, lease_seconds: float = LEASE_SECONDS) -> None:
         self.fake = fake
         self.ports = [free_port() for _ in range(count)]
-        self.bridges = [BridgeProcess(postgresql_config(root / f"p{i}", dsn=dsn, llm=fake.base_url,
+        dsns = [dsn] * count if isinstance(dsn, str) else list(dsn)
+        assert len(dsns) == count
+        self.bridges = [BridgeProcess(postgresql_config(root / f"p{i}", dsn=dsns[i], llm=fake.base_url,
                                                         port=self.ports[i], api_key=f"sk-p{i}", pool_size=4,
                                                         titles=titles, store=f"lease_seconds = {lease_seconds}",
                                                         extra=extra),
