@@ -399,3 +399,27 @@ async def test_a_burst_of_chats_gets_no_429_from_the_bots_limit_of_new_messages(
         await t.close()
     assert tg.limited == 0
     assert all(tg.visible(chat) == [answer] for chat in chats)
+
+
+async def test_a_new_message_leaves_at_its_slot_while_edits_hold_every_connection(tmp_path, fake_openai, tg):
+    # The bot's budget of new messages is counted where Telegram receives them, so a send must leave when its
+    # slot comes. Here the bot's pool of two connections is taken by the long poll and an edit the fake holds
+    # (as a thousand chats streaming at once take all of them): a send that queued behind them would arrive
+    # late, together with the sends after it, past the budget. The other chat's reply is shown all the same.
+    later = asyncio.Event()
+    long = " ".join(f"word{i}" for i in range(60))
+    fake_openai.script(Text("Short answer.", hold=later, hold_after=0), Text(long, chunk_size=4, delay=0.05))
+    t = await telegram_harness(tmp_path, fake_openai, tg, connections=2, core={"request_timeout": 30.0})
+    edits = tg.hold("editMessageText")
+    try:
+        tg.user_message("first", chat_id=701, user_id=701)
+        await t.wait_for(lambda: len(fake_openai.requests) == 1)
+        tg.user_message("second", chat_id=702, user_id=702)
+        await t.wait_for(lambda: tg.count("editMessageText") >= 1)  # the pool's last connection is held
+        later.set()
+        await t.wait_for(lambda: tg.visible(701) == ["Short answer."])
+        edits.set()
+        await t.wait_for(lambda: tg.visible(702) == [long], timeout=15)
+    finally:
+        edits.set()
+        await t.close()

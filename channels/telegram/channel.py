@@ -251,6 +251,7 @@ class TelegramChannel:
 
     async def close(self) -> None:
         await self.bot.session.close()
+        await self.client.close()
         if self._downloads is not None:
             await self._downloads.close()
 

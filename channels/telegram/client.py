@@ -5,7 +5,12 @@
 429's retry_after pausing the chat) and, for a new message, in the bot's scope too (Telegram's Bots FAQ:
 no more than about 30 messages a second over all chats; edits are not named there and do not count),
 transient failures retried within the policy's bound, a send whose
-outcome is unknown repeated at most once (the Bot API has no idempotency key). The bot token, which is
+outcome is unknown repeated at most once (the Bot API has no idempotency key).
+
+New messages go out on a connection pool of their own (``sender``): the bot's budget counts them where
+Telegram receives them, so a send must leave at the slot it booked. On the pool every other call uses, a
+send whose slot has come would wait behind edits booked after it whenever that pool is full (a thousand
+chats streaming at once), and sends held back that way arrive together, past the budget. The bot token, which is
 part of every Bot API URL, is scrubbed from every error text before it can reach a log or an exception.
 """
 
@@ -15,6 +20,7 @@ import logging
 from typing import Any, TypeVar
 
 from aiogram import Bot
+from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.exceptions import (
     ClientDecodeError,
     TelegramAPIError,
@@ -44,6 +50,8 @@ _FORMAT = ("can't parse entities", "entity", "entities")
 class TelegramClient:
     def __init__(self, bot: Bot, calls: Calls, *, chat_interval: float, bot_sends_per_second: float) -> None:
         self.bot = bot
+        self.sender = Bot(token=bot.token, session=AiohttpSession(api=bot.session.api), default=bot.default)
+        """The same bot on its own connections, for new messages only."""
         self.calls = calls
         self.chat_interval = chat_interval
         self.sends = Scope("bot:sends", 1.0 / bot_sends_per_second)
@@ -57,6 +65,9 @@ class TelegramClient:
         """What a call of ``method`` to ``chat`` counts against: the chat, and the bot's sends for a new
         message (the chat first: a 429, which names no scope, pauses it)."""
         return (self.scope(chat), self.sends) if isinstance(method, SendMessage) else (self.scope(chat),)
+
+    async def close(self) -> None:
+        await self.sender.session.close()
 
     def scrub(self, text: str) -> str:
         token = self.bot.token
@@ -74,8 +85,9 @@ class TelegramClient:
     async def once(self, method: TelegramMethod[T], request_timeout: int | None = None) -> T | None:
         """One attempt of one Bot API method."""
         name = method.__api_method__
+        bot = self.sender if isinstance(method, SendMessage) else self.bot
         try:
-            return await self.bot(method, request_timeout=request_timeout)
+            return await bot(method, request_timeout=request_timeout)
         except TelegramRetryAfter as exc:
             raise PlatformError(f"{name}: 429 retry after {exc.retry_after}s", kind="rate_limited",
                                 retry_after=float(exc.retry_after)) from None

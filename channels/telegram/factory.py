@@ -18,9 +18,10 @@ from channels.telegram.settings import TelegramConfig
 from core.host import ChannelHost
 
 
-def make_bot(token: str, api_base: str) -> Bot:
-    """An aiogram Bot talking to ``api_base`` (api.telegram.org, a self-hosted Bot API server, a fake)."""
-    session = AiohttpSession(api=TelegramAPIServer.from_base(api_base.rstrip("/")))
+def make_bot(token: str, api_base: str, *, connections: int = 100) -> Bot:
+    """An aiogram Bot talking to ``api_base`` (api.telegram.org, a self-hosted Bot API server, a fake), over
+    at most ``connections`` connections at once (new messages have a pool of their own, see ``client``)."""
+    session = AiohttpSession(api=TelegramAPIServer.from_base(api_base.rstrip("/")), limit=connections)
     return Bot(token=token, session=session)
 
 

@@ -126,6 +126,10 @@ class Side:
     def counts(self) -> tuple[int, int]:
         raise NotImplementedError
 
+    def limited_by(self) -> dict[str, int]:
+        """The 429s by method and budget, where the fake tells them apart."""
+        return {}
+
 
 class TelegramSide(Side):
     async def start(self) -> dict[str, str]:
@@ -158,12 +162,16 @@ class TelegramSide(Side):
     def reset(self) -> None:
         self.fake.calls = []
         self.fake.limited = 0
+        self.fake.limited_by.clear()
 
     def shown(self, chat: str) -> str:
         return "".join(m.text for m in self.fake.messages(int(chat)))
 
     def counts(self) -> tuple[int, int]:
         return sum(c.method != "getUpdates" for c in self.fake.calls), self.fake.limited
+
+    def limited_by(self) -> dict[str, int]:
+        return {f"{method} per {budget}": n for (method, budget), n in self.fake.limited_by.items()}
 
 
 class SlackSide(Side):
@@ -364,7 +372,8 @@ def serve_platform(platform: str) -> None:
         async def report(request: web.Request) -> web.Response:
             p = await request.json()
             calls, limited = side.counts()
-            return web.json_response({**board.report(p["chats"], side.shown), "calls": calls, "limited": limited})
+            return web.json_response({**board.report(p["chats"], side.shown), "calls": calls, "limited": limited,
+                                      "limited_by": side.limited_by()})
 
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_post("/queue", queue)
@@ -538,16 +547,18 @@ class MinimalTelegram(Minimal):
         from channels.telegram.factory import make_bot
 
         bot = make_bot(self.fake["token"], self.fake["url"])
+        sender = make_bot(self.fake["token"], self.fake["url"])  # new messages on connections of their own
         bot_sends = (Scope("bot:sends", 1 / 30),)
 
         async def call(chat: int, method: Any) -> Any:
+            send = isinstance(method, SendMessage)
             scope = (Scope(f"chat:{chat}", 1.0),)
             for _ in range(20):
                 try:
-                    return await bot(method)
+                    return await (sender if send else bot)(method)
                 except TelegramRetryAfter as exc:
                     self.throttle.pause(scope[0].key, exc.retry_after)
-                await self.throttle.reserve(scope)
+                await self.throttle.reserve(scope + bot_sends if send else scope)  # a retry takes a slot too
             raise RuntimeError("still rate limited")
 
         async def answer(chat: int) -> None:
@@ -576,12 +587,13 @@ class MinimalTelegram(Minimal):
                         self.spawn(answer(update.message.chat.id))
 
         self.spawn(poll())
-        self.bot = bot
+        self.bots = (bot, sender)
         return ""
 
     async def close(self) -> None:
         await super().close()
-        await self.bot.session.close()
+        for bot in self.bots:
+            await bot.session.close()
 
 
 class MinimalSlack(Minimal):
@@ -909,7 +921,8 @@ async def measure(platform: str, pipeline: str, chats: int, first: int, llm: str
     lat = sorted(report["latencies"]) or [float("nan")]
     return {"done": report["done"], "chats": chats, "wall": wall, "throughput": report["done"] / wall,
             "cpu_ms": cpu * 1000 / chats, "p50": statistics.median(lat), "p99": lat[int(0.99 * (len(lat) - 1))],
-            "rss": rss, "calls": report["calls"] / chats, "limited": report["limited"], "profile": shares}
+            "rss": rss, "calls": report["calls"] / chats, "limited": report["limited"],
+            "limited_by": report["limited_by"], "profile": shares}
 
 
 async def one_platform(platform: str, sizes: list[int], llm: str, expected: str, timeout: float,
@@ -934,6 +947,8 @@ def print_row(r: dict[str, Any]) -> None:
     print(f"  {r['platform']:8s} {r['chats']:5d} chats  {r['pipeline']:7s}  {r['throughput']:7.1f} turns/s  "
           f"p50 {r['p50']:6.2f} s  p99 {r['p99']:6.2f} s  CPU {r['cpu_ms']:6.1f} ms/turn  "
           f"peak RSS {r['rss']:6.1f} MiB  {r['calls']:5.2f} calls/turn  429s {r['limited']}{lost}", flush=True)
+    if r.get("limited_by"):
+        print("      429s by budget: " + ", ".join(f"{k} {v}" for k, v in sorted(r["limited_by"].items())), flush=True)
     if r.get("profile"):
         print("      CPU samples: " + ", ".join(f"{k} {v:.0%}" for k, v in r["profile"].items()), flush=True)
 

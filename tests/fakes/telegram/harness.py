@@ -64,10 +64,11 @@ class TelegramHarness:
 async def telegram_harness(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, *,
                            clock: Clock | None = None, core: dict[str, Any] | None = None,
                            start: bool = True, limit: int = 4096, call_timeout: float | None = 5.0,
-                           transcriber: Transcriber | None = None, **settings: Any) -> TelegramHarness:
+                           transcriber: Transcriber | None = None, connections: int = 100,
+                           **settings: Any) -> TelegramHarness:
     h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber, **(core or {}))
     s = dataclasses.replace(TEST_SETTINGS, **settings)
-    bot = make_bot(tg.token, tg.base_url)
+    bot = make_bot(tg.token, tg.base_url, connections=connections)
     calls = Calls(Throttle(clock=clock), CallPolicy(initial_wait=0.01, max_wait=0.05, timeout=call_timeout))
     channel = TelegramChannel(h.core.host_for("telegram"), bot, s, calls=calls, limit=limit)
     h.core.add_channel(channel)

@@ -28,12 +28,13 @@ call answering 429 ``Too Many Requests: retry after N`` past it. In one chat abo
 "short bursts" allowed (a bucket of ``per_chat`` calls refilled at ``per_chat / window`` a second, sends and
 edits alike); across all chats about 30 new messages per second (``overall``, in a bucket of as many; edits
 do not count: the FAQ names messages sent, not edits).
-``limited`` counts the 429s it answered.
+``limited`` counts the 429s it answered, ``limited_by`` the same by method and budget (``"chat"`` or ``"bot"``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import time
@@ -157,6 +158,7 @@ class FakeTelegram:
     download_limit: int = DOWNLOAD_LIMIT
     rate_limits: list[RateLimit] = field(default_factory=list)
     limited: int = 0
+    limited_by: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
     clock: Callable[[], float] = time.monotonic
     """The rate limits' time (tests may hold it still)."""
     _open_queries: set[str] = field(default_factory=set)
@@ -224,6 +226,7 @@ class FakeTelegram:
                     for rule in self.rate_limits if method in rule.methods]
         for rule, key in applying:
             if rule.full(key, now):
+                self.limited_by[method, "chat" if rule.per_chat else "bot"] += 1
                 return rule.retry_after
         for rule, key in applying:
             rule.take(key, now)
