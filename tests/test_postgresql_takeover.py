@@ -71,6 +71,18 @@ def turn_ended(log: str, sid: str) -> str | None:
     return found.group(1) if found else None
 
 
+def child_cut_off() -> Function:
+    """A model whose reply starts a subagent, whose own reply stops half-way and never goes on."""
+    never = asyncio.Event()
+
+    async def reply(body: dict[str, Any]) -> Reply:
+        if is_child(body):
+            return Text("the child's findings, cut off", hold=never, hold_after=6)
+        return ToolCalls([subagent("TASK look it up")], ids=["call_S"])
+
+    return Function(reply)
+
+
 async def test_a_holder_whose_lease_renewals_fail_stops_its_turn_and_the_new_holder_closes_it_once(
         tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
     release = asyncio.Event()
@@ -125,14 +137,7 @@ async def test_a_holder_whose_lease_renewals_fail_stops_its_turn_and_the_new_hol
 
 async def test_a_subagent_left_running_by_a_killed_holder_is_closed_with_its_parent(
         tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
-    never = asyncio.Event()
-
-    async def reply(body: dict[str, Any]) -> Reply:
-        if is_child(body):
-            return Text("the child's findings, cut off", hold=never, hold_after=6)
-        return ToolCalls([subagent("TASK look it up")], ids=["call_S"])
-
-    fake_openai.default = Function(reply)
+    fake_openai.default = child_cut_off()
     dsn = postgres.fresh_dsn()
     processes = Cluster(tmp_path, fake_openai, dsn, 2, extra="[agent.subagents]\nenabled = true\n")
     try:
@@ -237,14 +242,7 @@ async def test_new_forwarded_to_a_holder_killed_at_that_moment_is_applied_by_the
 
 async def test_a_subagent_of_a_turn_whose_holder_lost_the_lease_is_left_to_the_new_holder_too(
         tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
-    never = asyncio.Event()
-
-    async def reply(body: dict[str, Any]) -> Reply:
-        if is_child(body):
-            return Text("the child's findings, cut off", hold=never, hold_after=6)
-        return ToolCalls([subagent("TASK look it up")], ids=["call_S"])
-
-    fake_openai.default = Function(reply)
+    fake_openai.default = child_cut_off()
     dsns = await roles(postgres, 2)
     processes = Cluster(tmp_path, fake_openai, dsns, 2, extra="[agent.subagents]\nenabled = true\n")
     try:
