@@ -154,6 +154,21 @@ encrypt_key = "{KEY}"
 """))
 
 
+def feishu_pair(tmp_path: Path, fake_openai: FakeOpenAI, fake: FakeFeishu, dsn: str,
+                ports: list[int]) -> tuple[BridgeProcess, BridgeProcess, WebhookSender, WebhookSender]:
+    """Two Feishu webhook processes A and B on one database (not started), and a sender to each."""
+    a, b = (BridgeProcess(feishu_config(tmp_path / n, fake_openai, fake, dsn, p), tmp_path / f"{n}.log")
+            for n, p in zip("ab", ports, strict=True))
+    to_a, to_b = (WebhookSender(f"http://127.0.0.1:{p}/feishu/events", TOKEN, fake.app_id, KEY) for p in ports)
+    return a, b, to_a, to_b
+
+
+def approval_card(fake: FakeFeishu) -> Any:
+    """The card asking for approval, while it has its buttons (None before and after)."""
+    return next((m for m in fake.shown(FEISHU_CHAT) if m.msg_type == "interactive" and card_buttons(m.content)),
+                None)
+
+
 def card_patches(fake: FakeFeishu, message_id: str) -> int:
     return sum(1 for c in fake.calls_to("message.patch") if c.path.endswith(f"/{message_id}"))
 
@@ -165,14 +180,11 @@ async def test_a_feishu_press_taken_by_another_process_is_decided_by_the_process
     ports = [free_port(), free_port()]
     async with FakeFeishu() as fake:
         fake.chat(FEISHU_CHAT)
-        a = BridgeProcess(feishu_config(tmp_path / "a", fake_openai, fake, dsn, ports[0]), tmp_path / "a.log")
-        b = BridgeProcess(feishu_config(tmp_path / "b", fake_openai, fake, dsn, ports[1]), tmp_path / "b.log")
+        a, b, to_a, to_b = feishu_pair(tmp_path, fake_openai, fake, dsn, ports)
         bridges = [a, b]
-        to_a, to_b = (WebhookSender(f"http://127.0.0.1:{p}/feishu/events", TOKEN, fake.app_id, KEY) for p in ports)
 
         def request() -> Any:
-            return next((m for m in fake.shown(FEISHU_CHAT) if m.msg_type == "interactive"
-                         and card_buttons(m.content)), None)
+            return approval_card(fake)
 
         try:
             await b.start()
@@ -228,14 +240,11 @@ async def test_the_buttons_of_a_process_that_died_are_closed_by_a_live_one(
     ports = [free_port(), free_port()]
     async with FakeFeishu() as fake:
         fake.chat(FEISHU_CHAT)
-        a = BridgeProcess(feishu_config(tmp_path / "a", fake_openai, fake, dsn, ports[0]), tmp_path / "a.log")
-        b = BridgeProcess(feishu_config(tmp_path / "b", fake_openai, fake, dsn, ports[1]), tmp_path / "b.log")
+        a, b, to_a, to_b = feishu_pair(tmp_path, fake_openai, fake, dsn, ports)
         bridges = [a, b]
-        to_a, to_b = (WebhookSender(f"http://127.0.0.1:{p}/feishu/events", TOKEN, fake.app_id, KEY) for p in ports)
 
         def request() -> Any:
-            return next((m for m in fake.shown(FEISHU_CHAT) if m.msg_type == "interactive"
-                         and card_buttons(m.content)), None)
+            return approval_card(fake)
 
         try:
             await asyncio.gather(a.start(), b.start())
