@@ -86,15 +86,22 @@ def free_port() -> int:
 
 
 class Board:
-    """When each chat's message was available and when its whole reply was first visible."""
+    """When each chat's message was available, when the first of its reply was visible and when its whole
+    reply was."""
 
     def __init__(self) -> None:
         self.expected = ""
         self.queued: dict[str, float] = {}
+        self.first: dict[str, float] = {}
         self.done: dict[str, float] = {}
 
     def check(self, chat: str, shown: Callable[[], str]) -> None:
-        if chat in self.queued and chat not in self.done and squash(shown()) == self.expected:
+        if chat not in self.queued or chat in self.done:
+            return
+        text = squash(shown())
+        if text and chat not in self.first:
+            self.first[chat] = time.monotonic()
+        if text == self.expected:
             self.done[chat] = time.monotonic()
 
     def report(self, chats: list[str], shown: Callable[[str], str]) -> dict[str, Any]:
@@ -378,7 +385,8 @@ def serve_platform(platform: str) -> None:
 
         async def turn(request: web.Request) -> web.Response:
             """One message in one chat; answers once its whole reply is visible (or ``timeout`` has passed) with
-            the moments it was available and shown (``time.monotonic()``, null when not shown)."""
+            the moments it was available, its reply's first text shown and the whole reply shown
+            (``time.monotonic()``, null when not shown)."""
             p = await request.json()
             chat = str(p["chat"])
             board.expected = squash(p["expected"])
@@ -386,7 +394,8 @@ def serve_platform(platform: str) -> None:
             deadline = time.monotonic() + float(p["timeout"])
             while chat not in board.done and time.monotonic() < deadline:
                 await asyncio.sleep(0.005)
-            return web.json_response({"queued": board.queued[chat], "done": board.done.get(chat)})
+            return web.json_response({"queued": board.queued[chat], "first": board.first.get(chat),
+                                      "done": board.done.get(chat)})
 
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_post("/queue", queue)
@@ -1042,8 +1051,9 @@ async def latency_platform(platform: str, turns: int, warmup: int, llm: str, tim
                            timeout: float) -> dict[str, Any]:
     """``turns`` turns for each pipeline, one at a time, product and floor alternating (ABBA), each in a chat
     of its own; every pipeline has its own platform fake (two pipelines on one would take each other's
-    updates). Each turn's three moments: the message available, the model's request received and its stream
-    ended (the model fake's clock), the whole reply visible (the platform fake's)."""
+    updates). Each turn's moments: the message available, the model's request received and its stream ended
+    (the model fake's clock), the first text and the whole reply visible (the platform fake's); one clock,
+    ``time.monotonic()``, in every process."""
     import aiohttp
 
     fakes = {pipeline: start_child("tests.bench.e2e", "--serve-platform", platform) for pipeline in PIPELINES}
@@ -1071,8 +1081,11 @@ async def latency_platform(platform: str, turns: int, warmup: int, llm: str, tim
                         within = [s for s in model_spans(times) if moments["queued"] <= s[0] <= moments["done"]]
                         sample = {"total": moments["done"] - moments["queued"]}
                         if len(within) == 1:  # one model request a turn, as it should be
-                            sample["in"] = within[0][0] - moments["queued"]
-                            sample["out"] = moments["done"] - within[0][1]
+                            received, ended = within[0]
+                            sample["in"] = received - moments["queued"]
+                            sample["first"] = moments["first"] - received
+                            sample["out"] = moments["done"] - ended
+                            sample["bridge"] = sample["total"] - (ended - received)
                         samples[pipeline].append(sample)
         finally:
             await bridge.kill()
@@ -1084,8 +1097,13 @@ async def latency_platform(platform: str, turns: int, warmup: int, llm: str, tim
 
 
 PIPELINES = ("product", "minimal")
-LATENCY_PARTS = (("total", "available → reply visible"), ("in", "available → model request"),
+LATENCY_PARTS = (("total", "available → reply visible"), ("bridge", "the same less the model's stream"),
+                 ("in", "available → model request"), ("first", "model request → first text"),
                  ("out", "model's end → reply visible"))
+"""The parts of a turn printed: the whole; the whole less the model's stream (from its request received to
+its last byte written, the same work for both pipelines, whose own jitter the whole carries); what comes
+before the model is asked; from then to the first text shown (the first-message gate and the typing
+indicator, in the product); what comes after the model's last byte."""
 
 
 def print_latency(row: dict[str, Any]) -> None:
@@ -1100,7 +1118,7 @@ def print_latency(row: dict[str, Any]) -> None:
         lo50, hi50 = paired_interval(prod, floor, 0.5)
         added50 = quantile(prod, 0.5) - quantile(floor, 0.5)
         diffs = [p - m for p, m in pairs]
-        print(f"  {platform:8s} {label:28s} product p50 {1000 * quantile(prod, 0.5):7.1f} ms  "
+        print(f"  {platform:8s} {label:33s} product p50 {1000 * quantile(prod, 0.5):7.1f} ms  "
               f"p99 {1000 * quantile(prod, 0.99):7.1f}  floor p50 {1000 * quantile(floor, 0.5):7.1f}  "
               f"p99 {1000 * quantile(floor, 0.99):7.1f}  added p50 {1000 * added50:+7.1f} "
               f"(95% {1000 * lo50:+.1f} .. {1000 * hi50:+.1f})  "
