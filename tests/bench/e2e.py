@@ -20,6 +20,15 @@ enforces its platform's published rate limits.
     python -m tests.bench.e2e                                 # every platform, 100 and 1000 chats
     python -m tests.bench.e2e --quick                         # every platform, 50 chats, 100 chunks
     python -m tests.bench.e2e --platform web --chats 100      # one platform, one size
+    python -m tests.bench.e2e --latency 80                    # latency unloaded: 80 turns one at a time
+
+``--latency`` measures what the product adds to a turn's latency where nothing saturates the machine: each
+pipeline gets its turns one at a time (the next message once the reply is whole), product and floor
+alternating, each on a platform fake of its own; besides the whole turn it times its parts (the message
+available → the model's request received → the model's last byte → the reply visible, the model fake and the
+platform fake on one clock) and prints the product's p50/p99, the floor's, and the added p50 with a 95 %
+bootstrap interval over the paired turns. ``--floor-gate N``: the floor too holds its first message until
+the answer has N characters, as the product's first-message gate does (24).
 
 Prints figures; asserts nothing about speed. Nothing leaves 127.0.0.1.
 """
@@ -505,7 +514,7 @@ class Minimal:
     """receive → stream (the openai SDK, as the provider calls it) → show the newest text through the same
     throttle, split at the platform's limit; nothing stored, nothing formatted."""
 
-    def __init__(self, llm: str, fake: dict[str, str]) -> None:
+    def __init__(self, llm: str, fake: dict[str, str], gate: int = 0) -> None:
         import openai
 
         from channels.common.throttle import Throttle
@@ -514,6 +523,8 @@ class Minimal:
         self.llm = openai.AsyncOpenAI(base_url=llm, api_key="bench", max_retries=0,
                                       http_client=openai.DefaultAioHttpClient(timeout=120))
         self.throttle = Throttle()
+        self.gate = gate
+        """Characters the answer needs before its first message (0: none, the floor as it is)."""
         self.tasks: set[asyncio.Task[None]] = set()
 
     def spawn(self, coro: Awaitable[None]) -> None:
@@ -546,7 +557,7 @@ class Minimal:
                 content = (choice.get("delta") or {}).get("content")
                 if content:
                     parts.append(content)
-            if parts and (flushing is None or flushing.done()):
+            if parts and (flushing is None or flushing.done()) and (shown or sum(map(len, parts)) >= self.gate):
                 flushing = asyncio.ensure_future(flush())
         if flushing is not None:
             await flushing
@@ -804,13 +815,13 @@ MINIMALS: dict[str, type[Minimal]] = {"telegram": MinimalTelegram, "slack": Mini
                                       "feishu": MinimalFeishu, "web": MinimalWeb}
 
 
-def serve_minimal(platform: str, llm: str, fake: dict[str, str]) -> None:
+def serve_minimal(platform: str, llm: str, fake: dict[str, str], gate: int = 0) -> None:
     """The minimal pipeline in this process: prints the address messages go to (or "ready"), runs until stdin
     closes."""
     from bridge.gc_tuning import tune_gc
 
     async def main() -> None:
-        pipeline = MINIMALS[platform](llm, fake)
+        pipeline = MINIMALS[platform](llm, fake, gate)
         target = await pipeline.run()
         tune_gc()  # as chatbridge run tunes it once it is up
         print(target or "ready", flush=True)
@@ -1048,7 +1059,7 @@ def model_spans(path: Path) -> list[tuple[float, float]]:
 
 
 async def latency_platform(platform: str, turns: int, warmup: int, llm: str, times: Path, expected: str,
-                           timeout: float) -> dict[str, Any]:
+                           timeout: float, floor_gate: int = 0) -> dict[str, Any]:
     """``turns`` turns for each pipeline, one at a time, product and floor alternating (ABBA), each in a chat
     of its own; every pipeline has its own platform fake (two pipelines on one would take each other's
     updates). Each turn's moments: the message available, the model's request received and its stream ended
@@ -1061,7 +1072,7 @@ async def latency_platform(platform: str, turns: int, warmup: int, llm: str, tim
     with tempfile.TemporaryDirectory() as tmp:
         bridge, product_target = await start_product(platform, llm, json.loads(fakes["product"][1]), Path(tmp))
         floor_proc, line = start_child("tests.bench.e2e", "--serve-minimal", platform, "--llm", llm,
-                                       "--fake", fakes["minimal"][1])
+                                       "--fake", fakes["minimal"][1], "--floor-gate", str(floor_gate))
         targets = {"product": product_target, "minimal": "" if line == "ready" else line}
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
@@ -1140,7 +1151,7 @@ async def run_latency(args: argparse.Namespace) -> list[dict[str, Any]]:
         try:
             for platform in args.platform:
                 row = await latency_platform(platform, args.latency, args.warmup, llm, times,
-                                             reply_text(args.chunks), args.timeout)
+                                             reply_text(args.chunks), args.timeout, args.floor_gate)
                 rows.append(row)
                 print_latency(row)
         finally:
@@ -1165,6 +1176,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         help="latency unloaded: TURNS turns for each pipeline, one at a time, product and floor "
                              "alternating; prints p50/p99 of each part of a turn and the added latency")
     parser.add_argument("--warmup", type=int, default=2, help="--latency: turns of each pipeline not counted")
+    parser.add_argument("--floor-gate", type=int, default=0, metavar="CHARS",
+                        help="the floor holds its first message until the answer has CHARS characters "
+                             "(the product's first-message gate: 24)")
     parser.add_argument("--serve-llm", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-times", help=argparse.SUPPRESS)
     parser.add_argument("--serve-platform", choices=PLATFORMS, help=argparse.SUPPRESS)
@@ -1181,11 +1195,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         serve_platform(args.serve_platform)
         return []
     if args.serve_minimal:
-        serve_minimal(args.serve_minimal, args.llm, json.loads(args.fake))
+        serve_minimal(args.serve_minimal, args.llm, json.loads(args.fake), args.floor_gate)
         return []
     if args.latency:
         print(f"{args.latency} turns one at a time on each platform for the product and the floor, alternating; a "
-              f"reply of {args.chunks} chunks, one every {args.chunk_ms:g} ms; {os.cpu_count()} cores; load average "
+              f"reply of {args.chunks} chunks, one every {args.chunk_ms:g} ms; "
+              f"{f'the floor gated at {args.floor_gate} characters; ' if args.floor_gate else ''}"
+              f"{os.cpu_count()} cores; load average "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
         started = time.monotonic()
         rows = asyncio.run(run_latency(args))
