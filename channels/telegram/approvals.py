@@ -163,6 +163,13 @@ def outcome_text(entry: PendingApproval, line: str) -> str:
     return f"{last}\n\n{line[:OUTCOME_ROOM - 4]}"
 
 
+def presser(query: CallbackQuery) -> Decider:
+    """Who pressed, for core: their id, the username Telegram vouches for, and the name the chat shows."""
+    user = query.from_user
+    username = vouched_username(user)
+    return Decider(str(user.id), (username,) if username else (), sender_name(user))
+
+
 def keyboard(ref: str) -> InlineKeyboardMarkup:
     return InlineKeyboardMarkup(inline_keyboard=[[
         InlineKeyboardButton(text="✅ Allow", callback_data=f"{PREFIX}:{ref}:a"),
@@ -256,11 +263,8 @@ class ApprovalButtons:
             if message is not None:
                 await self._drop_keyboard(message.chat.id, message.message_id)
             return
-        user = query.from_user
-        username = vouched_username(user)
         result = await self._channel.host.decide(entry.session_key, entry.call_id, decision,
-                                           decided_by=Decider(str(user.id), (username,) if username else ()),
-                                           origin=entry.origin)
+                                                 decided_by=presser(query), origin=entry.origin)
         if result is DecideResult.REFUSED:
             await self._answer(query, NOT_YOURS, alert=True)
             return
@@ -279,11 +283,8 @@ class ApprovalButtons:
                                decision: Literal["allow", "deny"]) -> None:
         """A press on a request another process posted: decided where the approval is pending; the message
         is left to the posting process's sink, which shows how the approval ended once."""
-        user = query.from_user
-        username = vouched_username(user)
         result = await self._channel.host.decide(entry.session_key, entry.call_id, decision,
-                                                 decided_by=Decider(str(user.id), (username,) if username else ()),
-                                                 origin=entry.origin)
+                                                 decided_by=presser(query), origin=entry.origin)
         if result is DecideResult.REFUSED:
             await self._answer(query, NOT_YOURS, alert=True)
         elif result is DecideResult.NOT_PENDING:
