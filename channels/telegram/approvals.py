@@ -22,8 +22,8 @@ Several processes on one database: the process that receives a press (the one po
 whichever took the webhook request) may not be the one that posted the request, whose turn holds the
 approval. It finds the request by its ref in the posting process's record and decides through
 ``host.decide``, which forwards the decision to the holder (``core.agent.approval_relay``); it answers the
-callback query, and the holder's sink edits the message once to show how the approval ended (without the
-presser's name, which only the process that got the press knows).
+callback query, and the holder's sink edits the message once to show how the approval ended (the presser's
+name comes with the decision).
 
 Approvals do not outlive the process (a restart ends the turn that waited for them), but their buttons
 would: so every posted request that has not ended is also kept in the channel's durable state, and the next
