@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.bench.e2e import PLATFORMS, start_child, start_product, stop_child  # noqa: E402
+from tests.bench.e2e import PLATFORMS, start_product  # noqa: E402
+from tests.bench.streaming import start_child, stop_child  # noqa: E402
 
 IMPORTS = {
     "nothing": [],
