@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 
 from tests.fakes.feishu import FakeFeishu, WebhookSender
@@ -79,7 +80,6 @@ edit_interval_ms = 100
 
 async def test_a_telegram_press_polled_by_one_process_is_decided_by_the_process_running_the_turn(
         tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, postgres: PostgresCluster) -> None:
-    import asyncpg
 
     fake_openai.script(ToolCalls([("current_time", "{}")], ids=["call_T1"]), Text("It is late."))
     dsn = postgres.fresh_dsn()
@@ -126,7 +126,7 @@ async def test_a_telegram_press_polled_by_one_process_is_decided_by_the_process_
                        timeout=60)
         assert [x.get("text") for x in tg.answers(alice)] == ["Allowed"]
         assert tool_ran(fake_openai, "call_T1")
-        assert not shown.buttons and shown.text.endswith("\n\n✅ Allowed.")
+        assert not shown.buttons and shown.text.endswith("\n\n✅ Allowed by Alice")  # who pressed, as in one process
         await asyncio.sleep(1.0)  # a second edit would show by now
         edits = [c for c in tg.calls if c.method in ("editMessageText", "editMessageReplyMarkup")
                  and int(c.params.get("message_id") or 0) == asked.message_id]
@@ -222,7 +222,7 @@ async def test_a_feishu_press_taken_by_another_process_is_decided_by_the_process
             await wait_for(answered, bridges, what="the answer", timeout=60)
             assert tool_ran(fake_openai, "call_F1")
             card = fake.messages[asked.message_id]
-            assert not card_buttons(card.content) and "Allowed" in fake.text_of(card)
+            assert not card_buttons(card.content) and "Allowed by u\\_alice" in fake.text_of(card)  # who pressed
             await asyncio.sleep(1.0)  # a second update would show by now
             assert card_patches(fake, asked.message_id) == 1  # the outcome is shown once
             for bridge in bridges:
@@ -259,6 +259,16 @@ async def test_the_buttons_of_a_process_that_died_are_closed_by_a_live_one(
             await wait_for(lambda: request() is not None, bridges, what="the approval card", timeout=60)
             asked = request()
             allow = card_buttons(asked.content)[0][1]
+
+            async def recorded() -> bool:  # B has saved which message shows the request: then the kill
+                conn = await asyncpg.connect(dsn)
+                try:
+                    rows = await conn.fetch("SELECT value FROM channel_state WHERE channel = 'feishu'"
+                                            " AND name LIKE 'open\\_approvals:%'")
+                finally:
+                    await conn.close()
+                return any(asked.message_id in str(r["value"]) for r in rows)
+            await wait_for(recorded, bridges, what="the request's card recorded", timeout=30)
             await b.kill()
             killed_at = time.monotonic()
 
@@ -322,7 +332,7 @@ async def test_a_slack_press_taken_by_another_process_is_shown_once_by_the_proce
             updates = [c for c in slack.calls_to("chat.update") if c.params.get("ts") == asked.ts]
             assert len(updates) == 1  # the outcome is shown once, by the process that posted the buttons
             shown = slack.message("D0ALICE", asked.ts)
-            assert request() is None and "Allowed" in shown.shown
+            assert request() is None and "Allowed by alice" in shown.shown  # who pressed
             for bridge in bridges:
                 assert await bridge.stop() == 0
                 assert "Traceback" not in bridge.log(), bridge.log()
