@@ -29,11 +29,6 @@ FEISHU_TOKEN = "vt_cluster_verification_token"
 FEISHU_KEY = "ek_cluster_encrypt_key"
 LEASE_SECONDS = 10
 """The default: nothing here dies, and no process should lose a lease because the machine is busy."""
-SLACK_UPDATES_PER_MINUTE = 1200
-"""Each process's pace of calls for the whole workspace: the default (50 a minute, Slack's Tier 3 floor) would
-have each process's eight replies wait out about 1.2 s per call, one after another, and what this test
-proves (each message answered once, serially) does not depend on that pace, which the Slack channel's own
-tests cover."""
 
 
 def elsewhere(rng: random.Random, than: int) -> int:
@@ -73,7 +68,6 @@ bot_token = "{slack.bot_token}"
 signing_secret = "{slack.signing_secret}"
 api_base = "{slack.base_url}"
 update_interval_ms = 100
-workspace_updates_per_minute = {SLACK_UPDATES_PER_MINUTE}
 """)
     senders = [EventSender(f"{cluster.base(i)}/slack/events", slack.signing_secret, timeout=30)
                for i in range(PROCESSES)]
