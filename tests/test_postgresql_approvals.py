@@ -78,6 +78,15 @@ edit_interval_ms = 100
 """))
 
 
+async def fetch(dsn: str, query: str) -> list[asyncpg.Record]:
+    """One query on the test cluster, on a connection of its own (as another process would)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetch(query)
+    finally:
+        await conn.close()
+
+
 async def test_a_telegram_press_polled_by_one_process_is_decided_by_the_process_running_the_turn(
         tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, postgres: PostgresCluster) -> None:
 
@@ -102,12 +111,8 @@ async def test_a_telegram_press_polled_by_one_process_is_decided_by_the_process_
         await wait_for(lambda: state_is(ports[0], "telegram", "standby"), bridges, what="A standing by",
                        timeout=120)
         # B's polling lead ends (its lead connection is cut) while its turn goes on: A polls from now on
-        conn = await asyncpg.connect(dsn)
-        try:
-            cut = await conn.fetch("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
-                                   " AND granted AND pid <> pg_backend_pid()")
-        finally:
-            await conn.close()
+        cut = await fetch(dsn, "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                               " AND granted AND pid <> pg_backend_pid()")
         assert len(cut) == 1
         await wait_for(lambda: state_is(ports[0], "telegram", "polling"), bridges, what="A polling",
                        timeout=60)
@@ -261,12 +266,8 @@ async def test_the_buttons_of_a_process_that_died_are_closed_by_a_live_one(
             allow = card_buttons(asked.content)[0][1]
 
             async def recorded() -> bool:  # B has saved which message shows the request: then the kill
-                conn = await asyncpg.connect(dsn)
-                try:
-                    rows = await conn.fetch("SELECT value FROM channel_state WHERE channel = 'feishu'"
-                                            " AND name LIKE 'open\\_approvals:%'")
-                finally:
-                    await conn.close()
+                rows = await fetch(dsn, "SELECT value FROM channel_state WHERE channel = 'feishu'"
+                                        " AND name LIKE 'open\\_approvals:%'")
                 return any(asked.message_id in str(r["value"]) for r in rows)
             await wait_for(recorded, bridges, what="the request's card recorded", timeout=30)
             await b.kill()
