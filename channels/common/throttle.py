@@ -9,9 +9,9 @@ slot of a scope until it has passed, however long.
 Slots are kept by when callers actually leave, not only by when they booked: a saturated host holds its event
 loop up for seconds at a time, and every caller whose slot passed meanwhile would wake at once and reach the
 platform together, past a budget that refills at that pace (a bot's 30 new messages a second over a thousand
-chats). So a caller that leaves more than ``catch_up`` seconds after its slot moves its scopes' schedules by
-the excess: the slots that passed while the loop was held up are lost, not spent at once, and the callers
-booked after it wait as much longer (at most ``catch_up`` seconds' worth of them leave together).
+chats). So a caller that leaves more than ``catch_up`` seconds (0.25) after its slot moves its scopes'
+schedules by the excess: the slots that passed while the loop was held up are lost, not spent at once, and
+the callers booked after it wait as much longer (at most ``catch_up`` seconds' worth leave together).
 
 One ``Throttle`` per channel instance is shared by every sink and send of that channel, so two turns in
 the same chat (two forum topics of one group) share that chat's budget. ``paused_total`` is the pause a
@@ -56,7 +56,7 @@ class _Pace:
 
 
 class Throttle:
-    def __init__(self, *, clock: Clock | None = None, max_scopes: int = 10_000, catch_up: float = 0.5) -> None:
+    def __init__(self, *, clock: Clock | None = None, max_scopes: int = 10_000, catch_up: float = 0.25) -> None:
         self.clock = clock or Clock()
         self.catch_up = catch_up
         self._paces: dict[str, _Pace] = {}
