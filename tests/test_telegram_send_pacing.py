@@ -1,10 +1,11 @@
 """The bot's budget of new messages, as the fake Bot API counts it, when the bridge's event loop is held up.
 
 Telegram allows a bot about 30 new messages a second over all its chats, short bursts allowed: the fake
-counts them in a bucket of 30 that refills at 30 a second. The channel paces its sends at that rate; a
-thousand chats streaming at once on a saturated host hold its event loop up for seconds at a time. Sends
-whose turn came during such a stretch must not all leave at its end: the bucket holds one second's worth.
-Time here is virtual (``HeldUpClock``): the loop is held up for 3 s while 90 chats wait to send.
+counts them in a bucket of 30 that refills at 30 a second. Here the sends are paced at that rate (the
+channel paces them a tenth under it, which leaves room; this checks the harder case). A thousand chats
+streaming at once on a saturated host hold its event loop up for seconds at a time; sends whose turn came
+during such a stretch must not all leave at its end: the bucket holds one second's worth. Time here is
+virtual (``HeldUpClock``): the loop is held up for 3 s while 90 chats wait to send.
 """
 
 from __future__ import annotations
