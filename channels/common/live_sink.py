@@ -205,6 +205,7 @@ class LiveSink:
         """Posted prompts by (origin, call id): a subagent's call ids are its own, they may repeat the turn's."""
         self._paused_at_open = calls.throttle.paused_total(ops.scopes)
         self._opening: asyncio.Task[None] | None = None
+        self._typing_skipped = asyncio.Event()
         """The opening typing indicator's call while nothing has waited for it yet (``start_typing``)."""
         self._final_cache: tuple[int, bool, list[Part]] | None = None
 
@@ -219,13 +220,21 @@ class LiveSink:
         self._typing_at = self._loop.time()
         await self.calls.call(self.ops.typing, scopes=self.ops.scopes, paced=False, retry=False)
 
-    def start_typing(self) -> None:
+    def start_typing(self, delay: float = 0.0) -> None:
         """Show the typing indicator without waiting for it (so the model request does not wait behind a
-        platform round trip); needs ``spawn``. What is shown next waits for this call to land."""
+        platform round trip); needs ``spawn``. What is shown next waits for this call to land. ``delay``: make
+        the call only that many seconds from now, and not at all if something is shown (or the turn ends)
+        before then."""
         self._typing_at = self._loop.time()
-        self._opening = self._spawn("typing", self._open_typing())
+        self._opening = self._spawn("typing", self._open_typing(delay))
 
-    async def _open_typing(self) -> None:
+    async def _open_typing(self, delay: float) -> None:
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._typing_skipped.wait()
+            if self._typing_skipped.is_set() or self._aborted:
+                return
         try:
             await self.calls.call(self.ops.typing, scopes=self.ops.scopes, paced=False, retry=False)
         except PlatformError as exc:
@@ -238,6 +247,7 @@ class LiveSink:
     async def _typing_landed(self) -> None:
         """Wait for the opening typing indicator's call, if it was not waited for yet (typing before text)."""
         opening, self._opening = self._opening, None
+        self._typing_skipped.set()  # an opening call still waiting for its moment is not made
         if opening is not None:
             await asyncio.wait((opening,))
 

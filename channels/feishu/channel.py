@@ -106,6 +106,10 @@ _OPERATOR = FeishuConfig()
 TRY_AGAIN = "Please try again in a moment."
 FRESHNESS = 300.0
 """Seconds a signed webhook request may be old (or early)."""
+WORKING_SIGN_DELAY = 0.25
+"""Seconds a turn's card (its working sign) waits before it opens, unless text comes first: lark-oapi builds a
+new HTTP client (a TLS context with the CA bundle) for every request, 30-50 ms of CPU in the event loop, which
+the model's request would otherwise wait behind. A quarter of a second later is not a wait anyone sees."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,7 +372,9 @@ class FeishuChannel:
         ops = FeishuOps(self, Destination.of(target))
         sink = FeishuSink(ops, self.renderer, self.calls, settings=self.live,
                           prompts=FeishuPrompts(self, target, ops), spawn=self.host.spawn)
-        sink.start_typing()  # the working sign (the card, opened at once): the turn does not wait for it
+        # the working sign (the card): the turn does not wait for it, and it waits a moment for the model's
+        # request to leave first, as lark-oapi builds each request's HTTP client in the event loop
+        sink.start_typing(delay=WORKING_SIGN_DELAY)
         return sink
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
