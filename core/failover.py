@@ -274,11 +274,11 @@ class SessionFailover:
                 continue
             if lost:
                 self._manager().lost(lost)
-                if self._processes is not None:
-                    try:
-                        await self._processes.renewed(lost)
-                    except Exception as exc:  # the next beat that finds it lost tries again
-                        log.warning("taking this process's liveness again failed: %s", exc)
+            if self._processes is not None:
+                try:
+                    await self._processes.renewed(lost)
+                except Exception as exc:  # the next beat tries again
+                    log.warning("taking this process's liveness again failed: %s", exc)
 
     async def _sweeper(self) -> None:
         while True:

@@ -46,10 +46,14 @@ class Processes:
             log.warning("this process's liveness is held by another process (id %s)", self.id)
 
     async def renewed(self, lost: Sequence[str]) -> None:
-        """After a lease renewal that lost ``lost``: take this process's liveness again if it was among them."""
-        if self.shared and PREFIX + self.id in lost:
+        """After each lease renewal (``lost``: the leases it found lost): take this process's liveness again
+        when it does not hold it — it lapsed just now, or it lapsed earlier and another process had claimed
+        it to clean up after this one, until that claim ended."""
+        if not self.shared or self._leases.holds(PREFIX + self.id):
+            return
+        if PREFIX + self.id in lost:
             log.warning("this process's liveness lapsed (the database was out of reach); taking it again")
-            await self.announce()
+        await self.announce()
 
     async def alive(self, process: str) -> bool:
         """Whether the process ``process`` is alive (this one always is)."""

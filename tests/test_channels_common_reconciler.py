@@ -117,3 +117,13 @@ def test_a_preview_counts_as_shown_only_in_its_final_form_unless_it_could_not_be
     assert [p.text for p in ledger.missing(final)] == ["x done", "partial and rest"]
     ledger.keep(0)  # a stale preview the platform would not let us delete still shows those words
     assert [p.text for p in ledger.missing(final)] == ["partial and rest"]
+
+
+def test_the_rest_after_a_kept_preview_that_stopped_inside_a_word_says_it_goes_on_from_it():
+    ledger = Ledger()
+    ledger.accepted_send("1", Part.plain("Hello wo"))
+    ledger.accepted_send("2", Part.plain("Second part ends here."))
+    ledger.keep(0)
+    ledger.keep(1)
+    final = [Part.plain("Hello world, and more"), Part.plain("Second part ends here. Then this.")]
+    assert ledger.unshown(final) == ["…rld, and more", "Then this."]

@@ -1,6 +1,9 @@
 """Session leases on the test cluster (``core.postgresql.leases``): one holder at a time, taken over only once
 expired (the expiry is moved into the past in the database, instead of waiting for it), lost when another
-process took it, given back at close; and the sessions a sweeper must take over."""
+process took it, given back at close; and the sessions a sweeper must take over. Over them, processes'
+liveness (``core.processes``): a live process is never claimed, a dead one by one live process at a time, and
+one whose liveness lapsed while it lived (its renewals did not reach the database for longer than the ttl) is
+alive again at its next beat, also when another process had claimed its place meanwhile."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from core.agent.subagents import CHILD_GLOB, CHILD_MARK
 from core.messages import MessageSource, NewMessage
 from core.postgresql.leases import PostgresqlLeases
 from core.postgresql.store import PostgresqlStore
+from core.processes import Processes
 from tests.support.postgres import PostgresCluster
 
 KEY = "web:one"
@@ -131,3 +135,54 @@ async def test_a_renewal_the_database_does_not_answer_loses_the_lease_at_its_dea
     finally:
         await blocker.close()
         await leases.close()
+
+
+@pytest.fixture
+async def trio(dsn: str) -> AsyncIterator[list[tuple[Processes, PostgresqlLeases]]]:
+    made = []
+    for node in ("a", "b", "c"):
+        leases = PostgresqlLeases(dsn, ttl=30)
+        await leases.open()
+        processes = Processes(leases, node)
+        await processes.announce()
+        made.append((processes, leases))
+    yield made
+    for _, leases in made:
+        await leases.close()
+
+
+async def beat(processes: Processes, leases: PostgresqlLeases) -> None:
+    """One heartbeat as ``core.failover`` runs it: renew every lease, then mind this process's liveness."""
+    await processes.renewed(await leases.renew())
+
+
+async def test_a_live_process_is_never_claimed_and_a_dead_one_by_one_process(dsn: str, trio) -> None:
+    (a, _), (b, b_leases), (c, _) = trio
+    assert await b.alive("a") and await c.alive("a")
+    assert not await b.claim("a")
+    await b_leases.close()  # b stops: its liveness is given back
+    assert not await a.alive("b")
+    assert await a.claim("b")
+    assert not await c.claim("b")  # one cleans up after it, not two
+    await a.unclaim("b")
+    assert await c.claim("b")
+
+
+async def test_a_lapsed_liveness_is_taken_again_at_the_next_beat(dsn: str, trio) -> None:
+    (a, a_leases), (b, _), _ = trio
+    await expire_all(dsn)  # a's renewals did not reach the database for longer than the ttl
+    assert not await b.alive("a")
+    await beat(a, a_leases)
+    assert await b.alive("a")
+    assert not await b.claim("a")
+
+
+async def test_a_lapsed_liveness_claimed_meanwhile_is_taken_again_once_the_claim_ends(dsn: str, trio) -> None:
+    (a, a_leases), (b, _), (c, _) = trio
+    await expire_all(dsn)
+    assert await b.claim("a")  # b takes a for dead and cleans up after it
+    await beat(a, a_leases)  # a learns it lost its liveness, but b holds it now (c sees it taken)
+    await b.unclaim("a")
+    await beat(a, a_leases)
+    assert await b.alive("a") and await c.alive("a")
+    assert not await c.claim("a")

@@ -8,13 +8,18 @@ preview (the plain Markdown source) is stale once the final failed: the sink rem
 fallback, so the chat ends showing the formatted answer once. Only a preview that stays (``kept``: the
 platform would not let us remove it, or the sink was aborted and left the chat as it was) still counts
 for its words: sending them again would show them twice. A kept preview that shows the beginning of its
-part (the reply grew after its last update) leaves only the rest of that part missing.
+part (the reply grew after its last update) leaves only the rest of that part missing; when the preview
+stopped inside a word, the rest begins with "…".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+CONTINUED = "…"
+"""Put before the rest of a part whose kept preview stopped inside a word, so the rest does not read as a
+word of its own ("…rld, and more" after a preview ending "Hello wo")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +109,10 @@ class Ledger:
             entry = self.entries[i] if i < len(self.entries) else None
             shown = entry.part.source.rstrip() if entry is not None and entry.kept and not entry.gone else ""
             if shown.strip() and part.source.startswith(shown):
-                left = part.source[len(shown):].strip()
+                after = part.source[len(shown):]
+                left = after.strip()
+                if left and shown[-1].isalnum() and after[0].isalnum():
+                    left = CONTINUED + left  # the preview stopped inside a word: say the rest goes on from it
                 if left:
                     rest.append(left)
                 continue
