@@ -39,6 +39,7 @@ from core.agent.events import (
     TurnEvent,
 )
 from core.snapshot import (
+    ApprovalOutcome,
     ApprovalRequest,
     ChildActivity,
     SnapshotState,
@@ -64,6 +65,7 @@ class TurnController:
         self._epoch = 0
         self._tools: tuple[ToolActivity, ...] = ()
         self._approvals: tuple[ApprovalRequest, ...] = ()
+        self._decided: tuple[ApprovalOutcome, ...] = ()
         self._error: str | None = None
         self._children: dict[tuple[str, ...], ChildActivity] = {}
         self._children_view: tuple[ChildActivity, ...] = ()
@@ -84,7 +86,8 @@ class TurnController:
         if snap.version != self._version:
             snap = self._snap = TurnSnapshot(
                 turn_id=snap.turn_id, session_key=snap.session_key, version=self._version, state=self._state,
-                text=self.text, tools=self._tools, approvals=self._approvals, error=self._error,
+                text=self.text, tools=self._tools, approvals=self._approvals, decided=self._decided,
+                error=self._error,
                 text_epoch=self._epoch, children=self._children_view)
         return snap
 
@@ -177,6 +180,7 @@ class TurnController:
             self._changed(urgent=True)
         elif isinstance(event, ApprovalDecided):
             self._approvals = tuple(a for a in self._approvals if a.call_id != event.call_id)
+            self._decided_one((), event)
             self._tools = self._tool_status(event.call_id, "running" if event.decision == "allow" else "denied")
             self._changed(urgent=True)
         elif isinstance(event, ToolOutput):
@@ -228,6 +232,7 @@ class TurnController:
         elif isinstance(event, ApprovalDecided):
             self._approvals = tuple(a for a in self._approvals
                                     if not (a.origin == origin and a.call_id == event.call_id))
+            self._decided_one(origin, event)
             self._changed(urgent=True)
         elif isinstance(event, SubagentEnded):
             self._child_ended((*origin, event.session_key), event)
@@ -238,6 +243,10 @@ class TurnController:
                     self._children[key] = dataclasses.replace(other, state="cancelled", step="stopped")
             self._children_view = tuple(self._children.values())
             self._changed(urgent=True)
+
+    def _decided_one(self, origin: tuple[str, ...], event: ApprovalDecided) -> None:
+        self._decided = (*self._decided, ApprovalOutcome(event.call_id, origin, event.decision, event.reason,
+                                                         event.shown_by))
 
     def _child_ended(self, origin: tuple[str, ...], event: SubagentEnded) -> None:
         child = self._children.get(origin)

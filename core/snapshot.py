@@ -49,6 +49,19 @@ class ApprovalRequest:
     """Who asks, for a child's call: its profile and task, short (channels show it with the request)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ApprovalOutcome:
+    """How one approval request of the turn ended, so that every prompt that showed it can say so."""
+
+    call_id: str
+    origin: tuple[str, ...]
+    """As the request's (``ApprovalRequest.origin``)."""
+    decision: Literal["allow", "deny"]
+    reason: Literal["policy", "user", "timeout", "abort"]
+    shown_by: str = ""
+    """Who decided, as the chat shows them (when a user did and their channel named them)."""
+
+
 ChildState = Literal["running", "completed", "failed", "cancelled"]
 
 
@@ -91,6 +104,9 @@ class TurnSnapshot:
     """The visible answer so far (the final answer once completed)."""
     tools: tuple[ToolActivity, ...] = ()
     approvals: tuple[ApprovalRequest, ...] = ()
+    """The requests waiting for a decision."""
+    decided: tuple[ApprovalOutcome, ...] = ()
+    """How the requests that no longer wait ended, in the order they did."""
     error: str | None = None
     """Presentable failure or cancellation notice; never a raw provider or storage error."""
     text_epoch: int = 0

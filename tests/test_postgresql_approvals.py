@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 
 from tests.fakes.feishu import FakeFeishu, WebhookSender
@@ -77,9 +78,17 @@ edit_interval_ms = 100
 """))
 
 
+async def fetch(dsn: str, query: str) -> list[asyncpg.Record]:
+    """One query on the test cluster, on a connection of its own (as another process would)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetch(query)
+    finally:
+        await conn.close()
+
+
 async def test_a_telegram_press_polled_by_one_process_is_decided_by_the_process_running_the_turn(
         tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, postgres: PostgresCluster) -> None:
-    import asyncpg
 
     fake_openai.script(ToolCalls([("current_time", "{}")], ids=["call_T1"]), Text("It is late."))
     dsn = postgres.fresh_dsn()
@@ -102,12 +111,8 @@ async def test_a_telegram_press_polled_by_one_process_is_decided_by_the_process_
         await wait_for(lambda: state_is(ports[0], "telegram", "standby"), bridges, what="A standing by",
                        timeout=120)
         # B's polling lead ends (its lead connection is cut) while its turn goes on: A polls from now on
-        conn = await asyncpg.connect(dsn)
-        try:
-            cut = await conn.fetch("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
-                                   " AND granted AND pid <> pg_backend_pid()")
-        finally:
-            await conn.close()
+        cut = await fetch(dsn, "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                               " AND granted AND pid <> pg_backend_pid()")
         assert len(cut) == 1
         await wait_for(lambda: state_is(ports[0], "telegram", "polling"), bridges, what="A polling",
                        timeout=60)
@@ -126,7 +131,7 @@ async def test_a_telegram_press_polled_by_one_process_is_decided_by_the_process_
                        timeout=60)
         assert [x.get("text") for x in tg.answers(alice)] == ["Allowed"]
         assert tool_ran(fake_openai, "call_T1")
-        assert not shown.buttons and shown.text.endswith("\n\n✅ Allowed.")
+        assert not shown.buttons and shown.text.endswith("\n\n✅ Allowed by Alice")  # who pressed, as in one process
         await asyncio.sleep(1.0)  # a second edit would show by now
         edits = [c for c in tg.calls if c.method in ("editMessageText", "editMessageReplyMarkup")
                  and int(c.params.get("message_id") or 0) == asked.message_id]
@@ -222,7 +227,7 @@ async def test_a_feishu_press_taken_by_another_process_is_decided_by_the_process
             await wait_for(answered, bridges, what="the answer", timeout=60)
             assert tool_ran(fake_openai, "call_F1")
             card = fake.messages[asked.message_id]
-            assert not card_buttons(card.content) and "Allowed" in fake.text_of(card)
+            assert not card_buttons(card.content) and "Allowed by u\\_alice" in fake.text_of(card)  # who pressed
             await asyncio.sleep(1.0)  # a second update would show by now
             assert card_patches(fake, asked.message_id) == 1  # the outcome is shown once
             for bridge in bridges:
@@ -259,6 +264,12 @@ async def test_the_buttons_of_a_process_that_died_are_closed_by_a_live_one(
             await wait_for(lambda: request() is not None, bridges, what="the approval card", timeout=60)
             asked = request()
             allow = card_buttons(asked.content)[0][1]
+
+            async def recorded() -> bool:  # B has saved which message shows the request: then the kill
+                rows = await fetch(dsn, "SELECT value FROM channel_state WHERE channel = 'feishu'"
+                                        " AND name LIKE 'open\\_approvals:%'")
+                return any(asked.message_id in str(r["value"]) for r in rows)
+            await wait_for(recorded, bridges, what="the request's card recorded", timeout=30)
             await b.kill()
             killed_at = time.monotonic()
 
@@ -322,7 +333,7 @@ async def test_a_slack_press_taken_by_another_process_is_shown_once_by_the_proce
             updates = [c for c in slack.calls_to("chat.update") if c.params.get("ts") == asked.ts]
             assert len(updates) == 1  # the outcome is shown once, by the process that posted the buttons
             shown = slack.message("D0ALICE", asked.ts)
-            assert request() is None and "Allowed" in shown.shown
+            assert request() is None and "Allowed by alice" in shown.shown  # who pressed
             for bridge in bridges:
                 assert await bridge.stop() == 0
                 assert "Traceback" not in bridge.log(), bridge.log()

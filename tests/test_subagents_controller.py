@@ -3,6 +3,7 @@ approvals with their origin, the trace) and the status lines a live message show
 
 from __future__ import annotations
 
+from channels.common.live_sink import ended_line
 from channels.common.status import status_lines
 from core.agent.events import (
     Abort,
@@ -43,6 +44,23 @@ def test_children_their_steps_and_approvals_keep_their_origin_and_stay_out_of_th
     ctl.apply(SubagentEnded("call_1", C, "researcher", "find the answer", "completed"))
     assert [t.kind for t in ctl.trace] == ["subagent"]  # the pointer only
     assert ctl.snapshot.children[0].state == "completed"
+
+
+def test_how_an_approval_ended_is_told_by_who_decided_it_for_the_turn_and_its_children():
+    """A prompt whose press came to another process learns the outcome from the snapshot: allowed by whom,
+    denied by whom, or nobody in time — for a child's call as for the turn's own."""
+    ctl = started()
+    ctl.apply(CompleteToolCall("call_4", "lookup", "{}"))
+    ctl.apply(ApprovalRequested("call_4", "lookup", "", "alice"))
+    ctl.apply(Forwarded((C, G), ApprovalRequested("call_3", "lookup", "", "alice")))
+    ctl.apply(Forwarded((C,), ApprovalRequested("call_4", "lookup", "", "alice")))  # the same id in a child
+    ctl.apply(Forwarded((C, G), ApprovalDecided("call_3", "allow", "user", "u1", "Alice")))
+    ctl.apply(ApprovalDecided("call_4", "deny", "user", "u2", "Bob"))
+    ctl.apply(Forwarded((C,), ApprovalDecided("call_4", "deny", "timeout")))
+    snap = ctl.snapshot
+    assert ended_line(snap, "call_3", (C, G)) == "✅ Allowed by Alice"
+    assert ended_line(snap, "call_4") == "❌ Denied by Bob"
+    assert ended_line(snap, "call_4", (C,)) == "⌛ Denied: nobody decided in time."
 
 
 def test_a_stopped_child_stops_its_children_and_their_approvals():

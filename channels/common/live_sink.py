@@ -98,8 +98,15 @@ def body(snapshot: TurnSnapshot) -> str:
 
 def ended_line(snapshot: TurnSnapshot, call_id: str, origin: tuple[str, ...] = ()) -> str:
     """How an approval ended without a press on its prompt in this process (timed out, stopped, or decided
-    through another process), from the tool's status in ``snapshot`` (for a subagent's call, from its
-    child's state: its tools are not the turn's)."""
+    through another process): from the turn's record of it (``snapshot.decided``), naming who decided when
+    their channel named them; failing that, from the tool's status (for a subagent's call, from its child's
+    state: its tools are not the turn's)."""
+    outcome = next((o for o in reversed(snapshot.decided) if o.call_id == call_id and o.origin == origin), None)
+    if outcome is not None and outcome.reason in ("user", "timeout"):
+        if outcome.reason == "timeout":
+            return "⌛ Denied: nobody decided in time."
+        mark = "✅ Allowed" if outcome.decision == "allow" else "❌ Denied"
+        return f"{mark} by {outcome.shown_by}" if outcome.shown_by else f"{mark}."
     if origin:
         child = next((c for c in snapshot.children if c.origin == origin), None)
         if snapshot.state == "cancelled" or (child is not None and child.state == "cancelled"):

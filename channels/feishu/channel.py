@@ -488,7 +488,7 @@ class FeishuChannel:
             return approvals.toast("info", approvals.GONE)  # the same press delivered again
         decision = action.approval.decision
         who = action.operator
-        names = tuple(n for n in (who.user_id, who.union_id) if n)
+        decider = Decider(who.open_id, tuple(n for n in (who.user_id, who.union_id) if n), who.user_id or who.open_id)
         entry = self.pending_approvals.get(action.approval.ref)
         if entry is None:
             elsewhere = await self._find(action.approval.ref)
@@ -496,14 +496,14 @@ class FeishuChannel:
                 return approvals.toast("info", approvals.GONE)
             # posted by another process: decided where it is pending; that process's sink shows the outcome
             result = await self.host.decide(elsewhere.session_key, elsewhere.call_id, decision,
-                                            Decider(who.open_id, names), origin=elsewhere.origin)
+                                            decider, origin=elsewhere.origin)
             if result is DecideResult.REFUSED:
                 return approvals.toast("warning", approvals.NOT_YOURS)
             if result is DecideResult.NOT_PENDING:
                 return approvals.toast("info", approvals.GONE)
             return approvals.toast("success" if decision == "allow" else "info",
                                    approvals.ALLOWED if decision == "allow" else approvals.DENIED)
-        result = await self.host.decide(entry.session_key, entry.call_id, decision, Decider(who.open_id, names),
+        result = await self.host.decide(entry.session_key, entry.call_id, decision, decider,
                                   origin=entry.origin)
         if result is DecideResult.REFUSED:
             return approvals.toast("warning", approvals.NOT_YOURS)

@@ -475,9 +475,9 @@ class SlackChannel:
         action_ts = next((str(a.get("action_ts") or "") for a in body.get("actions") or []), "")
         if not await self.host.mark_seen(f"press:{press.message_ts}:{press.user_id}:{action_ts}"):
             return  # a redelivered press
-        names = (press.user_name,) if press.user_name else ()
+        decider = Decider(press.user_id, (press.user_name,) if press.user_name else (), press.user_name or "")
         result = await self.host.decide(press.action.session_key, press.action.call_id, press.decision,
-                                  decided_by=Decider(press.user_id, names), origin=press.action.origin)
+                                        decided_by=decider, origin=press.action.origin)
         entry = self.prompts_by_call.get(press.action)
         posted_here = entry is not None
         if entry is None:

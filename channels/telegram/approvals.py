@@ -22,8 +22,8 @@ Several processes on one database: the process that receives a press (the one po
 whichever took the webhook request) may not be the one that posted the request, whose turn holds the
 approval. It finds the request by its ref in the posting process's record and decides through
 ``host.decide``, which forwards the decision to the holder (``core.agent.approval_relay``); it answers the
-callback query, and the holder's sink edits the message once to show how the approval ended (without the
-presser's name, which only the process that got the press knows).
+callback query, and the holder's sink edits the message once to show how the approval ended (the presser's
+name comes with the decision).
 
 Approvals do not outlive the process (a restart ends the turn that waited for them), but their buttons
 would: so every posted request that has not ended is also kept in the channel's durable state, and the next
@@ -163,6 +163,13 @@ def outcome_text(entry: PendingApproval, line: str) -> str:
     return f"{last}\n\n{line[:OUTCOME_ROOM - 4]}"
 
 
+def presser(query: CallbackQuery) -> Decider:
+    """Who pressed, for core: their id, the username Telegram vouches for, and the name the chat shows."""
+    user = query.from_user
+    username = vouched_username(user)
+    return Decider(str(user.id), (username,) if username else (), sender_name(user))
+
+
 def keyboard(ref: str) -> InlineKeyboardMarkup:
     return InlineKeyboardMarkup(inline_keyboard=[[
         InlineKeyboardButton(text="✅ Allow", callback_data=f"{PREFIX}:{ref}:a"),
@@ -256,11 +263,8 @@ class ApprovalButtons:
             if message is not None:
                 await self._drop_keyboard(message.chat.id, message.message_id)
             return
-        user = query.from_user
-        username = vouched_username(user)
         result = await self._channel.host.decide(entry.session_key, entry.call_id, decision,
-                                           decided_by=Decider(str(user.id), (username,) if username else ()),
-                                           origin=entry.origin)
+                                                 decided_by=presser(query), origin=entry.origin)
         if result is DecideResult.REFUSED:
             await self._answer(query, NOT_YOURS, alert=True)
             return
@@ -279,11 +283,8 @@ class ApprovalButtons:
                                decision: Literal["allow", "deny"]) -> None:
         """A press on a request another process posted: decided where the approval is pending; the message
         is left to the posting process's sink, which shows how the approval ended once."""
-        user = query.from_user
-        username = vouched_username(user)
         result = await self._channel.host.decide(entry.session_key, entry.call_id, decision,
-                                                 decided_by=Decider(str(user.id), (username,) if username else ()),
-                                                 origin=entry.origin)
+                                                 decided_by=presser(query), origin=entry.origin)
         if result is DecideResult.REFUSED:
             await self._answer(query, NOT_YOURS, alert=True)
         elif result is DecideResult.NOT_PENDING:

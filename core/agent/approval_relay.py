@@ -57,7 +57,8 @@ class ApprovalRelay:
         try:
             self._relay.send(json.dumps({
                 "ask": ask_id, "key": session_key, "call": tool_call_id, "decision": decision,
-                "by": None if decider is None else [decider.id, list(decider.names)], "channel": channel,
+                "by": None if decider is None else [decider.id, list(decider.names), decider.shown],
+                "channel": channel,
                 "origin": list(origin)}, ensure_ascii=False))
             return await asyncio.wait_for(fut, self._timeout)
         except TimeoutError:
@@ -87,7 +88,8 @@ class ApprovalRelay:
         try:
             decision = body["decision"]
             by = body["by"]
-            decider = None if by is None else Decider(str(by[0]), tuple(str(n) for n in by[1]))
+            decider = None if by is None else Decider(str(by[0]), tuple(str(n) for n in by[1]),
+                                                      str(by[2]) if len(by) > 2 else "")
             origin = [str(o) for o in body.get("origin") or ()]
             if decision not in ("allow", "deny"):
                 raise ValueError(decision)

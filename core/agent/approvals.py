@@ -30,7 +30,7 @@ DENIED_BY_USER = "Tool call denied by user."
 DENIED_BY_POLICY = "Tool call denied by policy."
 DENIED_BY_TIMEOUT = "Tool call denied: nobody approved it in time."
 
-Verdict = tuple[Decision, str | None]
+Verdict = tuple[Decision, Decider]
 
 
 @dataclass(slots=True)
@@ -63,7 +63,7 @@ class ApprovalBroker:
         if decider is None or not deciders.may_decide(decider, pending.requested_by):
             return DecideResult.REFUSED
         del self._pending[(session_key, call_id)]
-        pending.future.set_result((decision, decider.id))
+        pending.future.set_result((decision, decider))
         return DecideResult.DECIDED
 
     def pending(self, session_key: str) -> list[str]:
@@ -143,14 +143,14 @@ class ApprovalGate:
                                            shown))
         fut = self._broker.open(self._key, call.call_id, self._requested_by)
         try:
-            decision, decided_by = await asyncio.wait_for(fut, self._timeout)
+            decision, decider = await asyncio.wait_for(fut, self._timeout)
         except TimeoutError:
             self._queue.push(ApprovalDecided(call.call_id, "deny", "timeout"))
             self._queue.push(ToolOutput(call.call_id, call.name, DENIED_BY_TIMEOUT, "denied"))
             return
         finally:
             self._broker.close(self._key, call.call_id)
-        self._queue.push(ApprovalDecided(call.call_id, decision, "user", decided_by))
+        self._queue.push(ApprovalDecided(call.call_id, decision, "user", decider.id, decider.shown))
         if decision == "allow":
             self._start_tool(call)
         else:

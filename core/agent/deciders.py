@@ -30,6 +30,8 @@ class Decider:
 
     id: str
     names: tuple[str, ...] = ()
+    shown: str = ""
+    """How the chat shows this user (a display name), for saying who decided; never used to decide who may."""
 
     @classmethod
     def of(cls, who: Decider | str | None) -> Decider | None:

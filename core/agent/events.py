@@ -100,6 +100,8 @@ class ApprovalDecided:
     decision: Decision
     reason: DecisionReason
     decided_by: str | None = None
+    shown_by: str = ""
+    """How the chat shows who decided (``Decider.shown``), when a user did."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,15 @@ enforces its platform's published rate limits.
     python -m tests.bench.e2e                                 # every platform, 100 and 1000 chats
     python -m tests.bench.e2e --quick                         # every platform, 50 chats, 100 chunks
     python -m tests.bench.e2e --platform web --chats 100      # one platform, one size
+    python -m tests.bench.e2e --latency 80                    # latency unloaded: 80 turns one at a time
+
+``--latency`` measures what the product adds to a turn's latency where nothing saturates the machine: each
+pipeline gets its turns one at a time (the next message once the reply is whole), product and floor
+alternating, each on a platform fake of its own; besides the whole turn it times its parts (the message
+available → the model's request received → the model's last byte → the reply visible, the model fake and the
+platform fake on one clock) and prints the product's p50/p99, the floor's, and the added p50 with a 95 %
+bootstrap interval over the paired turns. ``--floor-gate N``: the floor too holds its first message until
+the answer has N characters, as the product's first-message gate does (24).
 
 Prints figures; asserts nothing about speed. Nothing leaves 127.0.0.1.
 """
@@ -30,6 +39,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -85,15 +95,22 @@ def free_port() -> int:
 
 
 class Board:
-    """When each chat's message was available and when its whole reply was first visible."""
+    """When each chat's message was available, when the first of its reply was visible and when its whole
+    reply was."""
 
     def __init__(self) -> None:
         self.expected = ""
         self.queued: dict[str, float] = {}
+        self.first: dict[str, float] = {}
         self.done: dict[str, float] = {}
 
     def check(self, chat: str, shown: Callable[[], str]) -> None:
-        if chat in self.queued and chat not in self.done and squash(shown()) == self.expected:
+        if chat not in self.queued or chat in self.done:
+            return
+        text = squash(shown())
+        if text and chat not in self.first:
+            self.first[chat] = time.monotonic()
+        if text == self.expected:
             self.done[chat] = time.monotonic()
 
     def report(self, chats: list[str], shown: Callable[[str], str]) -> dict[str, Any]:
@@ -375,9 +392,24 @@ def serve_platform(platform: str) -> None:
             return web.json_response({**board.report(p["chats"], side.shown), "calls": calls, "limited": limited,
                                       "limited_by": side.limited_by()})
 
+        async def turn(request: web.Request) -> web.Response:
+            """One message in one chat; answers once its whole reply is visible (or ``timeout`` has passed) with
+            the moments it was available, its reply's first text shown and the whole reply shown
+            (``time.monotonic()``, null when not shown)."""
+            p = await request.json()
+            chat = str(p["chat"])
+            board.expected = squash(p["expected"])
+            await side.inject(chat, p.get("target", ""))
+            deadline = time.monotonic() + float(p["timeout"])
+            while chat not in board.done and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            return web.json_response({"queued": board.queued[chat], "first": board.first.get(chat),
+                                      "done": board.done.get(chat)})
+
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_post("/queue", queue)
         app.router.add_post("/report", report)
+        app.router.add_post("/turn", turn)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         port = free_port()
@@ -482,7 +514,7 @@ class Minimal:
     """receive → stream (the openai SDK, as the provider calls it) → show the newest text through the same
     throttle, split at the platform's limit; nothing stored, nothing formatted."""
 
-    def __init__(self, llm: str, fake: dict[str, str]) -> None:
+    def __init__(self, llm: str, fake: dict[str, str], gate: int = 0) -> None:
         import openai
 
         from channels.common.throttle import Throttle
@@ -491,6 +523,8 @@ class Minimal:
         self.llm = openai.AsyncOpenAI(base_url=llm, api_key="bench", max_retries=0,
                                       http_client=openai.DefaultAioHttpClient(timeout=120))
         self.throttle = Throttle()
+        self.gate = gate
+        """Characters the answer needs before its first message (0: none, the floor as it is)."""
         self.tasks: set[asyncio.Task[None]] = set()
 
     def spawn(self, coro: Awaitable[None]) -> None:
@@ -523,7 +557,7 @@ class Minimal:
                 content = (choice.get("delta") or {}).get("content")
                 if content:
                     parts.append(content)
-            if parts and (flushing is None or flushing.done()):
+            if parts and (flushing is None or flushing.done()) and (shown or sum(map(len, parts)) >= self.gate):
                 flushing = asyncio.ensure_future(flush())
         if flushing is not None:
             await flushing
@@ -781,13 +815,13 @@ MINIMALS: dict[str, type[Minimal]] = {"telegram": MinimalTelegram, "slack": Mini
                                       "feishu": MinimalFeishu, "web": MinimalWeb}
 
 
-def serve_minimal(platform: str, llm: str, fake: dict[str, str]) -> None:
+def serve_minimal(platform: str, llm: str, fake: dict[str, str], gate: int = 0) -> None:
     """The minimal pipeline in this process: prints the address messages go to (or "ready"), runs until stdin
     closes."""
     from bridge.gc_tuning import tune_gc
 
     async def main() -> None:
-        pipeline = MINIMALS[platform](llm, fake)
+        pipeline = MINIMALS[platform](llm, fake, gate)
         target = await pipeline.run()
         tune_gc()  # as chatbridge run tunes it once it is up
         print(target or "ready", flush=True)
@@ -982,6 +1016,149 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+# ---- latency unsaturated: one turn at a time, product and floor alternating ------------------------------
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` as this benchmark takes it everywhere: the sorted value at index
+    ``int(q * (n - 1))``; the median for ``q = 0.5`` (the mean of the middle two when ``n`` is even)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return statistics.median(ordered) if q == 0.5 else ordered[int(q * (len(ordered) - 1))]
+
+
+def paired_interval(product: list[float], floor: list[float], q: float, resamples: int = 2000,
+                    seed: int = 1) -> tuple[float, float]:
+    """A 95 % bootstrap interval of ``quantile(product, q) - quantile(floor, q)``: the turns are resampled as
+    pairs (the i-th product turn ran beside the i-th floor turn, so load that moved hit both), with a fixed
+    seed so that a run prints the same interval for the same figures."""
+    if len(product) != len(floor):
+        raise ValueError(f"paired samples differ in length: {len(product)} and {len(floor)}")
+    if not product:
+        return float("nan"), float("nan")
+    rng = random.Random(seed)
+    n = len(product)
+    diffs = []
+    for _ in range(resamples):
+        picked = [rng.randrange(n) for _ in range(n)]
+        diffs.append(quantile([product[i] for i in picked], q) - quantile([floor[i] for i in picked], q))
+    diffs.sort()
+    return diffs[int(0.025 * (resamples - 1))], diffs[int(0.975 * (resamples - 1))]
+
+
+def model_spans(path: Path) -> list[tuple[float, float]]:
+    """(received, ended) of every request the fake model streamed (``serve_llm``'s ``times`` file)."""
+    if not path.exists():
+        return []
+    spans = []
+    for line in path.read_text().splitlines():
+        received, ended = line.split()
+        spans.append((float(received), float(ended)))
+    return spans
+
+
+async def latency_platform(platform: str, turns: int, warmup: int, llm: str, times: Path, expected: str,
+                           timeout: float, floor_gate: int = 0) -> dict[str, Any]:
+    """``turns`` turns for each pipeline, one at a time, product and floor alternating (ABBA), each in a chat
+    of its own; every pipeline has its own platform fake (two pipelines on one would take each other's
+    updates). Each turn's moments: the message available, the model's request received and its stream ended
+    (the model fake's clock), the first text and the whole reply visible (the platform fake's); one clock,
+    ``time.monotonic()``, in every process."""
+    import aiohttp
+
+    fakes = {pipeline: start_child("tests.bench.e2e", "--serve-platform", platform) for pipeline in PIPELINES}
+    samples: dict[str, list[dict[str, float]]] = {pipeline: [] for pipeline in PIPELINES}
+    with tempfile.TemporaryDirectory() as tmp:
+        bridge, product_target = await start_product(platform, llm, json.loads(fakes["product"][1]), Path(tmp))
+        floor_proc, line = start_child("tests.bench.e2e", "--serve-minimal", platform, "--llm", llm,
+                                       "--fake", fakes["minimal"][1], "--floor-gate", str(floor_gate))
+        targets = {"product": product_target, "minimal": "" if line == "ready" else line}
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
+                for i in range(-warmup, turns):
+                    order = PIPELINES if i % 2 == 0 else PIPELINES[::-1]
+                    for pipeline in order:
+                        number = 2_000_000 + 100_000 * PIPELINES.index(pipeline) + i + warmup
+                        chat = f"{CHAT_PREFIX[platform]}{number}"
+                        moments = await control(http, json.loads(fakes[pipeline][1])["control"], "turn", chat=chat,
+                                                expected=expected, target=targets[pipeline], timeout=timeout)
+                        if i < 0:
+                            continue
+                        if moments["done"] is None:
+                            print(f"  {platform} {pipeline}: turn {i} not shown whole in {timeout:g} s", flush=True)
+                            samples[pipeline].append({})
+                            continue
+                        within = [s for s in model_spans(times) if moments["queued"] <= s[0] <= moments["done"]]
+                        sample = {"total": moments["done"] - moments["queued"]}
+                        if len(within) == 1:  # one model request a turn, as it should be
+                            received, ended = within[0]
+                            sample["in"] = received - moments["queued"]
+                            sample["first"] = moments["first"] - received
+                            sample["out"] = moments["done"] - ended
+                            sample["bridge"] = sample["total"] - (ended - received)
+                        samples[pipeline].append(sample)
+        finally:
+            await bridge.kill()
+            floor_proc.kill()
+            floor_proc.wait()
+            for proc, _ in fakes.values():
+                stop_child(proc)
+    return {"platform": platform, "turns": turns, "samples": samples}
+
+
+PIPELINES = ("product", "minimal")
+LATENCY_PARTS = (("total", "available → reply visible"), ("bridge", "the same less the model's stream"),
+                 ("in", "available → model request"), ("first", "model request → first text"),
+                 ("out", "model's end → reply visible"))
+"""The parts of a turn printed: the whole; the whole less the model's stream (from its request received to
+its last byte written, the same work for both pipelines, whose own jitter the whole carries); what comes
+before the model is asked; from then to the first text shown (the first-message gate and the typing
+indicator, in the product); what comes after the model's last byte."""
+
+
+def print_latency(row: dict[str, Any]) -> None:
+    platform, samples = row["platform"], row["samples"]
+    for part, label in LATENCY_PARTS:
+        # pairs where both turns gave the figure
+        pairs = [(p[part], m[part]) for p, m in zip(samples["product"], samples["minimal"], strict=True)
+                 if part in p and part in m]
+        if not pairs:
+            continue
+        prod, floor = [p for p, _ in pairs], [m for _, m in pairs]
+        lo50, hi50 = paired_interval(prod, floor, 0.5)
+        added50 = quantile(prod, 0.5) - quantile(floor, 0.5)
+        diffs = [p - m for p, m in pairs]
+        print(f"  {platform:8s} {label:33s} product p50 {1000 * quantile(prod, 0.5):7.1f} ms  "
+              f"p99 {1000 * quantile(prod, 0.99):7.1f}  floor p50 {1000 * quantile(floor, 0.5):7.1f}  "
+              f"p99 {1000 * quantile(floor, 0.99):7.1f}  added p50 {1000 * added50:+7.1f} "
+              f"(95% {1000 * lo50:+.1f} .. {1000 * hi50:+.1f})  "
+              f"p99 {1000 * (quantile(prod, 0.99) - quantile(floor, 0.99)):+7.1f}  "
+              f"paired diff IQR {1000 * quantile(diffs, 0.25):+.1f} .. {1000 * quantile(diffs, 0.75):+.1f}  "
+              f"n {len(pairs)}", flush=True)
+    lost = {pipeline: sum(not s for s in samples[pipeline]) for pipeline in PIPELINES}
+    if any(lost.values()):
+        print(f"  {platform:8s} not shown whole: product {lost['product']}, floor {lost['minimal']}", flush=True)
+
+
+async def run_latency(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        times = Path(tmp) / "model_times"
+        llm_proc, llm = start_child("tests.bench.e2e", "--serve-llm", "--chunks", str(args.chunks),
+                                    "--chunk-ms", str(args.chunk_ms), "--llm-processes", str(args.llm_processes),
+                                    "--model-times", str(times))
+        try:
+            for platform in args.platform:
+                row = await latency_platform(platform, args.latency, args.warmup, llm, times,
+                                             reply_text(args.chunks), args.timeout, args.floor_gate)
+                rows.append(row)
+                print_latency(row)
+        finally:
+            stop_child(llm_proc)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--platform", nargs="+", choices=PLATFORMS, default=list(PLATFORMS))
@@ -995,7 +1172,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--llm-processes", type=int, default=LLM_PROCESSES,
                         help="processes serving the fake model's port (SO_REUSEPORT); "
                              f"{LLM_PROCESSES} unless given (python -m tests.bench.model_fake measures it alone)")
+    parser.add_argument("--latency", type=int, metavar="TURNS",
+                        help="latency unloaded: TURNS turns for each pipeline, one at a time, product and floor "
+                             "alternating; prints p50/p99 of each part of a turn and the added latency")
+    parser.add_argument("--warmup", type=int, default=2, help="--latency: turns of each pipeline not counted")
+    parser.add_argument("--floor-gate", type=int, default=0, metavar="CHARS",
+                        help="the floor holds its first message until the answer has CHARS characters "
+                             "(the product's first-message gate: 24)")
     parser.add_argument("--serve-llm", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model-times", help=argparse.SUPPRESS)
     parser.add_argument("--serve-platform", choices=PLATFORMS, help=argparse.SUPPRESS)
     parser.add_argument("--serve-minimal", choices=PLATFORMS, help=argparse.SUPPRESS)
     parser.add_argument("--llm", help=argparse.SUPPRESS)
@@ -1004,14 +1189,25 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args.chats = args.chats or ([50] if args.quick else [100, 1000])
     args.chunks = args.chunks or (100 if args.quick else 300)
     if args.serve_llm:
-        serve_llm(args.chunks, args.chunk_ms, args.llm_processes)
+        serve_llm(args.chunks, args.chunk_ms, args.llm_processes, times=args.model_times)
         return []
     if args.serve_platform:
         serve_platform(args.serve_platform)
         return []
     if args.serve_minimal:
-        serve_minimal(args.serve_minimal, args.llm, json.loads(args.fake))
+        serve_minimal(args.serve_minimal, args.llm, json.loads(args.fake), args.floor_gate)
         return []
+    if args.latency:
+        print(f"{args.latency} turns one at a time on each platform for the product and the floor, alternating; a "
+              f"reply of {args.chunks} chunks, one every {args.chunk_ms:g} ms; "
+              f"{f'the floor gated at {args.floor_gate} characters; ' if args.floor_gate else ''}"
+              f"{os.cpu_count()} cores; load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+        started = time.monotonic()
+        rows = asyncio.run(run_latency(args))
+        print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; wall time "
+              f"{time.monotonic() - started:.0f} s")
+        return rows
     print(f"{' and '.join(map(str, args.chats))} chats at once on each platform, one message each, a reply of "
           f"{args.chunks} chunks ({len(reply_text(args.chunks))} characters), one every {args.chunk_ms:g} ms "
           f"from {args.llm_processes} model process{'es' if args.llm_processes > 1 else ''}; "

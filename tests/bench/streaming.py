@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,13 @@ def squash(text: str) -> str:
     return "".join(text.split())
 
 
-def serve_llm(chunks: int, chunk_ms: float, processes: int = 1, port: int = 0) -> None:
+def serve_llm(chunks: int, chunk_ms: float, processes: int = 1, port: int = 0, times: str | None = None) -> None:
     """The fake OpenAI-compatible server streaming ``reply_text(chunks)``, one chunk every ``chunk_ms``; prints
     its URL and serves until stdin closes (keeping no record of the requests).
+
+    ``times``: a file to which each streamed request appends a line ``<received> <ended>``, the moments
+    (``time.monotonic()``, the same clock in every process) its handler started and its stream's last byte
+    was written.
 
     With ``processes`` > 1 that many processes serve the one port (SO_REUSEPORT: the kernel spreads the
     connections among them), so the model's side is not what limits a benchmark: one process streams a few
@@ -38,12 +43,27 @@ def serve_llm(chunks: int, chunk_ms: float, processes: int = 1, port: int = 0) -
         def append(self, item: Any) -> None:
             pass
 
+    class _Timed(FakeOpenAI):
+        async def _chat(self, request: Any) -> Any:
+            request["received"] = time.monotonic()
+            return await super()._chat(request)
+
+        async def _stream(self, request: Any, body: dict[str, Any], reply: Any, request_no: int) -> Any:
+            resp = await super()._stream(request, body, reply, request_no)
+            assert log is not None
+            log.write(f"{request['received']:.6f} {time.monotonic():.6f}\n")  # one write: O_APPEND keeps it whole
+            return resp
+
+    log = open(times, "a", buffering=1) if times else None  # open while serving
+
     async def main() -> None:
-        fake = FakeOpenAI(default=Text(reply_text(chunks), chunk_size=len(CHUNK), delay=chunk_ms / 1000))
+        kind = _Timed if times else FakeOpenAI
+        fake = kind(default=Text(reply_text(chunks), chunk_size=len(CHUNK), delay=chunk_ms / 1000))
         await fake.start(port, reuse_port=processes > 1 or port != 0)
         fake.requests = _Discard()
+        timed = ("--times", times) if times else ()
         others = [start_child("tests.bench.streaming", "--serve-llm", "--chunks", str(chunks), "--chunk-ms",
-                              str(chunk_ms), "--port", str(fake.port))[0] for _ in range(processes - 1)]
+                              str(chunk_ms), "--port", str(fake.port), *timed)[0] for _ in range(processes - 1)]
         print(fake.base_url, flush=True)
         try:
             await until_stdin_closes()
@@ -51,6 +71,8 @@ def serve_llm(chunks: int, chunk_ms: float, processes: int = 1, port: int = 0) -
             for proc in others:
                 stop_child(proc)
             await fake.stop()
+            if log is not None:
+                log.close()
 
     asyncio.run(main())
 
@@ -106,5 +128,6 @@ if __name__ == "__main__":  # the model fake on its own (see serve_llm)
     parser.add_argument("--chunk-ms", type=float, required=True)
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--times")
     args = parser.parse_args()
-    serve_llm(args.chunks, args.chunk_ms, args.processes, args.port)
+    serve_llm(args.chunks, args.chunk_ms, args.processes, args.port, args.times)
