@@ -29,7 +29,7 @@ settings.load_profile("default-run")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--long", action="store_true",
-                     help="also run the long variants (marked `long`): more crash seeds, every platform's "
+                     help="also run the long variants (marked `long`): more crash seeds and rounds, every platform's "
                           "benchmark smoke")
 
 

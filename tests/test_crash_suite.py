@@ -4,11 +4,13 @@ message ends with exactly one answer or one notice, none twice, none lost; the d
 One process serves Telegram, Slack, Feishu and the web chat at once, so every kill hits all four. The kill
 points are the ones a crash can hit in a turn's life: while the reply streams (the model holds the head's
 stream until the kill, so it is cut off for certain), while a tool call waits for approval, and with messages
-queued behind the head. Which one each round hits, how many messages wait behind it on each platform, which
+queued behind the head. Every run hits each of the three in its first three rounds (in a seeded order), the
+long variant's fourth round a seeded one again. How many messages wait behind the head on each platform, which
 Slack and Feishu events are still unacknowledged when the kill comes and which ones the platform delivers
 again after the restart comes from a seeded random generator (the seed is in the test id, so a failure can be
 replayed). Each seed runs the other receiving mode of Slack (Socket Mode / HTTP events) and Feishu (long
-connection / webhook); the default run has the first (``pytest --long`` adds the second).
+connection / webhook); the default run has the first, three rounds (``pytest --long`` adds the second, four
+rounds).
 
 Telegram never delivers a confirmed update twice: a message the bridge accepted and then forgot would simply
 be missing. Slack and Feishu deliver an unacknowledged event again (Slack's ``retry_attempt`` /
@@ -50,7 +52,7 @@ from tests.support.process import BridgeProcess, wait_for
 from tests.test_app import free_port
 
 GROUP = -100777
-ROUNDS = 4
+KILL_POINTS = ("stream", "approval", "queued")
 STARTUP = 180.0
 """Seconds a (re)started process may take to receive on every platform: generous, as a loaded machine starts
 slowly, not wrongly (importing lark-oapi alone takes seconds)."""
@@ -110,12 +112,11 @@ class Model:
         return Text(f"Quick answer **END** {ident}")
 
 
-async def crash_round(r: int, rng: random.Random, bridge: Bridge, model: Model, process: BridgeProcess,
-                      data_dir: Path) -> tuple[BridgeProcess, list[tuple[Platform, str]]]:
-    """On every platform a head message and some behind it; kill the bridge at this round's point (with some
-    Slack and Feishu events still unacknowledged), start it again, and let the platforms deliver again.
-    Returns the new process and the approval requests the kill left open."""
-    point = rng.choice(["stream", "approval", "queued"])
+async def crash_round(r: int, point: str, rng: random.Random, bridge: Bridge, model: Model,
+                      process: BridgeProcess, data_dir: Path) -> tuple[BridgeProcess, list[tuple[Platform, str]]]:
+    """On every platform a head message and some behind it; kill the bridge at ``point`` (with some Slack and
+    Feishu events still unacknowledged), start it again, and let the platforms deliver again. Returns the new
+    process and the approval requests the kill left open."""
     model.hold = asyncio.Event()
     heads: dict[Platform, str] = {}
     this_round: dict[Platform, list[Delivery]] = {}
@@ -186,12 +187,15 @@ async def wait_settled(bridge: Bridge, process: BridgeProcess, timeout: float = 
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.parametrize(("seed", "slack_mode", "feishu_mode"),
-                         [(7, "socket", "websocket"), pytest.param(2024, "http", "webhook", marks=pytest.mark.long)])
+@pytest.mark.parametrize(("seed", "slack_mode", "feishu_mode", "rounds"),
+                         [(7, "socket", "websocket", 3),
+                          pytest.param(2024, "http", "webhook", 4, marks=pytest.mark.long)])
 async def test_repeated_sigkills_lose_nothing_and_answer_nothing_twice(
         tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, fake_slack: FakeSlack, seed: int,
-        slack_mode: Literal["socket", "http"], feishu_mode: Literal["websocket", "webhook"]) -> None:
+        slack_mode: Literal["socket", "http"], feishu_mode: Literal["websocket", "webhook"], rounds: int) -> None:
     rng = random.Random(seed)
+    # every kill point once, then seeded ones
+    points = rng.sample(KILL_POINTS, len(KILL_POINTS)) + [rng.choice(KILL_POINTS) for _ in range(rounds - 3)]
     model = Model()
     fake_openai.default = Function(model)
     port = free_port()
@@ -205,9 +209,9 @@ async def test_repeated_sigkills_lose_nothing_and_answer_nothing_twice(
         closed: list[tuple[Platform, str]] = []
         try:
             await wait_for(bridge.up, process, timeout=STARTUP)
-            for r in range(ROUNDS):
+            for r, point in enumerate(points):
                 await wait_settled(bridge, process)  # so a kill cuts off only this round's head
-                process, asked = await crash_round(r, rng, bridge, model, process, data_dir)
+                process, asked = await crash_round(r, point, rng, bridge, model, process, data_dir)
                 closed += asked
                 for p, request in asked:  # the approvals left waiting say the restart denied them
                     async def denied(p: Platform = p, request: str = request) -> bool:
@@ -227,7 +231,7 @@ async def test_repeated_sigkills_lose_nothing_and_answer_nothing_twice(
             assert {i: k for i, k in e.items() if "-head" not in i and k != ["answer"]} == {}, p
         assert [p.live_buttons() for p in bridge.platforms] == [0] * 4  # no approval button left looking live
         assert all(p.approval_closed_by_restart(request) for p, request in closed)
-        assert sum(len(p.idents) for p in bridge.platforms) >= 3 * ROUNDS * 1
+        assert sum(len(p.idents) for p in bridge.platforms) >= 3 * rounds
     with contextlib.closing(sqlite3.connect(data_dir / "chatbridge.db")) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         # history intact: every message once, and nothing accepted is left waiting

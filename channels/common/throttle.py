@@ -6,6 +6,13 @@ against; ``reserve`` books the earliest slot free in all of them at once and wai
 callers never exceed any scope's pace and queue in order. ``pause`` (a 429's retry_after) blocks every
 slot of a scope until it has passed, however long.
 
+Slots are kept by when callers actually leave, not only by when they booked: a saturated host holds its event
+loop up for seconds at a time, and every caller whose slot passed meanwhile would wake at once and reach the
+platform together, past a budget that refills at that pace (a bot's 30 new messages a second over a thousand
+chats). So a caller that leaves more than ``catch_up`` seconds (0.25) after its slot moves its scopes'
+schedules by the excess: the slots that passed while the loop was held up are lost, not spent at once, and
+the callers booked after it wait as much longer (at most ``catch_up`` seconds' worth leave together).
+
 One ``Throttle`` per channel instance is shared by every sink and send of that channel, so two turns in
 the same chat (two forum topics of one group) share that chat's budget. ``paused_total`` is the pause a
 scope has been under since the throttle first saw it, which lets a waiting caller stretch its own bound.
@@ -44,11 +51,14 @@ class _Pace:
     next_slot: float = 0.0
     paused_until: float = 0.0
     paused_total: float = 0.0
+    moved: float = 0.0
+    """How far the scope's schedule has moved for callers that left late (every booked slot moves with it)."""
 
 
 class Throttle:
-    def __init__(self, *, clock: Clock | None = None, max_scopes: int = 10_000) -> None:
+    def __init__(self, *, clock: Clock | None = None, max_scopes: int = 10_000, catch_up: float = 0.25) -> None:
         self.clock = clock or Clock()
+        self.catch_up = catch_up
         self._paces: dict[str, _Pace] = {}
         self._max_scopes = max_scopes
 
@@ -101,27 +111,42 @@ class Throttle:
     async def reserve(self, scopes: Sequence[Scope]) -> None:
         """Take the earliest slot free in every scope, then wait for it. The slot is booked before the wait
         (the next caller is given the one after it), so callers queue in the order they came and each sleeps
-        once, however many share a scope (a bot's budget of new messages over all its chats); a 429 pause
-        that begins while one waits is waited out as well."""
+        once, however many share a scope (a bot's budget of new messages over all its chats), unless the
+        schedule moved meanwhile; a 429 pause that begins while one waits is waited out as well."""
         while True:
             now = self.clock.now()
             start = now + self.ready_in(scopes)
-            booked: list[tuple[_Pace, float, float]] = []
+            booked: list[tuple[_Pace, float, float, float]] = []
             for scope in scopes:
                 pace = self._pace(scope.key)
-                booked.append((pace, pace.next_slot, start + scope.interval))
+                booked.append((pace, pace.next_slot, start + scope.interval, pace.moved))
                 pace.next_slot = start + scope.interval
-            if start <= now:
-                return
             try:
-                await self.clock.sleep(start - now)
+                late = await self._until(start, booked)
             except asyncio.CancelledError:
-                for pace, before, mine in booked:  # give the slot back unless someone booked after it
+                for pace, before, mine, _ in booked:  # give the slot back unless someone booked after it
                     if pace.next_slot == mine:
                         pace.next_slot = before
                 raise
+            if late > self.catch_up:  # the loop was held up: the slots that passed meanwhile are lost
+                for pace, *_ in booked:
+                    pace.moved += late - self.catch_up
+                    pace.next_slot += late - self.catch_up
             if self.paused_for(scopes) <= 0:
                 return
+
+    async def _until(self, start: float, booked: Sequence[tuple[_Pace, float, float, float]]) -> float:
+        """Wait for the slot booked at ``start``, later by as much as its scopes' schedules have moved since it
+        was booked (each wait ends at most once more per move). Returns how late the caller leaves."""
+        due = start
+        while True:
+            now = self.clock.now()
+            if now < due:
+                await self.clock.sleep(due - now)
+            moved = start + max((pace.moved - was for pace, _, _, was in booked), default=0.0)
+            if moved <= due:
+                return self.clock.now() - due
+            due = moved
 
     async def wait_unpaused(self, scopes: Sequence[Scope]) -> None:
         """Wait out 429 pauses only (for calls that are not paced, such as a typing indicator)."""

@@ -578,11 +578,12 @@ class MinimalTelegram(Minimal):
         from aiogram.methods import EditMessageText, GetUpdates, SendMessage
 
         from channels.common.throttle import Scope
+        from channels.telegram.channel import BOT_SENDS_PER_SECOND
         from channels.telegram.factory import make_bot
 
         bot = make_bot(self.fake["token"], self.fake["url"])
         sender = make_bot(self.fake["token"], self.fake["url"])  # new messages on connections of their own
-        bot_sends = (Scope("bot:sends", 1 / 30),)
+        bot_sends = (Scope("bot:sends", 1 / BOT_SENDS_PER_SECOND),)  # the channel's pace
 
         async def call(chat: int, method: Any) -> Any:
             send = isinstance(method, SendMessage)
@@ -602,7 +603,7 @@ class MinimalTelegram(Minimal):
                 pieces = [whole[i:i + 4096] for i in range(0, len(whole), 4096)]
                 for i, piece in enumerate(pieces):
                     if i == len(shown):
-                        await self.throttle.reserve(bot_sends)  # Telegram's 30 new messages a second per bot
+                        await self.throttle.reserve(bot_sends)  # the bot's budget of new messages
                         msg = await call(chat, SendMessage(chat_id=chat, text=piece))
                         shown.append((msg.message_id, piece))
                     elif shown[i][1] != piece:

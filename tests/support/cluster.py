@@ -24,6 +24,9 @@ from tests.support.bridge_process import free_port
 from tests.support.process import BridgeProcess, get_json, postgresql_config, wait_for
 
 LEASE_SECONDS = 2
+STARTUP = 180.0
+"""Seconds a process may take to answer ``/healthz`` and to receive: a bound on a hang, generous because three
+processes starting at once on a loaded machine start slowly, not wrongly (90 s was once not enough)."""
 
 
 class Cluster:
@@ -53,7 +56,7 @@ class Cluster:
         for i in which or range(len(self.bridges)):
             async def up(i: int = i) -> bool:
                 return bool(await get_json(f"{self.base(i)}/healthz"))
-            await wait_for(up, self.bridges, timeout=90, what=f"process {i} up")
+            await wait_for(up, self.bridges, timeout=STARTUP, what=f"process {i} up")
 
     async def receiving(self, channel: str, state: str) -> None:
         """Until every process's ``/healthz`` shows ``channel`` in ``state`` (it receives: a webhook is
@@ -61,7 +64,7 @@ class Cluster:
         async def shown() -> bool:
             healths = [await get_json(f"{self.base(i)}/healthz") for i in range(len(self.bridges))]
             return all(h and h["channels"].get(channel) == state for h in healths)
-        await wait_for(shown, self.bridges, timeout=90, what=f"{channel} {state} in every process")
+        await wait_for(shown, self.bridges, timeout=STARTUP, what=f"{channel} {state} in every process")
 
     async def stop(self) -> None:
         for bridge in self.bridges:

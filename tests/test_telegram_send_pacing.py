@@ -1,0 +1,66 @@
+"""The bot's budget of new messages, as the fake Bot API counts it, when the bridge's event loop is held up.
+
+Telegram allows a bot about 30 new messages a second over all its chats, short bursts allowed: the fake
+counts them in a bucket of 30 that refills at 30 a second. Here the sends are paced at that rate (the
+channel paces them a tenth under it, which leaves room; this checks the harder case). A thousand chats
+streaming at once on a saturated host hold its event loop up for seconds at a time; sends whose turn came
+during such a stretch must not all leave at its end: the bucket holds one second's worth. Time here is
+virtual (``HeldUpClock``): the loop is held up for 3 s while 90 chats wait to send.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from aiogram.methods import SendMessage
+
+from channels.common.calls import Calls
+from channels.common.throttle import Throttle
+from channels.telegram.client import TelegramClient
+from channels.telegram.factory import make_bot
+from tests.fakes.telegram.server import SENDS, RateLimit
+from tests.support.clock import HeldUpClock
+
+
+async def sends_refused(chats: int, *, held_from: float, held_for: float) -> tuple[int, list[float]]:
+    """Every chat sends one new message at once through the channel's pacing; returns how many of them the
+    fake's bot-wide budget would refuse, and when each left."""
+    clock = HeldUpClock(held_from=held_from, held_for=held_for)
+    bot = make_bot("123:abc", "http://127.0.0.1:9")
+    client = TelegramClient(bot, Calls(Throttle(clock=clock)), chat_interval=1.0, bot_sends_per_second=30.0)
+    left: list[float] = []
+
+    async def send(chat: int) -> None:
+        await client.calls.throttle.reserve(client.scopes(str(chat), SendMessage(chat_id=chat, text="hi")))
+        left.append(clock.now())
+
+    try:
+        await clock.run([send(chat) for chat in range(chats)])
+    finally:
+        await client.close()
+        await bot.session.close()
+    budget = RateLimit(SENDS, burst=30, rate=30.0, per_chat=False)  # the fake's enforce_limits(overall=30)
+    refused = 0
+    for at in left:
+        if budget.full(0, at):
+            refused += 1
+        else:
+            budget.take(0, at)
+    return refused, left
+
+
+async def test_sends_due_while_the_loop_was_held_up_do_not_leave_together():
+    refused, left = await sends_refused(90, held_from=0.5, held_for=3.0)
+    assert len(left) == 90
+    assert refused == 0
+    # at the end of the held-up stretch at most a quarter of a second's worth leave together (the throttle's
+    # catch_up), the rest at the budget's pace again, in the order they came
+    assert sum(at == 3.5 for at in left) <= 9
+    assert all(b - a > 1 / 30 - 1e-9 for a, b in itertools.pairwise(left) if a > 3.5)
+    assert left == sorted(left)
+
+
+async def test_sends_leave_at_the_budgets_pace_when_the_loop_keeps_up():
+    refused, left = await sends_refused(60, held_from=1e9, held_for=0.0)
+    assert refused == 0
+    assert left[0] == 0.0 and abs(left[-1] - 59 / 30) < 1e-9  # no slower than the budget allows
