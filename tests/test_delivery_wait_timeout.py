@@ -115,19 +115,28 @@ def card_texts(fake: FakeFeishu) -> list[str]:
     return fake.texts(FEISHU_CHAT)
 
 
+def updates_the_answer(call: Any) -> bool:
+    """A card operation that changes the answer's text (not one that only ends the card's streaming)."""
+    return "update_element" in str((call.body or {}).get("actions", ""))
+
+
 async def test_feishu_a_card_that_shows_the_whole_answer_gets_no_fallback_when_the_wait_runs_out(
         feishu_bridge, fake_openai, feishu):
-    # The streaming card shows the whole answer; closing its streaming mode is held past the delivery wait.
+    # The streaming card shows the whole answer; the final update (its content and the end of its streaming, in
+    # one call) is held past the delivery wait. The aborted sink still ends the card's streaming as it stands.
     hold = asyncio.Event()
     fake_openai.script(Text(FORMATTED, chunk_size=4, delay=0.01, hold=hold, hold_after=len(FORMATTED)))
     t = await feishu_bridge(core=WAIT, call_timeout=30)
-    feishu.fail("card.settings", hang=HELD, times=100)
+    held = feishu.fail("card.batch_update", hang=HELD, times=100, when=updates_the_answer)
     await t.say("capital of France?")
     await t.wait_for(lambda: card_texts(feishu) == [FORMATTED])
     hold.set()
     await t.settle()
     assert card_texts(feishu) == [FORMATTED]
     assert feishu.count("message.reply") == 1  # the card; no fallback
+    assert held.hits == 1  # the final update was held
+    await t.wait_for(lambda: not any(c.streaming for c in feishu.cards.values()))  # ended as it stands
+    assert card_texts(feishu) == [FORMATTED]
 
 
 async def test_feishu_a_card_that_shows_the_beginning_gets_only_the_rest_when_the_wait_runs_out(
@@ -140,12 +149,14 @@ async def test_feishu_a_card_that_shows_the_beginning_gets_only_the_rest_when_th
     await t.wait_for(lambda: card_texts(feishu) == [PLAIN[:BEGINNING]])
     [card] = card_texts(feishu)
     feishu.fail("element.content", hang=HELD, times=100)
-    feishu.fail("card.batch_update", hang=HELD, times=100)
+    feishu.fail("card.batch_update", hang=HELD, times=100, when=updates_the_answer)
     hold.set()
     await t.settle()
     shown = card_texts(feishu)
     assert shown[0] == card and len(shown) == 2, shown
     assert squash("".join(shown)) == squash(PLAIN)  # every word once
+    await t.wait_for(lambda: not any(c.streaming for c in feishu.cards.values()))  # ended as it stands
+    assert card_texts(feishu) == shown
 
 
 # ---- Slack ----------------------------------------------------------------------------------------------

@@ -25,9 +25,16 @@ finished part with no card open to take it (a reply that ended before any push g
 JSON card message: one call, where a card entity would take two.
 
 The end: ``close`` writes the final content and closes ``streaming_mode`` in one ``batch_update`` call (also
-after /stop and a model failure: the terminal snapshot carries the notice). If it fails for good, the shared
-sink's fallback sends what the ledger says is missing; the card is then closed with a short "answer below"
-note when it can still be edited (``FeishuSink``).
+after /stop and a model failure: the terminal snapshot carries the notice; also after Feishu closed the card's
+streaming itself, whose "[…]" summary would stay in the chat list otherwise). A card that holds no part of the
+final answer (an empty answer: it showed only "…" or tool activity) is recalled, as a stale preview is. If the
+close fails for good, the shared sink's fallback sends what the ledger says is missing; the card is then
+closed with a short "answer below" note when it can still be edited (``FeishuSink``). An aborted sink (core
+gave up waiting for the end, shutdown, the session moved to another process) leaves the card's content as it
+is and ends its streaming in one call of its own, so it never stays looking live.
+
+Feishu refuses a content update on a card whose streaming is closed (300309; 200850 after its 10-minute
+limit): the card is then updated by replacing its element, and the rest of the answer goes into it.
 
 Where CardKit is refused (card creation refused for good: no ``cardkit:card:write`` scope, a private
 deployment without CardKit), the stream reports ``unsupported`` and the sink streams by sending and
@@ -154,6 +161,9 @@ class CardState:
     message_id: str | None = None
     send_key: str = field(default_factory=lambda: secrets.token_hex(16))
     streaming: bool = True
+    """Content updates are accepted (False once the card was closed, by us or by Feishu)."""
+    ended: bool = False
+    """The card's streaming was ended by us (``CLOSED``: also its "[…]" summary dropped)."""
 
     def next(self) -> tuple[int, str]:
         self.sequence += 1
@@ -277,20 +287,33 @@ CLOSED: dict[str, Any] = {"streaming_mode": False, "summary": {"content": ""}}
 def replace_and_close(content: str) -> list[dict[str, Any]]:
     """The ``batch_update`` actions that show ``content`` for good and end the card's streaming, in one call."""
     element = {"tag": "markdown", "element_id": ANSWER, "content": content}
-    return [{"action": "update_element", "params": {"element_id": ANSWER, "element": element}},
-            {"action": "partial_update_setting", "params": {"settings": {"config": CLOSED}}}]
+    return [{"action": "update_element", "params": {"element_id": ANSWER, "element": element}}, *END]
+
+
+END: list[dict[str, Any]] = [{"action": "partial_update_setting", "params": {"settings": {"config": CLOSED}}}]
+"""The ``batch_update`` action that ends a card's streaming and leaves its content as it is."""
+
+
+async def end_card(api: Any, card: CardState) -> None:
+    """End ``card``'s streaming as it stands (an aborted reply: what it shows stays, and no longer looks live)."""
+    if card.ended:
+        return
+    seq, op = card.next()
+    await api.card_batch(card.card_id, END, seq, op)
+    card.streaming, card.ended = False, True
 
 
 async def set_card(api: Any, card: CardState, content: str, *, close: bool) -> None:
     """Make ``card`` show ``content`` (and, with ``close``, end its streaming). Each step is skipped once done,
     so a repeated call after a failure does only what is left; every attempt takes a new sequence. Closing a
     streaming card is one ``batch_update``: the element replaced with the final content and streaming ended
-    together (a CardKit card's end costs one call, whatever it showed before)."""
+    together (a CardKit card's end costs one call, whatever it showed before; also after Feishu closed its
+    streaming itself, which leaves the "[…]" summary in the chat list)."""
     content = content or PLACEHOLDER
-    if close and card.streaming:
+    if close and not card.ended:
         seq, op = card.next()
         await api.card_batch(card.card_id, replace_and_close(content), seq, op)
-        card.content, card.streaming = content, False
+        card.content, card.streaming, card.ended = content, False, True
         return
     if card.content != content:
         if card.streaming:
@@ -385,14 +408,33 @@ class CardStream:
             return None  # nothing was shown: the sink sends the part as a message
         card = await self._ready(card.content)
         message_id = card.message_id
-        if part is not None and part.formatting == _PLAIN:
+        if part is None:
+            # nothing of the final answer belongs here (an empty answer: the card showed only "…" or tool
+            # activity): the card is removed, as a stale preview is
+            await self._remove(card)
+            self.card = None
+            return None
+        if part.formatting == _PLAIN:
             # the card markdown was refused: the card keeps what it showed, closed; the plain part is sent
             await set_card(self._ops.api, card, card.content, close=True)
             self.card = None
             return None
-        await set_card(self._ops.api, card, part.text if part is not None else card.content, close=True)
+        await set_card(self._ops.api, card, part.text, close=True)
         self.card = None  # finished: a part sent after it gets a card of its own
         return message_id
+
+    async def _remove(self, card: CardState) -> None:
+        """Recall the card's message; where Feishu refuses, end its streaming as it stands instead (it then
+        shows what it showed, no longer live)."""
+        assert card.message_id is not None
+        try:
+            await self._ops.delete(card.message_id)
+        except PlatformError as exc:
+            if exc.transient:
+                raise
+            log.info("could not remove a card with no part of the answer (%s); closing it instead", exc)
+            await end_card(self._ops.api, card)
+        self._ops.cards.pop(card.message_id, None)
 
     def leftover(self) -> tuple[str, Part] | None:
         card = self.card
@@ -403,7 +445,7 @@ class CardStream:
     async def note_below(self) -> None:
         """After the final update failed for good: one try to close the card with a pointer to the fallback."""
         card = self.card
-        if card is None or card.message_id is None or not card.streaming:
+        if card is None or card.message_id is None or card.ended:
             return
         base = card.content if card.content != PLACEHOLDER else ""
         text = f"{base}\n\n{ANSWER_BELOW}".strip()
@@ -436,8 +478,22 @@ class FeishuSink(LiveSink):
             await self._end_reaction()
 
     async def abort(self) -> None:
-        await super().abort()
+        stream = self.ops.current
+        card = stream.card if stream is not None else None
+        await super().abort()  # the card stays in the chat and counts for what it shows
+        if card is not None and not card.ended:
+            if self._spawn("feishu:end-card", self._end_card(card)) is None:  # shutting down: end it now
+                await self._end_card(card)
         await self._end_reaction()
+
+    async def _end_card(self, card: CardState) -> None:
+        """An aborted reply's card stops looking live: its streaming is ended, its content left as it is (a call
+        the abort cut off carries a lower sequence, so Feishu refuses it if it arrives later)."""
+        try:
+            await self.calls.call(lambda: end_card(self.ops.api, card), scopes=self.ops.scopes, paced=False,
+                                  retry=False)
+        except PlatformError as exc:
+            log.info("could not end the streaming of an aborted reply's card: %s", exc)
 
     async def _end_reaction(self) -> None:
         if self.ops.reaction is None:
