@@ -215,3 +215,36 @@ async def test_a_delete_an_abort_cut_off_counts_as_done_so_its_words_are_sent_ag
     await asyncio.gather(finishing, return_exceptions=True)
     await sink.abort()
     assert sink.undelivered(snapshot) == "a b c"
+
+
+class Typed(Chat):
+    def __init__(self) -> None:
+        super().__init__()
+        self.typed = 0
+
+    async def typing(self) -> None:
+        self.typed += 1
+
+
+def spawned(name: str, coro) -> asyncio.Task[None]:
+    return asyncio.get_running_loop().create_task(coro, name=name)
+
+
+async def test_a_delayed_working_sign_is_not_shown_when_the_answer_comes_first():
+    chat = Typed()
+    sink = LiveSink(chat, PlainRenderer(), Calls(Throttle(), CallPolicy(timeout=None)), settings=NO_GATE,
+                    spawn=spawned)
+    sink.start_typing(delay=3600)  # far later than the answer
+    snapshot = await streamed_then_finished(sink, lambda: "".join(chat.shown.values()), "The answer", "The answer")
+    async with asyncio.timeout(5):  # the finish does not wait out the delay
+        await sink.finish(snapshot)
+    assert chat.typed == 0 and list(chat.shown.values()) == ["The answer"]
+
+
+async def test_a_delayed_working_sign_is_shown_while_nothing_else_is():
+    chat = Typed()
+    sink = LiveSink(chat, PlainRenderer(), Calls(Throttle(), CallPolicy(timeout=None)), settings=NO_GATE,
+                    spawn=spawned)
+    sink.start_typing(delay=0.01)
+    await until(lambda: chat.typed == 1)
+    assert chat.shown == {}

@@ -349,10 +349,13 @@ async def test_a_revoked_tenant_token_is_refreshed_once_and_the_reply_arrives(br
 
 
 async def test_cardkit_refused_streams_into_a_card_message_instead(bridge, fake_openai, fake):
-    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.02))
+    thinking = asyncio.Event()  # the model says nothing for a while: the working sign shows meanwhile
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.02, hold=thinking, hold_after=0))
     t = await bridge()
     fake.fail("card.create", status=400, code=99991672, msg="no permission: cardkit:card:write", times=100)
     await t.say("capital of France?")
+    await t.wait_for(lambda: fake.count("card.create") == 1)
+    thinking.set()
     await t.settle()
     assert t.texts() == [ANSWER]
     [msg] = fake.shown(CHAT)

@@ -368,6 +368,8 @@ class LiveSink:
                     log.info("native streaming ended here (%s); streaming by edits instead", exc)
                     self.stream = None
                     self._adopt(_leftover(stream))
+                    if not self._shown and not snap.text.strip():
+                        await self._quiet_typing()  # the stream was to show that the turn works: this does
             await self._flush_messages(snap)
         except PlatformError as exc:
             if exc.transient:
