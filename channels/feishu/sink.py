@@ -17,8 +17,9 @@ part as a new message; here that ``send`` **freezes the streaming card** instead
 part as its final content, ``streaming_mode`` is closed, and the next push opens a new card below it.
 Nothing is truncated, and the cards read in order.
 
-The card is opened at once when the turn starts, showing "…": it is the turn's working sign (the typing
-indicator of ``LiveSink``), and the answer streams into it. Under load, when every request slot of the API is
+The card is opened a moment after the turn starts (``WORKING_SIGN_DELAY``; with the first text if that comes
+sooner), showing "…": it is the turn's working sign (the typing indicator of ``LiveSink``), and the answer
+streams into it. Under load, when every request slot of the API is
 taken (``FeishuApi.busy``), a push of new text is left out rather than queued behind them, and so is opening
 the card: the next push or the end shows newer text anyway (a change of tool activity still goes through). A
 finished part with no card open to take it (a reply that ended before any push got a slot) is sent as one
@@ -245,7 +246,7 @@ class FeishuOps:
                 raise
 
     async def typing(self) -> None:
-        """The working sign, once per turn: the reply's streaming card, opened at once showing "…" (the card the
+        """The working sign, once per turn: the reply's streaming card, opened showing "…" (the card the
         answer streams into, so it costs no call of its own); where CardKit is not available, a reaction on the
         user's message instead (a reply works without it: its failure is only logged)."""
         if self._reacted:
