@@ -6,6 +6,7 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,6 +92,25 @@ async def fake_slack() -> AsyncIterator[FakeSlack]:
     """A started fake Slack (Web API + Socket Mode) on 127.0.0.1; ``base_url`` is what AsyncWebClient takes."""
     async with FakeSlack() as fake:
         yield fake
+
+from tests.fakes.feishu import FakeFeishu  # noqa: E402
+from tests.fakes.feishu.harness import CHAT as FEISHU_CHAT  # noqa: E402
+from tests.fakes.feishu.harness import harnesses as feishu_harnesses  # noqa: E402
+
+
+@pytest.fixture
+async def fake_feishu() -> AsyncIterator[FakeFeishu]:
+    """A started fake Feishu Open Platform on 127.0.0.1 with the harness's group chat."""
+    async with FakeFeishu() as fake:
+        fake.chat(FEISHU_CHAT)
+        yield fake
+
+
+@pytest.fixture
+async def feishu_bridge(tmp_path: Path, fake_openai: FakeOpenAI, fake_feishu: FakeFeishu) -> AsyncIterator[Any]:
+    """Makes a bridge serving ``fake_feishu`` over its long connection (``harnesses``' maker)."""
+    async with feishu_harnesses("websocket", tmp_path, fake_openai, fake_feishu) as make:
+        yield make
 
 from tests.support.postgres import PostgresCluster, running_cluster  # noqa: E402
 

@@ -19,8 +19,7 @@ import pytest
 from channels.slack.render import safe_mrkdwn
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.feishu.harness import CHAT as FEISHU_CHAT
-from tests.fakes.feishu.harness import harnesses
-from tests.fakes.openai_server import FakeOpenAI, Text
+from tests.fakes.openai_server import Text
 from tests.fakes.slack import FakeSlack
 from tests.fakes.slack.harness import slack_harness
 from tests.fakes.telegram import FakeTelegram
@@ -50,19 +49,6 @@ async def tg() -> AsyncIterator[FakeTelegram]:
 async def slack() -> AsyncIterator[FakeSlack]:
     async with FakeSlack() as fake:
         yield fake
-
-
-@pytest.fixture
-async def feishu() -> AsyncIterator[FakeFeishu]:
-    async with FakeFeishu() as f:
-        f.chat(FEISHU_CHAT)
-        yield f
-
-
-@pytest.fixture
-async def feishu_bridge(tmp_path: Any, fake_openai: FakeOpenAI, feishu: FakeFeishu) -> AsyncIterator[Any]:
-    async with harnesses("websocket", tmp_path, fake_openai, feishu) as make:
-        yield make
 
 
 # ---- Telegram -------------------------------------------------------------------------------------------
@@ -121,42 +107,42 @@ def updates_the_answer(call: Any) -> bool:
 
 
 async def test_feishu_a_card_that_shows_the_whole_answer_gets_no_fallback_when_the_wait_runs_out(
-        feishu_bridge, fake_openai, feishu):
+        feishu_bridge, fake_openai, fake_feishu):
     # The streaming card shows the whole answer; the final update (its content and the end of its streaming, in
     # one call) is held past the delivery wait. The aborted sink still ends the card's streaming as it stands.
     hold = asyncio.Event()
     fake_openai.script(Text(FORMATTED, chunk_size=4, delay=0.01, hold=hold, hold_after=len(FORMATTED)))
     t = await feishu_bridge(core=WAIT, call_timeout=30)
-    held = feishu.fail("card.batch_update", hang=HELD, times=100, when=updates_the_answer)
+    held = fake_feishu.fail("card.batch_update", hang=HELD, times=100, when=updates_the_answer)
     await t.say("capital of France?")
-    await t.wait_for(lambda: card_texts(feishu) == [FORMATTED])
+    await t.wait_for(lambda: card_texts(fake_feishu) == [FORMATTED])
     hold.set()
     await t.settle()
-    assert card_texts(feishu) == [FORMATTED]
-    assert feishu.count("message.reply") == 1  # the card; no fallback
+    assert card_texts(fake_feishu) == [FORMATTED]
+    assert fake_feishu.count("message.reply") == 1  # the card; no fallback
     assert held.hits == 1  # the final update was held
-    await t.wait_for(lambda: not any(c.streaming for c in feishu.cards.values()))  # ended as it stands
-    assert card_texts(feishu) == [FORMATTED]
+    await t.wait_for(lambda: not any(c.streaming for c in fake_feishu.cards.values()))  # ended as it stands
+    assert card_texts(fake_feishu) == [FORMATTED]
 
 
 async def test_feishu_a_card_that_shows_the_beginning_gets_only_the_rest_when_the_wait_runs_out(
-        feishu_bridge, fake_openai, feishu):
+        feishu_bridge, fake_openai, fake_feishu):
     # The card shows the first words; every later update of its text is held past the delivery wait.
     hold = asyncio.Event()
     fake_openai.script(Text(PLAIN, chunk_size=4, delay=0.01, hold=hold, hold_after=BEGINNING))
     t = await feishu_bridge(core=WAIT, call_timeout=30)
     await t.say("capital of France?")
-    await t.wait_for(lambda: card_texts(feishu) == [PLAIN[:BEGINNING]])
-    [card] = card_texts(feishu)
-    feishu.fail("element.content", hang=HELD, times=100)
-    feishu.fail("card.batch_update", hang=HELD, times=100, when=updates_the_answer)
+    await t.wait_for(lambda: card_texts(fake_feishu) == [PLAIN[:BEGINNING]])
+    [card] = card_texts(fake_feishu)
+    fake_feishu.fail("element.content", hang=HELD, times=100)
+    fake_feishu.fail("card.batch_update", hang=HELD, times=100, when=updates_the_answer)
     hold.set()
     await t.settle()
-    shown = card_texts(feishu)
+    shown = card_texts(fake_feishu)
     assert shown[0] == card and len(shown) == 2, shown
     assert squash("".join(shown)) == squash(PLAIN)  # every word once
-    await t.wait_for(lambda: not any(c.streaming for c in feishu.cards.values()))  # ended as it stands
-    assert card_texts(feishu) == shown
+    await t.wait_for(lambda: not any(c.streaming for c in fake_feishu.cards.values()))  # ended as it stands
+    assert card_texts(fake_feishu) == shown
 
 
 # ---- Slack ----------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ chat shows: the bot's messages, each card's text and whether it still streams.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,87 +17,77 @@ import pytest
 from core.tools.base import ToolContext
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.feishu import FakeFeishu
-from tests.fakes.feishu.harness import CHAT, harnesses
-from tests.fakes.openai_server import FakeOpenAI, Hang, HttpError, Text, ToolCalls
+from tests.fakes.feishu.harness import CHAT
+from tests.fakes.openai_server import Hang, HttpError, Text, ToolCalls
 
 FIRST = "The capital of France is Paris. "
 REST = "It lies on the Seine, and it has been the capital for centuries."
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeFeishu]:
-    async with FakeFeishu() as f:
-        f.chat(CHAT)
-        yield f
-
-
-@pytest.fixture
-async def bridge(tmp_path: Any, fake_openai: FakeOpenAI, fake: FakeFeishu) -> AsyncIterator[Any]:
-    async with harnesses("websocket", tmp_path, fake_openai, fake) as make:
-        yield make
-
-
-def shown(fake: FakeFeishu) -> list[tuple[str, bool]]:
+def shown(fake_feishu: FakeFeishu) -> list[tuple[str, bool]]:
     """The bot's messages as a user sees them: (text, still streaming)."""
     out = []
-    for msg in fake.shown(CHAT):
-        card = fake.card_of(msg)
-        out.append((fake.text_of(msg), card is not None and card.streaming))
+    for msg in fake_feishu.shown(CHAT):
+        card = fake_feishu.card_of(msg)
+        out.append((fake_feishu.text_of(msg), card is not None and card.streaming))
     return out
 
 
-async def working_sign(t: Any, fake: FakeFeishu) -> None:
+async def working_sign(t: Any, fake_feishu: FakeFeishu) -> None:
     """The "…" card is in the chat, streaming, before the model said anything."""
-    await t.wait_for(lambda: shown(fake) == [("…", True)])
+    await t.wait_for(lambda: shown(fake_feishu) == [("…", True)])
 
 
-async def test_stop_before_any_text_ends_the_working_card_with_the_stopped_notice(bridge, fake_openai, fake):
+async def test_stop_before_any_text_ends_the_working_card_with_the_stopped_notice(
+        feishu_bridge, fake_openai, fake_feishu):
     hold = asyncio.Event()
     fake_openai.script(Text("Never said", hold=hold, hold_after=0))
-    t = await bridge()
+    t = await feishu_bridge()
     await t.say("tell me a story")
-    await working_sign(t, fake)
+    await working_sign(t, fake_feishu)
     await t.say("/stop")
     await t.settle()
     hold.set()
-    assert shown(fake) == [("⏹ Stopped.", False)]
+    assert shown(fake_feishu) == [("⏹ Stopped.", False)]
 
 
-async def test_a_model_failure_before_any_text_ends_the_working_card_with_the_notice(bridge, fake_openai, fake):
+async def test_a_model_failure_before_any_text_ends_the_working_card_with_the_notice(
+        feishu_bridge, fake_openai, fake_feishu):
     # the model goes silent before its first word (the working card shows by then); the retry is refused
     fake_openai.script(Hang(2), HttpError.auth(), HttpError.auth())
-    t = await bridge()
+    t = await feishu_bridge()
     await t.say("go")
-    await working_sign(t, fake)
+    await working_sign(t, fake_feishu)
     await t.settle()
-    [(text, streaming)] = shown(fake)
+    [(text, streaming)] = shown(fake_feishu)
     assert text.startswith("⚠️") and "rejected the bridge's credentials" in text and not streaming
 
 
-async def test_an_empty_answer_removes_the_working_card(bridge, fake_openai, fake):
+async def test_an_empty_answer_removes_the_working_card(feishu_bridge, fake_openai, fake_feishu):
     # core sends nothing for an empty answer, as on the other platforms: the "…" card must not stay as if
     # something were still coming
     hold = asyncio.Event()
     fake_openai.script(Text("", hold=hold))
-    t = await bridge()
+    t = await feishu_bridge()
     await t.say("say nothing")
-    await working_sign(t, fake)
+    await working_sign(t, fake_feishu)
     hold.set()
     await t.settle()
-    assert shown(fake) == []
+    assert shown(fake_feishu) == []
 
 
-async def test_an_empty_answer_after_a_tool_removes_the_card_that_showed_the_tool(bridge, fake_openai, fake):
+async def test_an_empty_answer_after_a_tool_removes_the_card_that_showed_the_tool(
+        feishu_bridge, fake_openai, fake_feishu):
     tool = RecordingTool("lookup", result="42 apples", approval="auto")
     hold = asyncio.Event()
     fake_openai.script(ToolCalls([("lookup", '{"query": "apples"}')]), Text("", hold=hold))
-    t = await bridge(core={"tools": registry(tool)})
+    t = await feishu_bridge(core={"tools": registry(tool)})
     await t.say("count quietly")
-    await t.wait_for(lambda: [s for s in shown(fake) if "lookup" in s[0]])
+    await t.wait_for(lambda: [s for s in shown(fake_feishu) if "lookup" in s[0]])
     hold.set()
     await t.settle()
     assert tool.calls == [{"query": "apples"}]
-    assert shown(fake) == []
+    assert shown(fake_feishu) == []
 
 
 class HeldTool(RecordingTool):
@@ -115,20 +104,20 @@ class HeldTool(RecordingTool):
 
 @pytest.mark.parametrize("closed_by", ["timeout", "platform"])
 async def test_a_card_whose_streaming_feishu_closed_mid_turn_ends_showing_the_whole_answer_once(
-        bridge, fake_openai, fake, closed_by):
+        feishu_bridge, fake_openai, fake_feishu, closed_by):
     """Feishu refuses content updates on a card whose streaming it closed (200850 after its ten-minute limit,
     300309 otherwise). The live update that meets the refusal, and the rest of the turn, go on by replacing
     the card's element: one message, the whole answer, streaming off at the end."""
     now = [0.0]
-    fake.clock = lambda: now[0]
+    fake_feishu.clock = lambda: now[0]
     tool = HeldTool()
     hold = asyncio.Event()
     fake_openai.script(ToolCalls([("lookup", '{"query": "x"}')], text=FIRST),
                        Text(REST, hold=hold, hold_after=0))
-    t = await bridge(core={"tools": registry(tool)})
+    t = await feishu_bridge(core={"tools": registry(tool)})
     await t.say("capital of France?")
-    await t.wait_for(lambda: [s for s in shown(fake) if s[0].startswith(FIRST.strip()) and "running" in s[0]])
-    [card] = fake.cards.values()
+    await t.wait_for(lambda: [s for s in shown(fake_feishu) if s[0].startswith(FIRST.strip()) and "running" in s[0]])
+    [card] = fake_feishu.cards.values()
     if closed_by == "timeout":
         now[0] += 601  # Feishu turns streaming off by itself after ten minutes: 200850
         code = 200850
@@ -136,10 +125,10 @@ async def test_a_card_whose_streaming_feishu_closed_mid_turn_ends_showing_the_wh
         card.config["streaming_mode"] = False  # closed by Feishu for its own reasons: 300309
         code = 300309
     tool.gate.set()  # the tool ends: the card's activity line changes while the model is held
-    await t.wait_for(lambda: any(c.code == code for c in fake.calls_to("element.content")))
+    await t.wait_for(lambda: any(c.code == code for c in fake_feishu.calls_to("element.content")))
     await t.wait_for(lambda: "✅" in card.text)  # the refused update still reached the chat
     hold.set()
     await t.settle()
-    assert shown(fake) == [(f"{FIRST}\n\n{REST}", False)]  # each model request's text its own paragraph
-    assert fake.count("message.reply") == 1
+    assert shown(fake_feishu) == [(f"{FIRST}\n\n{REST}", False)]  # each model request's text its own paragraph
+    assert fake_feishu.count("message.reply") == 1
     assert card.config.get("summary", {}).get("content") == ""  # no "[…]" left in the chat list
