@@ -50,7 +50,9 @@ def assert_serial(model: SerialModel, fake: FakeOpenAI, messages: list[str]) -> 
     assert model.overlaps == []
     for n in range(CONVERSATIONS):
         assert model.seen[f"c{n}"] == [(1, 0), (2, 1)], (n, model.seen[f"c{n}"])
-    assert len(set(fake.auth_headers)) >= 2  # the turns ran in more than one process
+    # Which process runs a conversation is whichever stored its first copy first: no spread is promised (under
+    # load one process may take them all). Every message went to two different processes at least, so copies
+    # reached a process that did not run the conversation either way.
 
 
 async def test_slack_http_events_to_any_process_each_message_answered_once_serially(
