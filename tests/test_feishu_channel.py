@@ -26,6 +26,7 @@ from tests.fakes.feishu.harness import CHAT, FeishuHarness, every_mode, feishu_h
 from tests.fakes.feishu.openapi import card_buttons, card_text
 from tests.fakes.openai_server import Function, Hang, HttpError, Text, ToolCalls
 from tests.support.clock import ManualClock
+from tests.support.subagents import COUNTER, FINAL, counter_route
 
 ANSWER = "The capital of France is **Paris**, a city on the Seine."
 
@@ -804,26 +805,11 @@ async def test_a_card_past_feishus_ten_minute_streaming_limit_still_ends_with_th
 # ---- subagents ----------------------------------------------------------------------------------------
 
 
-def _subagent_route(body: dict[str, Any]) -> Any:
-    first = next(m["content"] for m in body["messages"] if m["role"] == "user")
-    tool_results = [m for m in body["messages"] if m["role"] == "tool"]
-    if not first.startswith("TASK"):
-        if tool_results:
-            return Text("There are 42 apples.")
-        return ToolCalls([("run_subagent", json.dumps({"task": "TASK count apples", "profile": "counter"}))],
-                         ids=["call_P"])
-    if tool_results:
-        return Text("The lookup says 42 apples.")
-    return ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_C"])
-
-
 async def test_a_subagents_approval_is_shown_with_its_label_and_decided_on_the_card(
         feishu_bridge, fake_openai, fake_feishu):
-    from core.settings import SubagentProfile, SubagentSettings
     tool = RecordingTool("lookup", result="42")
-    fake_openai.default = Function(_subagent_route)
-    subagents = SubagentSettings(enabled=True, profiles=(SubagentProfile("counter", tools=("lookup",)),))
-    t = await feishu_bridge(core={"tools": registry(tool), "subagents": subagents})
+    fake_openai.default = Function(counter_route)
+    t = await feishu_bridge(core={"tools": registry(tool), "subagents": COUNTER})
     await t.say("how many apples?")
     msg = await approval(t)
     assert "subagent counter: TASK count apples" in fake_feishu.text_of(msg)
@@ -835,7 +821,7 @@ async def test_a_subagents_approval_is_shown_with_its_label_and_decided_on_the_c
     await t.settle()
     assert tool.calls == [{"query": "apples"}]
     # once, in the turn's card: above the approval card when that card came first, below it otherwise
-    assert fake_feishu.texts(CHAT).count("There are 42 apples.") == 1
+    assert fake_feishu.texts(CHAT).count(FINAL) == 1
     assert every_card_closed(fake_feishu)
 
 
