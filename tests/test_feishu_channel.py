@@ -872,3 +872,36 @@ async def test_the_apps_rate_limit_on_a_send_pauses_every_chats_sends_however_lo
     [refused] = [c for c in sends if c.status != 200]
     assert [c for c in sends if refused.at < c.at < refused.at + 7] == []
     assert every_card_closed(fake_feishu)
+
+
+async def test_a_long_plain_reply_taken_in_part_is_completed_later_without_repeating_the_part_shown(
+        feishu_bridge, fake_openai, fake_feishu):
+    # no card can be sent, so the answer goes as plain post messages, three of them; Feishu takes the first and
+    # refuses the rest for a while: the later try sends only the two that are missing, each part shown once
+    answer = "\n\n".join(f"Part {i} " + "text " * 2400 for i in range(3))
+    fake_openai.script(Text(answer, chunk_size=2000))
+    t = await feishu_bridge(core={"redelivery_delays": (0.2, 0.4, 0.8, 1.6)})
+    fake_feishu.fail("message.reply", status=400, code=230002, msg="bot not in chat", times=1_000_000,
+                     when=lambda c: c.body.get("msg_type") == "interactive")
+    outage = [fake_feishu.fail(route, status=503, code=1500, times=1_000_000,
+                               when=lambda c: c.body.get("msg_type") == "post" and "Part 0" not in c.body["content"])
+              for route in ("message.reply", "message.create")]
+
+    def refused() -> int:
+        return sum(1 for c in fake_feishu.calls if (c.body or {}).get("msg_type") == "post" and c.status != 200)
+
+    def parts() -> list[str]:
+        return [fake_feishu.text_of(m)[:6] for m in fake_feishu.shown(CHAT)]
+
+    await t.say("go")
+    await t.settle()  # the first message was taken, the rest refused
+    assert parts() == ["Part 0"]
+    before = refused()
+    await t.wait_for(lambda: refused() > before, timeout=10)  # a later try, refused as well
+    for fault in outage:
+        fault.times = 0
+    await t.wait_for(lambda: len(parts()) >= 3, timeout=10)
+    await t.wait_for(lambda: not any(x.get_name().startswith("redeliver:") for x in asyncio.all_tasks()),
+                     timeout=10)
+    assert parts() == ["Part 0", "Part 1", "Part 2"]  # each part once, in order
+    assert " ".join(fake_feishu.text_of(m) for m in fake_feishu.shown(CHAT)).split() == answer.split()

@@ -953,3 +953,31 @@ async def test_a_fallback_that_timed_out_is_repeated_once_not_once_per_backgroun
         assert fake_slack.count("chat.postMessage") == 2
     finally:
         await t.close()
+
+
+async def test_a_long_plain_reply_taken_in_part_is_completed_later_without_repeating_the_part_shown(
+        tmp_path, fake_openai, fake_slack):
+    # the plain reply is three messages; Slack takes the first and refuses the rest for a while: the later try
+    # sends only the two that are missing, so the conversation shows each part once, in order
+    answer = "\n\n".join(f"Part {i} " + "text " * 600 for i in range(3))
+    fake_openai.script(Text(answer, chunk_size=200))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, core={"redelivery_delays": (0.2, 0.4, 0.8, 1.6)})
+    try:
+        fake_slack.fail("reactions.add", error="channel_not_found")  # no live delivery: the plain reply only
+        outage = fake_slack.fail("chat.postMessage", status=503, times=1_000_000,
+                                 when=lambda p: not str(p.get("text", "")).startswith("Part 0"))
+        await t.deliver(fake_slack.user_message("go"))
+        await t.settle()  # the first message was taken, the rest refused
+        assert [x[:6] for x in fake_slack.visible("D0ALICE")] == ["Part 0"]
+        refused = len([c for c in fake_slack.calls_to("chat.postMessage") if c.status != 200])
+        await t.wait_for(lambda: len([c for c in fake_slack.calls_to("chat.postMessage") if c.status != 200])
+                         > refused, timeout=10)  # a later try, refused as well
+        outage.times = 0
+        await t.wait_for(lambda: len(fake_slack.visible("D0ALICE")) >= 3, timeout=10)
+        await t.wait_for(lambda: not any(x.get_name().startswith("redeliver:") for x in asyncio.all_tasks()),
+                         timeout=10)
+        shown = fake_slack.visible("D0ALICE")
+        assert [x[:6] for x in shown] == ["Part 0", "Part 1", "Part 2"]  # each part once, in order
+        assert " ".join(shown).split() == answer.split()
+    finally:
+        await t.close()

@@ -387,11 +387,13 @@ class FeishuChannel:
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
         """One ordinary reply (as post messages, split under Feishu's 30 KB; plain text if refused). Each part
-        is one call under the policy, with its own uuid, so a retried part never posts twice."""
+        is one call under the policy, with its own uuid, so a retried part never posts twice. When a part fails
+        after the first were sent, the SinkError carries the parts not sent (``unsent``)."""
         dest = Destination.of(target)
         ops = FeishuOps(self, dest)
         scopes = (self.chat_scope(dest),)
-        for source in render.post_sources(text) if text.strip() else []:
+        sources = render.post_sources(text) if text.strip() else []
+        for i, source in enumerate(sources):
             key = secrets.token_hex(16)
             try:
                 try:
@@ -400,8 +402,9 @@ class FeishuChannel:
                     if exc.kind != "format":
                         raise
                     await self._post(ops, scopes, render.plain_post_content(source), key + "p")
-            except PlatformError as exc:
-                raise SinkError(str(exc), outcome_unknown=exc.outcome_unknown) from None
+            except PlatformError as exc:  # the messages before this one are shown: only the rest is missing
+                raise SinkError(str(exc), unsent="\n".join(sources[i:]) if i else None,
+                                outcome_unknown=exc.outcome_unknown) from None
 
     async def _post(self, ops: FeishuOps, scopes: tuple[Scope, ...], content: str, key: str) -> None:
         await self.calls.call(lambda: ops.post("post", content, key), scopes=scopes)

@@ -207,11 +207,12 @@ class SlackChannel:
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
         """One ordinary message (split if long, Markdown rendered, plain mrkdwn if the block is refused). Each
-        part is one paced call under the call policy, which waits out a 429 pause however long."""
+        part is one paced call under the call policy, which waits out a 429 pause however long. When a part
+        fails after the first were sent, the SinkError carries the parts not sent (``unsent``)."""
         dest = self._destination(target)
         client = self.api.client
         chunks = [c.text for c in split(text, PART_LIMIT, utf16_len) if c.text.strip()] if text.strip() else []
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
             try:
                 for part in (self.renderer.final_part(chunk), self.renderer.plain_part(chunk)):
                     try:
@@ -223,8 +224,9 @@ class SlackChannel:
                     except PlatformError as exc:
                         if exc.kind != "format" or not part.formatting:
                             raise
-            except PlatformError as exc:
-                raise SinkError(str(exc), outcome_unknown=exc.outcome_unknown) from None
+            except PlatformError as exc:  # the messages before this one are shown: only the rest is missing
+                raise SinkError(str(exc), unsent="\n".join(chunks[i:]) if i else None,
+                                outcome_unknown=exc.outcome_unknown) from None
 
     async def show_decision(self, entry: PromptHandle, blocks: list[dict[str, Any]]) -> None:
         """Update an approval message to show how it ended (no buttons). It answers a press, so it goes at once
