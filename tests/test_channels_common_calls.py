@@ -4,6 +4,7 @@ a try, a send with an unknown outcome is repeated at most once, a live update is
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +148,43 @@ async def test_a_task_started_inside_a_call_waits_outside_a_bound_that_is_over()
 
     assert await calls.call(call) == "ok"
     assert await started[0] == "done"
+
+
+CHANNEL_TABLES = {
+    "telegram": 'token = "123456:TEST-token"',
+    "slack": 'bot_token = "xoxb-test"\napp_token = "xapp-test"',
+    "feishu": 'app_id = "cli_test"\napp_secret = "secret"',
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHANNEL_TABLES))
+async def test_the_operators_call_timeout_is_the_bound_of_every_call_the_channel_makes(tmp_path, fake_openai, name):
+    """``[channels.<name>] call_timeout_seconds`` reaches the call policy of the channel ``chatbridge run``
+    builds (what the policy does with its bound is tested above); 30 s unless set, more than 30 refused."""
+    from aiohttp import web
+
+    from bridge.channels import factory_for
+    from bridge.config import ConfigError, load_config
+    from tests.support.harness import make_harness
+
+    def config(extra: str) -> Path:
+        path = tmp_path / "chatbridge.toml"
+        path.write_text(f'[channels.{name}]\nenabled = true\n{CHANNEL_TABLES[name]}\n{extra}\n')
+        return path
+
+    h = await make_harness(tmp_path, fake_openai)
+    factory = factory_for(name)
+    assert factory is not None
+    try:
+        for extra, bound in (("call_timeout_seconds = 2.5", 2.5), ("", 30.0)):
+            channel = factory(load_config(config(extra), env={}).channels.sections()[name], h.core.host_for(name),
+                              web.Application())
+            try:
+                assert channel.calls.policy.timeout == bound
+            finally:
+                await channel.close()
+    finally:
+        await h.core.shutdown()
+    for wrong in ("31", "0"):
+        with pytest.raises(ConfigError, match=rf"channels\.{name}\.call_timeout_seconds"):
+            load_config(config(f"call_timeout_seconds = {wrong}"), env={})

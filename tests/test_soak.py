@@ -5,7 +5,8 @@ The default run is short (``SOAK_SECONDS``, about 20 s of traffic); the long one
 ``CHATBRIDGE_SOAK_SECONDS=600 pytest tests/test_soak.py``. Faults, chosen by a seeded generator, one pending
 per platform at a time: a send, an edit or a streaming call answered 429 with ``retry_after`` or 5xx, or its
 connection dropped (Slack), or (once per platform in the short run, once a minute in the long one) left
-hanging past the bridge's 30-second bound on a call (Slack, Feishu); the receiving side drops its
+hanging past the bridge's bound on a call (Slack, Feishu; ``CALL_TIMEOUT``, the channels'
+``call_timeout_seconds``); the receiving side drops its
 connection now and then (Slack's Socket Mode websocket, Feishu's long connection: both SDKs reconnect); an
 event not acknowledged within three seconds is delivered again, as Slack and Feishu do, and now and then an
 acknowledged one is too; the model answers 503 or 429 (then the request is tried again), or stops sending
@@ -45,6 +46,10 @@ WEB_SESSIONS = 3
 SEED = 1234
 REDELIVER_AFTER = 3.0
 """Seconds without an acknowledgement after which Slack and Feishu deliver an event again."""
+CALL_TIMEOUT = 10.0
+"""The channels' ``call_timeout_seconds``: a hanging call is given up after this long, not the default 30 s
+(the run waits each hang out in full). Far above what any call to a fake on this machine takes: a call cut
+short that had landed could show a message twice."""
 
 
 @pytest.fixture
@@ -115,6 +120,8 @@ async def test_mixed_traffic_with_faults_loses_nothing_and_answers_nothing_twice
         platforms: list[Platform] = [
             TelegramPlatform(tg, GROUPS), SlackPlatform(fake_slack, "socket", port, channels=SLACK_CHANNELS),
             FeishuPlatform(feishu, "websocket", port, chats=FEISHU_CHATS, conn=conn, origin=origin)]
+        for p in platforms:
+            p.call_timeout = CALL_TIMEOUT
         bridge = Bridge(platforms, port)
         config = tmp_path / "chatbridge.toml"
         config.write_text(f"""

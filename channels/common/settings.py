@@ -207,10 +207,17 @@ class Checks:
             self.add(key, problem)
 
 
+CALL_TIMEOUT_SECONDS = 30.0
+"""The default (and the most) ``call_timeout_seconds``: the platform SDKs' own request timeouts are 30 s."""
+
+
 class ChannelSection(Section):
     """The base of every ``[channels.<name>]`` table."""
 
     enabled: bool = False
+    call_timeout_seconds: Annotated[PositiveFloat, Field(le=CALL_TIMEOUT_SECONDS)] = CALL_TIMEOUT_SECONDS
+    """Bound on one attempt of a platform API call; one that takes longer is abandoned and counts as a
+    transient failure (tried again under the call policy)."""
 
     def check(self, checks: Checks) -> None:
         """Add the problems of an enabled channel's settings (the bridge calls it only when enabled)."""

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from channels.common.calls import CallPolicy, Calls
+from channels.common.throttle import Throttle
 from channels.feishu.channel import FeishuChannel, FeishuSettings
 from channels.feishu.settings import FeishuConfig
 from core.host import ChannelHost
 
 
 def create(config: FeishuConfig, host: ChannelHost, app: web.Application) -> FeishuChannel:
-    channel = FeishuChannel(host, FeishuSettings.of(config))
+    channel = FeishuChannel(host, FeishuSettings.of(config),
+                            calls=Calls(Throttle(), CallPolicy(timeout=config.call_timeout_seconds)))
     if config.mode == "webhook":
         channel.routes(app)
     return channel

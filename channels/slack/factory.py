@@ -11,6 +11,8 @@ import aiohttp
 from aiohttp import web
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels.common.calls import CallPolicy, Calls
+from channels.common.throttle import Throttle
 from channels.slack.channel import SlackChannel, SlackSettings
 from channels.slack.settings import SlackConfig
 from core.host import ChannelHost
@@ -26,7 +28,8 @@ def make_client(token: str, api_base: str) -> AsyncWebClient:
 
 def create(config: SlackConfig, host: ChannelHost, app: web.Application) -> SlackChannel:
     channel = SlackChannel(host, make_client(config.bot_token, config.api_base), SlackSettings.of(config),
-                           app_token=config.app_token, signing_secret=config.signing_secret)
+                           app_token=config.app_token, signing_secret=config.signing_secret,
+                           calls=Calls(Throttle(), CallPolicy(timeout=config.call_timeout_seconds)))
     if config.mode == "http":
         channel.routes(app)
     return channel

@@ -12,7 +12,9 @@ from aiogram.client.telegram import TelegramAPIServer
 from aiogram.utils.token import TokenValidationError
 from aiohttp import web
 
+from channels.common.calls import CallPolicy, Calls
 from channels.common.errors import ChannelStartupError
+from channels.common.throttle import Throttle
 from channels.telegram.channel import TelegramChannel, TelegramSettings
 from channels.telegram.settings import TelegramConfig
 from core.host import ChannelHost
@@ -31,7 +33,8 @@ def create(config: TelegramConfig, host: ChannelHost, app: web.Application) -> T
     except TokenValidationError:
         raise ChannelStartupError("[channels.telegram] token is not a bot token (expected the form 123456:ABC-…, "
                                   "as @BotFather gives it)") from None
-    channel = TelegramChannel(host, bot, TelegramSettings.of(config))
+    channel = TelegramChannel(host, bot, TelegramSettings.of(config),
+                              calls=Calls(Throttle(), CallPolicy(timeout=config.call_timeout_seconds)))
     if config.mode == "webhook":
         channel.routes(app)
     return channel

@@ -117,6 +117,9 @@ class Platform:
     name: str
     state_up: tuple[str, ...]
     """``/healthz`` states of this channel that mean it receives."""
+    call_timeout: float = 30.0
+    """The channel's ``call_timeout_seconds`` (the bridge's bound on one platform call; 30, the default, unless
+    a suite sets it lower): a call left hanging by ``fault(timeout=True)`` hangs longer than this."""
 
     def __init__(self) -> None:
         self.deliveries: list[Delivery] = []
@@ -185,7 +188,7 @@ class Platform:
 
     def fault(self, rng: random.Random, *, timeout: bool = False) -> str | None:
         """Make the platform misbehave once (a 429 with retry_after, a 5xx, a dropped connection; with
-        ``timeout``, maybe a call that hangs past the bridge's 30-second bound), unless an earlier fault is
+        ``timeout``, maybe a call that hangs past the bridge's bound on a call), unless an earlier fault is
         still pending; returns what was injected."""
         raise NotImplementedError
 
@@ -216,6 +219,7 @@ token = "{self.tg.token}"
 api_base = "{self.tg.base_url}"
 edit_interval_ms = 100
 group_policy = "all"
+call_timeout_seconds = {self.call_timeout:g}
 """
 
     async def say(self, ident: str, text: str, *, head: str | None = None, wait: bool = True,
@@ -312,6 +316,9 @@ class SlackPlatform(Platform):
         self._connections = 0
 
     def config(self) -> str:
+        # the workspace's update budget raised from the default 50 a minute (as the end-to-end benchmark does):
+        # no suite here is about it (tests/test_slack_channel.py paces it), and at 50 a minute the replies of a
+        # dozen Slack conversations took a minute to drain
         return f"""
 [channels.slack]
 enabled = true
@@ -321,6 +328,8 @@ app_token = "{self.slack.app_token}"
 signing_secret = "{self.slack.signing_secret}"
 api_base = "{self.slack.base_url}"
 update_interval_ms = 100
+workspace_updates_per_minute = 1200
+call_timeout_seconds = {self.call_timeout:g}
 """
 
     async def up(self, health: dict[str, Any]) -> bool:
@@ -444,7 +453,7 @@ update_interval_ms = 100
         elif kind == "5xx":
             self.slack.fail(method, "internal_error", status=503, body="<html>503 Service Unavailable</html>")
         elif kind == "timeout":
-            self.slack.fail(method, hang=40)  # longer than the call's own timeout
+            self.slack.fail(method, hang=self.call_timeout + 10)  # longer than the call's own timeout
         else:
             self.slack.fail(method, drop=True)
         return f"slack {method} {kind}"
@@ -495,6 +504,7 @@ app_id = "{self.fake.app_id}"
 app_secret = "{self.fake.app_secret}"
 domain = "{self.origin}"
 stream_interval_ms = 100
+call_timeout_seconds = {self.call_timeout:g}
 {webhook}"""
 
     async def up(self, health: dict[str, Any]) -> bool:
@@ -613,7 +623,7 @@ stream_interval_ms = 100
         elif kind == "5xx":
             self.fake.fail(route, status=502, raw_body="<html>502 Bad Gateway</html>")
         else:
-            self.fake.fail(route, hang=40)  # longer than the request's own timeout
+            self.fake.fail(route, hang=self.call_timeout + 10)  # longer than the request's own timeout
         return f"feishu {route} {kind}"
 
     async def poke(self, rng: random.Random) -> str | None:
