@@ -843,7 +843,7 @@ def serve_minimal(platform: str, llm: str, fake: dict[str, str], gate: int = 0) 
     asyncio.run(main())
 
 
-# ---- where the product's CPU goes (py-spy, when installed) ---------------------------------------------
+# ---- where each pipeline's CPU goes (py-spy, when installed) -------------------------------------------
 
 SDKS = {"openai": "openai SDK", "aiogram": "aiogram", "slack_sdk": "slack_sdk", "slack_bolt": "slack_bolt",
         "lark_oapi": "lark-oapi", "aiosqlite": "aiosqlite (SQLite)"}
@@ -940,7 +940,7 @@ async def measure(platform: str, pipeline: str, chats: int, first: int, llm: str
                                      "--fake", json.dumps(fake))
             pid, target = proc.pid, "" if line == "ready" else line
         names = [f"{CHAT_PREFIX[platform]}{first + i}" for i in range(chats)]
-        profiler = start_profile(pid, Path(tmp) / "profile.txt") if profile and pipeline == "product" else None
+        profiler = start_profile(pid, Path(tmp) / "profile.txt") if profile else None
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
             cpu0, started = cpu_seconds(pid), time.monotonic()
             await control(http, fake["control"], "queue", chats=names, expected=expected, target=target)
@@ -1180,7 +1180,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--chunk-ms", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="50 chats, 100 chunks")
     parser.add_argument("--profile", action="store_true",
-                        help="sample the product with py-spy and print where its CPU goes (SDKs' shares)")
+                        help="sample the product and the floor with py-spy and print where their CPU goes")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the replies of one run")
     parser.add_argument("--llm-processes", type=int, default=LLM_PROCESSES,
                         help="processes serving the fake model's port (SO_REUSEPORT); "
