@@ -5,7 +5,7 @@ import contextlib
 
 import pytest
 
-from channels.common.throttle import Clock, Scope, Throttle
+from channels.common.throttle import Clock, Scope, Throttle, ending
 from tests.support.clock import ManualClock
 
 A, B = Scope("chat:a", 1.0), Scope("chat:b", 1.0)
@@ -34,6 +34,36 @@ async def test_a_call_in_two_scopes_waits_for_both_and_takes_both():
     # each chat at most once a second, and the app at most once every 0.25 s across chats
     assert stamps == [0.0, 0.25, 1.0, 1.25]
     assert th.ready_in([app]) == 0.25
+
+
+async def test_the_end_of_a_turn_takes_the_scopes_burst_and_live_calls_keep_the_pace():
+    clock = ManualClock()
+    th = Throttle(clock=clock)
+    chat = Scope("chat:d", 1.0, burst=2)  # a bucket of two calls, refilled at one a second
+    await th.reserve([chat])  # a live update at 0: the next live one waits for 1.0
+    clock.t = 0.3
+    assert th.ready_in([chat]) == pytest.approx(0.7)
+    with ending():
+        assert th.ready_in([chat]) == 0.0
+        await th.reserve([chat])  # the end leaves at once, one call ahead of the pace
+        assert clock.t == 0.3
+        await th.reserve([chat])  # a second call of the end: the burst is spent, it waits for the pace
+        assert clock.t == pytest.approx(1.0)
+    await th.reserve([chat])  # live calls go on once the bucket is full again: 0, 0.3, 1, then 3
+    assert clock.t == pytest.approx(3.0)
+
+
+async def test_the_end_of_a_turn_waits_for_the_pace_where_a_scope_has_no_burst_and_for_a_429_pause():
+    clock = ManualClock()
+    th = Throttle(clock=clock)
+    chat, app = Scope("chat:e", 1.0, burst=2), Scope("app", 0.5)
+    await th.reserve([chat, app])
+    with ending():
+        await th.reserve([chat, app])  # the app allows no burst: its slot comes at 0.5
+        assert clock.t == pytest.approx(0.5)
+        th.pause(chat.key, 3.0)
+        await th.reserve([chat])  # a 429 pause is waited out all the same
+        assert clock.t == pytest.approx(3.5)
 
 
 class StillClock(Clock):

@@ -42,7 +42,7 @@ async def test_stop_before_any_text_ends_the_working_card_with_the_stopped_notic
         feishu_bridge, fake_openai, fake_feishu):
     hold = asyncio.Event()
     fake_openai.script(Text("Never said", hold=hold, hold_after=0))
-    t = await feishu_bridge()
+    t = await feishu_bridge(core={"request_timeout": 30.0})  # the held request is not given up and tried again
     await t.say("tell me a story")
     await working_sign(t, fake_feishu)
     await t.say("/stop")
@@ -132,3 +132,15 @@ async def test_a_card_whose_streaming_feishu_closed_mid_turn_ends_showing_the_wh
     assert shown(fake_feishu) == [(f"{FIRST}\n\n{REST}", False)]  # each model request's text its own paragraph
     assert fake_feishu.count("message.reply") == 1
     assert card.config.get("summary", {}).get("content") == ""  # no "[…]" left in the chat list
+
+
+async def test_the_end_shows_at_once_not_at_the_chats_next_slot(feishu_bridge, fake_openai, fake_feishu):
+    """Live updates keep the chat's pace (one call per 30 s here, taken by opening the card); the end takes one
+    call ahead of it, so the card shows the whole answer, streaming off, as soon as the answer is written."""
+    rest = asyncio.Event()
+    fake_openai.script(Text(FIRST + REST, chunk_size=4, hold=rest, hold_after=28))
+    t = await feishu_bridge(stream_interval=30.0, core={"request_timeout": 30.0})
+    await t.say("capital of France?")
+    await t.wait_for(lambda: len(shown(fake_feishu)) == 1)  # the card is open
+    rest.set()
+    await t.wait_for(lambda: shown(fake_feishu) == [((FIRST + REST).strip(), False)], timeout=10)

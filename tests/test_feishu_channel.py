@@ -405,7 +405,8 @@ async def test_while_every_request_slot_is_taken_live_updates_are_left_out_and_t
     answer."""
     hold = asyncio.Event()
     fake_openai.script(Text(ANSWER, chunk_size=4, hold=hold, hold_after=30))
-    t = await bridge(core={"request_timeout": 30.0})  # the model's pause outlasts the set-up below
+    # the model's pause outlasts the set-up below, and the held requests outlast the waits for it
+    t = await bridge(core={"request_timeout": 30.0}, request_timeout=60.0)
     await t.say("capital of France?")
     await t.wait_for(lambda: fake.cards and next(iter(fake.cards.values())).text.startswith(ANSWER[:8]))
     api = t.channel.api

@@ -682,6 +682,24 @@ async def test_replies_in_two_channels_share_the_workspace_update_budget(tmp_pat
         await t.close()
 
 
+async def test_the_end_of_a_reply_shows_at_once_not_at_the_conversations_next_slot(tmp_path, fake_openai, slack):
+    # live updates keep the conversation's pace (one call per 30 s here); the end takes one call ahead of it,
+    # so the whole answer shows as soon as it is written, not an interval later
+    rest = asyncio.Event()
+    fake_openai.script(Text(ANSWER, chunk_size=4, hold=rest, hold_after=28))
+    t = await slack_harness(tmp_path, fake_openai, slack, "socket", chat_interval=30.0,
+                            core={"request_timeout": 30.0})
+    try:
+        await t.deliver(slack.user_message("capital of France?"))
+        await t.wait_for(lambda: slack.count("chat.postMessage") == 1)  # the first message shows the beginning
+        rest.set()
+        await t.wait_for(lambda: [m.shown for m in slack.messages("D0ALICE")] == [ANSWER], timeout=10)
+        assert [c.method for c in slack.calls if c.method in ("chat.postMessage", "chat.update")] == \
+            ["chat.postMessage", "chat.update"]
+    finally:
+        await t.close()
+
+
 # ---- acknowledged only once stored -------------------------------------------------------------------------
 
 

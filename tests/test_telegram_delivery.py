@@ -126,7 +126,8 @@ async def test_a_final_edit_that_keeps_failing_is_tried_three_times_then_replace
 
 
 async def test_a_retried_final_edit_waits_for_the_chats_next_slot(tmp_path, fake_openai, tg):
-    # a retry is a call like any other: it reaches the chat no sooner than edit_interval after the last one
+    # a retry is a call like any other: the end's one call ahead of the chat's pace went to the failed
+    # attempt, so the retry waits for the pace, edit_interval after the last live call
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
     t = await telegram_harness(tmp_path, fake_openai, tg, edit_interval=0.5)
     try:
@@ -136,7 +137,8 @@ async def test_a_retried_final_edit_waits_for_the_chats_next_slot(tmp_path, fake
         assert tg.visible(CHAT) == [SHOWN]
         failed, retried = final_edits(tg)
         assert failed.status == 502 and retried.status == 200
-        assert retried.at - failed.at >= 0.45
+        live = [c for c in tg.calls_to(CHAT, "sendMessage", "editMessageText") if c.at < failed.at]
+        assert retried.at - live[-1].at >= 0.45
     finally:
         await t.close()
 
@@ -377,6 +379,27 @@ async def test_the_model_is_asked_while_a_slow_typing_indicator_is_still_on_its_
         methods = [c.method for c in tg.calls_to(CHAT)]
         assert methods.index("sendChatAction") < methods.index("sendMessage")
         assert "sendChatAction" not in methods[methods.index("sendMessage"):]
+    finally:
+        await t.close()
+
+
+async def test_the_end_of_a_reply_shows_at_once_not_at_the_chats_next_slot(tmp_path, fake_openai, tg):
+    # live edits keep the chat's pace (one call per edit_interval, 30 s here); the end takes one call of the
+    # burst Telegram allows in a chat, so the whole answer shows as soon as it is written, not an interval
+    # later. The fake allows a burst of two calls in the chat and nothing more for a minute: a third 429s.
+    rest = asyncio.Event()
+    fake_openai.script(Text(ANSWER, chunk_size=4, hold=rest, hold_after=28))
+    tg.enforce_limits(per_chat=2, window=60.0, overall=100)
+    t = await telegram_harness(tmp_path, fake_openai, tg, edit_interval=30.0, core={"request_timeout": 30.0})
+    try:
+        tg.user_message("capital of France?")
+        await t.wait_for(lambda: tg.count("sendMessage") == 1)  # the first message shows the beginning
+        rest.set()
+        await t.wait_for(lambda: [m.text for m in tg.messages(CHAT)] == [SHOWN] and final_edits(tg), timeout=10)
+        await t.settle()
+        assert [c.method for c in tg.calls_to(CHAT, "sendMessage", "editMessageText")] == \
+            ["sendMessage", "editMessageText"]
+        assert tg.limited == 0
     finally:
         await t.close()
 

@@ -23,8 +23,9 @@ this is the rest of the ``TurnSink`` contract:
   flight lands first, so the ledger stays true), then core calls ``finish``, which closes a native stream
   and reconciles the formatted final rendering (plain text if the platform rejects the formatting).
 - Every call goes through ``Calls``: live updates are tried once (the next one repeats the whole state);
-  the final's calls are retried within the policy, each retry in its own pace slot; 429 pauses are the
-  throttle's. If the final still fails, previews that do not show their final form are deleted where the
+  the final's calls are retried within the policy, each retry in its own pace slot (the first of them may
+  use the scope's burst: ``throttle.ending``, so the end shows at once, not at the next slot); 429 pauses
+  are the throttle's. If the final still fails, previews that do not show their final form are deleted where the
   platform allows, so the core's single fallback (exactly the parts the ledger says are missing) leaves
   the chat showing the formatted answer once (``channels.common.ledger``).
 - Abort (core gave up waiting, or shutdown) stops at once and leaves the chat as it is: nothing is
@@ -63,7 +64,7 @@ from channels.common.ops import (
 from channels.common.reconciler import Reconciler
 from channels.common.splitter import Chunk, split
 from channels.common.status import status_lines
-from channels.common.throttle import Scope
+from channels.common.throttle import Scope, ending
 from core.agent.approvals import DENIED_BY_TIMEOUT, DENIED_BY_USER
 from core.channel import SinkError, TurnFeed
 from core.snapshot import ApprovalRequest, TurnSnapshot
@@ -278,6 +279,10 @@ class LiveSink:
             await self._flush(snap, urgent=urgent)
 
     async def finish(self, snapshot: TurnSnapshot) -> None:
+        with ending():  # the end takes the chat's burst, not its next slot
+            await self._finish(snapshot)
+
+    async def _finish(self, snapshot: TurnSnapshot) -> None:
         self._finishing = True
         self.final = True
         await self._typing_landed()

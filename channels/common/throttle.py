@@ -17,13 +17,22 @@ One ``Throttle`` per channel instance is shared by every sink and send of that c
 the same chat (two forum topics of one group) share that chat's budget. ``paused_total`` is the pause a
 scope has been under since the throttle first saw it, which lets a waiting caller stretch its own bound.
 The clock is injectable so tests can run long pauses on a virtual clock through the same code.
+
+The end of a turn does not wait for the next slot: a platform that allows short bursts (Telegram's "about
+one message a second" per chat) takes a call or two sooner than the pace, so calls made inside ``ending()``
+(the live sink's finish) may leave up to ``burst - 1`` intervals ahead of a scope's schedule, as a token
+bucket of ``burst`` calls refilled at the pace would allow, and push the schedule on by their interval like
+any call. Live updates never do: they keep the pace, so the bucket is full when the answer ends and the
+whole reply shows at once instead of up to an interval later.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 
@@ -44,6 +53,22 @@ class Scope:
 
     key: str
     interval: float = 0.0
+    burst: int = 1
+    """Calls the platform takes at once after a quiet spell; only calls inside ``ending()`` use more than one."""
+
+
+_ending: ContextVar[bool] = ContextVar("throttle_ending", default=False)
+
+
+@contextlib.contextmanager
+def ending() -> Iterator[None]:
+    """Calls made inside (in this task, and tasks it starts) show the end of a turn: they may use the
+    scopes' bursts."""
+    token = _ending.set(True)
+    try:
+        yield
+    finally:
+        _ending.reset(token)
 
 
 @dataclass(slots=True)
@@ -102,10 +127,12 @@ class Throttle:
         """Seconds until every scope has a free slot (pauses included); 0 when a call could go now."""
         now = self.clock.now()
         ready = now
+        early = _ending.get()
         for scope in scopes:
             pace = self._paces.get(scope.key)
             if pace is not None:
-                ready = max(ready, pace.next_slot, pace.paused_until)
+                ahead = (scope.burst - 1) * scope.interval if early else 0.0
+                ready = max(ready, pace.next_slot - ahead, pace.paused_until)
         return ready - now
 
     async def reserve(self, scopes: Sequence[Scope]) -> None:
@@ -119,8 +146,9 @@ class Throttle:
             booked: list[tuple[_Pace, float, float, float]] = []
             for scope in scopes:
                 pace = self._pace(scope.key)
-                booked.append((pace, pace.next_slot, start + scope.interval, pace.moved))
-                pace.next_slot = start + scope.interval
+                mine = max(pace.next_slot, start) + scope.interval
+                booked.append((pace, pace.next_slot, mine, pace.moved))
+                pace.next_slot = mine
             try:
                 late = await self._until(start, booked)
             except asyncio.CancelledError:

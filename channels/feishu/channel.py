@@ -110,6 +110,10 @@ WORKING_SIGN_DELAY = 0.25
 """Seconds a turn's card (its working sign) waits before it opens, unless text comes first: lark-oapi builds a
 new HTTP client (a TLS context with the CA bundle) for every request, 30-50 ms of CPU in the event loop, which
 the model's request would otherwise wait behind. A quarter of a second later is not a wait anyone sees."""
+CHAT_BURST = 2
+"""Calls a chat takes at once: its pace (``stream_interval_ms``) is the bridge's own, under what Feishu allows a
+chat (5 sends a second, more updates to a card); the end of a turn uses one call of it (``throttle.ending``), so
+the whole reply shows without waiting for the next slot."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,12 +381,16 @@ class FeishuChannel:
         sink.start_typing(delay=WORKING_SIGN_DELAY)
         return sink
 
+    def chat_scope(self, dest: Destination) -> Scope:
+        """A chat's budget: one call per ``stream_interval``, the end of a turn one sooner."""
+        return Scope(dest.key, self.stream_interval, CHAT_BURST)
+
     async def send_plain(self, target: TurnTarget, text: str) -> None:
         """One ordinary reply (as post messages, split under Feishu's 30 KB; plain text if refused). Each part
         is one call under the policy, with its own uuid, so a retried part never posts twice."""
         dest = Destination.of(target)
         ops = FeishuOps(self, dest)
-        scopes = (Scope(dest.key, self.stream_interval),)
+        scopes = (self.chat_scope(dest),)
         for source in render.post_sources(text) if text.strip() else []:
             key = secrets.token_hex(16)
             try:

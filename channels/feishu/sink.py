@@ -180,7 +180,7 @@ class FeishuOps:
         self.dest = dest
         self.capabilities = Capabilities(limit=render.CARD_PART_BYTES, unit="bytes", measure=render.card_measure,
                                          can_delete=True, idempotent_sends=True, native_stream=True)
-        self.scopes: tuple[Scope, ...] = (Scope(dest.key, channel.stream_interval),)
+        self.scopes: tuple[Scope, ...] = (channel.chat_scope(dest),)
         self.send_scopes = (Scope("app:send", 1 / channel.settings.app_sends_per_second),)
         """The app's budget of sends, shared by every chat (taken when a send goes out, retries included)."""
         self.cards: dict[str, CardState] = {}

@@ -57,6 +57,12 @@ class SlackCallError(PlatformError):
         self.slack_error = slack_error
 
 
+CHAT_BURST = 2
+"""Calls a channel takes at once: its pace (``update_interval_ms``) is the bridge's own, Slack limits updates per
+workspace and allows chat.postMessage short bursts over one a second; the end of a turn uses one call of it
+(``throttle.ending``), so the whole reply shows without waiting for the next slot."""
+
+
 class SlackApi:
     def __init__(self, client: AsyncWebClient, calls: Calls, *, chat_interval: float,
                  workspace_interval: float) -> None:
@@ -68,7 +74,7 @@ class SlackApi:
         """Set once ``auth.test`` answered: names the workspace scope."""
 
     def chat_scope(self, channel: str) -> Scope:
-        return Scope(f"chat:{channel}", self.chat_interval)
+        return Scope(f"chat:{channel}", self.chat_interval, CHAT_BURST)
 
     def workspace_scope(self) -> Scope:
         return Scope(f"workspace:{self.team_id or 'default'}", self.workspace_interval)

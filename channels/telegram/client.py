@@ -47,6 +47,11 @@ _NOT_FOUND = ("message to edit not found", "message to delete not found", "messa
 _FORMAT = ("can't parse entities", "entity", "entities")
 
 
+CHAT_BURST = 2
+"""Calls a chat takes at once: Telegram allows short bursts over its one message a second in a chat, and the end
+of a turn uses one call of it (``throttle.ending``), so the whole reply shows without waiting for the next slot."""
+
+
 class TelegramClient:
     def __init__(self, bot: Bot, calls: Calls, *, chat_interval: float, bot_sends_per_second: float) -> None:
         self.bot = bot
@@ -64,7 +69,7 @@ class TelegramClient:
 
     def scope(self, chat: str) -> Scope:
         """A chat's budget: one call per ``chat_interval``."""
-        return Scope(f"chat:{chat}", self.chat_interval)
+        return Scope(f"chat:{chat}", self.chat_interval, CHAT_BURST)
 
     def scopes(self, chat: str, method: TelegramMethod[Any]) -> tuple[Scope, ...]:
         """What a call of ``method`` to ``chat`` counts against: the chat, and the bot's sends for a new

@@ -8,8 +8,9 @@ measured:
 
 - product: ``chatbridge run`` with a generated config (SQLite, core, the channel, its SDK);
 - minimal: the floor, receive → stream from the same model fake (the same ``openai`` SDK call) →
-  send/edit through the same throttle (``channels.common.throttle``, the same scopes and intervals) with
-  the same SDK, and nothing else: no persistence, no core, no formatting.
+  send/edit through the same throttle (``channels.common.throttle``, the same scopes, intervals and bursts;
+  the end takes the chat's burst as the product's does) with the same SDK, and nothing else: no
+  persistence, no core, no formatting.
 
 Each pipeline gets ``--chats`` chats that each send one message at once; a turn's latency runs from the
 message being available to the bridge (queued on the platform, or posted) to the whole reply being visible on
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import random
@@ -546,15 +548,21 @@ class Minimal:
         newest text if it changed (as the live sink pulls the newest snapshot when its slot comes)."""
         import openai
 
+        from channels.common.throttle import ending
+
         body = {"model": "bench", "messages": [{"role": "user", "content": text}], "stream": True}
         chunks = await self.llm.post("/chat/completions", body=body, cast_to=object, stream=True,
                                      stream_cls=openai.AsyncStream[object])
         parts: list[str] = []
         shown = ""
+        sending = False
+        """A flush got its slot (it is no longer only waiting for it)."""
 
         async def flush() -> None:
-            nonlocal shown
+            nonlocal shown, sending
+            sending = False
             await self.throttle.reserve(scopes)
+            sending = True
             whole = "".join(parts)
             if whole != shown:
                 await send(whole)
@@ -568,10 +576,14 @@ class Minimal:
                     parts.append(content)
             if parts and (flushing is None or flushing.done()) and (shown or sum(map(len, parts)) >= self.gate):
                 flushing = asyncio.ensure_future(flush())
+        if flushing is not None and not flushing.done() and not sending:
+            flushing.cancel()  # still waiting for the next slot: the end goes at once instead, as the product's
         if flushing is not None:
-            await flushing
+            with contextlib.suppress(asyncio.CancelledError):
+                await flushing
         if "".join(parts) != shown:
-            await flush()
+            with ending():  # the end takes the chat's burst, as the live sink's finish does
+                await flush()
 
     async def run(self) -> str:
         raise NotImplementedError
@@ -588,6 +600,7 @@ class MinimalTelegram(Minimal):
 
         from channels.common.throttle import Scope
         from channels.telegram.channel import BOT_SENDS_PER_SECOND
+        from channels.telegram.client import CHAT_BURST
         from channels.telegram.factory import make_bot
 
         bot = make_bot(self.fake["token"], self.fake["url"])
@@ -596,7 +609,7 @@ class MinimalTelegram(Minimal):
 
         async def call(chat: int, method: Any) -> Any:
             send = isinstance(method, SendMessage)
-            scope = (Scope(f"chat:{chat}", 1.0),)
+            scope = (Scope(f"chat:{chat}", 1.0, CHAT_BURST),)
             for _ in range(20):
                 try:
                     return await (sender if send else bot)(method)
@@ -619,7 +632,7 @@ class MinimalTelegram(Minimal):
                         await call(chat, EditMessageText(chat_id=chat, message_id=shown[i][0], text=piece))
                         shown[i] = (shown[i][0], piece)
 
-            await self.stream("go", (Scope(f"chat:{chat}", 1.0),), show)
+            await self.stream("go", (Scope(f"chat:{chat}", 1.0, CHAT_BURST),), show)
 
         async def poll() -> None:
             offset = None
@@ -649,12 +662,13 @@ class MinimalSlack(Minimal):
         from slack_sdk.web.async_client import AsyncWebClient
 
         from channels.common.throttle import Scope
+        from channels.slack.client import CHAT_BURST
 
         web = AsyncWebClient(token=self.fake["bot_token"], base_url=self.fake["url"])
         workspace = Scope("workspace", 60.0 / SLACK_UPDATES_PER_MINUTE)
 
         async def call(channel: str, method: str, **kw: Any) -> Any:
-            scopes = (Scope(f"chat:{channel}", 1.0), workspace)
+            scopes = (Scope(f"chat:{channel}", 1.0, CHAT_BURST), workspace)
             for _ in range(20):
                 try:
                     return await web.api_call(method, json={"channel": channel, **kw})
@@ -675,7 +689,7 @@ class MinimalSlack(Minimal):
                 else:
                     await call(channel, "chat.update", ts=ts, text=whole[:4000])
 
-            await self.stream("go", (Scope(f"chat:{channel}", 1.0), workspace), show)
+            await self.stream("go", (Scope(f"chat:{channel}", 1.0, CHAT_BURST), workspace), show)
 
         async def on_request(client: SocketModeClient, req: SocketModeRequest) -> None:
             await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
@@ -705,13 +719,14 @@ class MinimalFeishu(Minimal):
         )
 
         from channels.common.throttle import Scope
+        from channels.feishu.channel import CHAT_BURST
 
         app_sends = (Scope("app:send", 1 / 50),)
         client = (lark.Client.builder().app_id(self.fake["app_id"]).app_secret(self.fake["app_secret"])
                   .domain(self.fake["url"]).log_level(lark.LogLevel.ERROR).build())
 
         async def answer(chat: str, message_id: str) -> None:
-            scope = (Scope(f"chat:{chat}", 0.5),)
+            scope = (Scope(f"chat:{chat}", 0.5, CHAT_BURST),)
             sent: str | None = None
 
             async def call(request: Callable[[], Awaitable[Any]]) -> Any:
