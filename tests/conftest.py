@@ -107,9 +107,11 @@ async def fake_feishu() -> AsyncIterator[FakeFeishu]:
 
 
 @pytest.fixture
-async def feishu_bridge(tmp_path: Path, fake_openai: FakeOpenAI, fake_feishu: FakeFeishu) -> AsyncIterator[Any]:
-    """Makes a bridge serving ``fake_feishu`` over its long connection (``harnesses``' maker)."""
-    async with feishu_harnesses("websocket", tmp_path, fake_openai, fake_feishu) as make:
+async def feishu_bridge(request: pytest.FixtureRequest, tmp_path: Path, fake_openai: FakeOpenAI,
+                        fake_feishu: FakeFeishu) -> AsyncIterator[Any]:
+    """Makes a bridge serving ``fake_feishu`` over its long connection (``harnesses``' maker), or in the mode
+    it is parametrised with (``every_mode``)."""
+    async with feishu_harnesses(getattr(request, "param", "websocket"), tmp_path, fake_openai, fake_feishu) as make:
         yield make
 
 from tests.support.postgres import PostgresCluster, running_cluster  # noqa: E402

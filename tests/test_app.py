@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import sys
 
 import aiohttp
@@ -12,12 +11,7 @@ import aiohttp
 from bridge.app import run_app
 from bridge.config import load_config
 from bridge.logs import SecretRedactor
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.ports import free_port
 
 
 def write_config(tmp_path, body: str):

@@ -48,8 +48,8 @@ from tests.support.platforms import (
     WebPlatform,
     feishu_fakes,
 )
+from tests.support.ports import free_port
 from tests.support.process import BridgeProcess, wait_for
-from tests.test_app import free_port
 
 GROUP = -100777
 KILL_POINTS = ("stream", "approval", "queued")

@@ -20,7 +20,6 @@ from channels.slack.render import safe_mrkdwn
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.feishu.harness import CHAT as FEISHU_CHAT
 from tests.fakes.openai_server import Text
-from tests.fakes.slack import FakeSlack
 from tests.fakes.slack.harness import slack_harness
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
@@ -42,12 +41,6 @@ def squash(text: str) -> str:
 @pytest.fixture
 async def tg() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram() as fake:
-        yield fake
-
-
-@pytest.fixture
-async def slack() -> AsyncIterator[FakeSlack]:
-    async with FakeSlack() as fake:
         yield fake
 
 
@@ -149,42 +142,42 @@ async def test_feishu_a_card_that_shows_the_beginning_gets_only_the_rest_when_th
 
 
 async def test_slack_a_preview_that_shows_the_whole_answer_gets_no_fallback_when_the_wait_runs_out(
-        tmp_path, fake_openai, slack):
+        tmp_path, fake_openai, fake_slack):
     # Streaming by updates: the preview shows the whole answer as mrkdwn; the final update (the Markdown
     # block) is held past the delivery wait.
     hold = asyncio.Event()
     fake_openai.script(Text(FORMATTED, chunk_size=4, delay=0.01, hold=hold, hold_after=len(FORMATTED)))
-    t = await slack_harness(tmp_path, fake_openai, slack, core=WAIT, call_timeout=30)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, core=WAIT, call_timeout=30)
     try:
-        slack.fail("chat.update", hang=HELD, when=lambda p: bool(p.get("blocks")), times=100)
-        await t.deliver(slack.user_message("capital of France?"))
-        await t.wait_for(lambda: slack.visible("D0ALICE") == [safe_mrkdwn(FORMATTED)])
+        fake_slack.fail("chat.update", hang=HELD, when=lambda p: bool(p.get("blocks")), times=100)
+        await t.deliver(fake_slack.user_message("capital of France?"))
+        await t.wait_for(lambda: fake_slack.visible("D0ALICE") == [safe_mrkdwn(FORMATTED)])
         hold.set()
         await t.settle()
-        assert slack.visible("D0ALICE") == [safe_mrkdwn(FORMATTED)]
-        assert slack.count("chat.postMessage") == 1  # the preview; no fallback
+        assert fake_slack.visible("D0ALICE") == [safe_mrkdwn(FORMATTED)]
+        assert fake_slack.count("chat.postMessage") == 1  # the preview; no fallback
     finally:
         await t.close()
 
 
 async def test_slack_a_native_stream_that_shows_the_beginning_gets_only_the_rest_when_the_wait_runs_out(
-        tmp_path, fake_openai, slack):
+        tmp_path, fake_openai, fake_slack):
     # A native stream shows the first words; every later call on its message is held past the delivery
     # wait. The stream's message stays, and the fallback below it carries the rest.
     hold = asyncio.Event()
     fake_openai.script(Text(PLAIN, chunk_size=4, delay=0.01, hold=hold, hold_after=BEGINNING))
-    t = await slack_harness(tmp_path, fake_openai, slack, core=WAIT, call_timeout=30, stream_transport="native")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, core=WAIT, call_timeout=30, stream_transport="native")
     try:
-        body = slack.user_message("capital of France?")
+        body = fake_slack.user_message("capital of France?")
         thread = body["event"]["ts"]
         await t.deliver(body)
-        await t.wait_for(lambda: slack.visible("D0ALICE", thread_ts=thread) == [PLAIN[:BEGINNING]])
-        [streamed] = slack.visible("D0ALICE", thread_ts=thread)
+        await t.wait_for(lambda: fake_slack.visible("D0ALICE", thread_ts=thread) == [PLAIN[:BEGINNING]])
+        [streamed] = fake_slack.visible("D0ALICE", thread_ts=thread)
         for method in ("chat.appendStream", "chat.stopStream", "chat.update"):  # the live append or the end
-            slack.fail(method, hang=HELD, times=100)
+            fake_slack.fail(method, hang=HELD, times=100)
         hold.set()
         await t.settle()
-        shown = slack.visible("D0ALICE", thread_ts=thread)
+        shown = fake_slack.visible("D0ALICE", thread_ts=thread)
         assert shown[0] == streamed and len(shown) == 2, shown
         assert squash("".join(shown)) == squash(PLAIN)  # every word once
     finally:

@@ -17,7 +17,7 @@ import aiohttp
 
 from bridge.cli import main
 from bridge.exit_codes import ExitCode
-from tests.test_app import free_port
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,6 @@ the decided replacement removes the buttons, and a press parses back into who de
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import lark_oapi as lark
 import pytest
@@ -31,12 +30,6 @@ from channels.feishu.approvals import (
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.feishu.events import card_action_event
 from tests.fakes.feishu.openapi import card_buttons, card_text
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeFeishu]:
-    async with FakeFeishu() as f:
-        yield f
 
 
 def sdk(fake: FakeFeishu) -> lark.Client:
@@ -71,8 +64,8 @@ def test_values_and_refs_are_checked():
         element_ids("way_too_long_ref_1")
 
 
-async def test_cardkit_accepts_the_request_and_the_decided_update_removes_the_buttons(fake):
-    client = sdk(fake)
+async def test_cardkit_accepts_the_request_and_the_decided_update_removes_the_buttons(fake_feishu):
+    client = sdk(fake_feishu)
     card = approval_card("r3", "current_time", "{}", "Alice")
     body = CreateCardRequestBody.builder().type("card_json").data(json.dumps(card)).build()
     created = await client.cardkit.v1.card.acreate(CreateCardRequest.builder().request_body(body).build())
@@ -86,8 +79,8 @@ async def test_cardkit_accepts_the_request_and_the_decided_update_removes_the_bu
     resp = await client.cardkit.v1.card.abatch_update(
         BatchUpdateCardRequest.builder().card_id(card_id).request_body(update).build())
     assert resp.code == 0, resp.msg
-    assert fake.cards[card_id].buttons == []
-    assert fake.cards[card_id].text.endswith("✅ Allowed by Alice")
+    assert fake_feishu.cards[card_id].buttons == []
+    assert fake_feishu.cards[card_id].text.endswith("✅ Allowed by Alice")
 
 
 def test_a_press_parses_into_operator_message_and_decision():

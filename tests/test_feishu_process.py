@@ -18,8 +18,8 @@ from tests.fakes.feishu.harness import CHAT, KEY, TOKEN
 from tests.fakes.feishu.openapi import card_buttons
 from tests.fakes.openai_server import FakeOpenAI, Text, ToolCalls
 from tests.support.platforms import one_origin
+from tests.support.ports import free_port
 from tests.support.process import BridgeProcess, open_approvals
-from tests.test_app import free_port
 
 
 def config(tmp_path: Path, llm: str, port: int, feishu: str) -> Path:

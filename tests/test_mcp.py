@@ -15,6 +15,7 @@ import pytest
 from core.supervisor import TaskSupervisor
 from core.tools.base import ToolContext, ToolRegistry
 from core.tools.mcp import McpManager, McpServerConfig, McpToolError, McpToolSource, result_text
+from tests.support.ports import free_port
 
 ECHO_SERVER = Path(__file__).parent / "mcp_servers" / "echo_server.py"
 CTX = ToolContext(session_key="s", turn_id="t", call_id="c")
@@ -266,11 +267,7 @@ async def test_streamable_http_results_are_bounded(http_server: str) -> None:
 
 
 async def test_http_refused_connection_is_reported() -> None:
-    import socket
-
-    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # a port that was free a moment ago: nothing listens there
     manager = McpManager()
     failures = await manager.start([McpServerConfig(name="gone", url=f"http://127.0.0.1:{port}/mcp?token=qs-9",
                                                     startup_timeout=5)])

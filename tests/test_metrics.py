@@ -13,7 +13,8 @@ from bridge.config import load_config
 from tests.fakes.openai_server import HttpError, Text
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
-from tests.test_app import free_port, write_config
+from tests.support.ports import free_port
+from tests.test_app import write_config
 
 CHAT = 555
 ANSWER = "The capital of France is **Paris**."

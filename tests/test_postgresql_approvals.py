@@ -30,9 +30,9 @@ from tests.fakes.openai_server import FakeOpenAI, Text, ToolCalls
 from tests.fakes.slack.sender import EventSender
 from tests.fakes.slack.server import FakeSlack
 from tests.fakes.telegram import FakeTelegram
+from tests.support.ports import free_port
 from tests.support.postgres import PostgresCluster
 from tests.support.process import BridgeProcess, postgresql_config, wait_for
-from tests.test_app import free_port
 
 ASK = '[agent]\ntitles = false\ntool_approval = { current_time = "ask" }\n'
 RESTARTED = "⛔ Denied: the bridge restarted."

@@ -10,9 +10,9 @@ from pathlib import Path
 import aiohttp
 
 from tests.fakes.openai_server import FakeOpenAI, Text
+from tests.support.ports import free_port
 from tests.support.postgres import PostgresCluster
 from tests.support.process import BridgeProcess, get_json, postgresql_config, wait_for
-from tests.test_app import free_port
 
 
 async def waiting_for_the_migration_lock(dsn: str) -> int:

@@ -10,15 +10,11 @@ from typing import Any
 
 import pytest
 
-from core.messages import MessageSource, NewMessage
 from core.store import StoreError
 from tests.support.postgres import PostgresCluster
+from tests.support.store import user
 
 KEY = "web:s1"
-
-
-def user(text: str) -> NewMessage:
-    return NewMessage(role="user", content=text, source=MessageSource(kind="user_input"))
 
 
 async def waiting_for_a_lock(conn: Any) -> bool:

@@ -30,9 +30,9 @@ from channels.telegram.settings import WEBHOOK_PATH
 from tests.fakes.openai_server import FakeOpenAI, Function, Text, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import TelegramHarness, telegram_harness
+from tests.support.ports import free_port
 from tests.support.postgres import PostgresCluster
 from tests.support.process import BridgeProcess, fetched_past, postgresql_config, wait_for
-from tests.test_app import free_port
 
 
 @pytest.fixture

@@ -77,7 +77,8 @@ def _routes(app: web.Application) -> set[tuple[str, str]]:
 
 
 async def test_every_route_is_classified(tmp_path, fake_openai, tg) -> None:
-    from tests.support.bridge_process import ENV, config_text, free_port
+    from tests.support.bridge_process import ENV, config_text
+    from tests.support.ports import free_port
 
     path = tmp_path / "c.toml"
     path.write_text(config_text(tmp_path, fake_openai, tg, free_port()))

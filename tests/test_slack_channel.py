@@ -25,27 +25,21 @@ ANSWER = "The capital of France is **Paris**, a city on the Seine."
 MODES = pytest.mark.parametrize("mode", ["socket", "http"])
 
 
-@pytest.fixture
-async def slack():
-    async with FakeSlack() as fake:
-        yield fake
-
-
 @MODES
-async def test_a_dm_is_answered_once_with_the_formatted_answer(tmp_path, fake_openai, slack, mode):
+async def test_a_dm_is_answered_once_with_the_formatted_answer(tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        d = await t.deliver(slack.user_message("capital of France?"))
+        d = await t.deliver(fake_slack.user_message("capital of France?"))
         assert d.acked
         await t.settle()
-        [msg] = slack.messages("D0ALICE")
+        [msg] = fake_slack.messages("D0ALICE")
         assert msg.thread_ts is None  # a DM's top-level message is answered at the top level
         assert msg.shown == ANSWER  # the markdown block: Slack renders the Markdown itself
         assert msg.text == "The capital of France is *Paris*, a city on the Seine."  # mrkdwn fallback
-        assert slack.count("chat.postMessage") == 1
-        assert not any(m.reactions for m in slack.channels["D0ALICE"].values())  # thinking reaction removed
-        assert slack.count("reactions.add") == 1
+        assert fake_slack.count("chat.postMessage") == 1
+        assert not any(m.reactions for m in fake_slack.channels["D0ALICE"].values())  # thinking reaction removed
+        assert fake_slack.count("reactions.add") == 1
     finally:
         await t.close()
 
@@ -63,50 +57,51 @@ def replies_in(slack: FakeSlack, channel: str, thread_ts=...) -> list[str]:
 
 
 @MODES
-async def test_a_redelivered_event_gets_one_reply_also_after_a_restart(tmp_path, fake_openai, slack, mode):
+async def test_a_redelivered_event_gets_one_reply_also_after_a_restart(tmp_path, fake_openai, fake_slack, mode):
     """HTTP: a retry with X-Slack-Retry-Num: 1 and the same event_id; Socket Mode: the same envelope again."""
     fake_openai.script(Text(ANSWER))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
-    body = slack.user_message("capital of France?")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
+    body = fake_slack.user_message("capital of France?")
     try:
         first = await t.deliver(body)
         again = await t.redeliver(first, body)
         assert first.acked and again.acked
         await t.settle()
-        assert replies_in(slack, "D0ALICE") == [ANSWER]
+        assert replies_in(fake_slack, "D0ALICE") == [ANSWER]
         assert len(fake_openai.requests) == 1
     finally:
         await t.close()
     platform = t.h.platform
-    t = await slack_harness(tmp_path, fake_openai, slack, mode, platform=platform)  # same database
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, platform=platform)  # same database
     try:
         again = await t.redeliver(first, body)
         assert again.acked
         await t.settle()
-        assert replies_in(slack, "D0ALICE") == [ANSWER]
+        assert replies_in(fake_slack, "D0ALICE") == [ANSWER]
         assert len(fake_openai.requests) == 1  # the model was not asked again
     finally:
         await t.close()
 
 
 @MODES
-async def test_a_channel_mention_delivered_twice_is_answered_once_in_its_thread(tmp_path, fake_openai, slack, mode):
+async def test_a_channel_mention_delivered_twice_is_answered_once_in_its_thread(
+        tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text(ANSWER))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        as_mention, as_message = slack.mention("capital of France?")
+        as_mention, as_message = fake_slack.mention("capital of France?")
         assert as_mention["event_id"] != as_message["event_id"]
         ts = as_mention["event"]["ts"]
         assert (await t.deliver(as_mention)).acked
         assert (await t.deliver(as_message)).acked
         await t.settle()
-        assert replies_in(slack, "C0GENERAL", ts) == [ANSWER]  # in a thread rooted at the mention
-        assert replies_in(slack, "C0GENERAL", None) == []
+        assert replies_in(fake_slack, "C0GENERAL", ts) == [ANSWER]  # in a thread rooted at the mention
+        assert replies_in(fake_slack, "C0GENERAL", None) == []
         assert len(fake_openai.requests) == 1
         assert said(fake_openai.requests[0]["messages"][-1]) == "capital of France?"  # mention stripped
     finally:
         await t.close()
-    t = await slack_harness(tmp_path, fake_openai, slack, mode, platform=t.h.platform)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, platform=t.h.platform)
     try:  # the second event arriving only after a restart is still recognised
         assert (await t.deliver(as_message)).acked
         await t.settle()
@@ -119,14 +114,14 @@ async def test_a_channel_mention_delivered_twice_is_answered_once_in_its_thread(
 
 
 @pytest.mark.parametrize("fault", ["bad", "missing", "old"])
-async def test_an_unsigned_or_stale_request_is_refused_and_reaches_no_model(tmp_path, fake_openai, slack, fault):
+async def test_an_unsigned_or_stale_request_is_refused_and_reaches_no_model(tmp_path, fake_openai, fake_slack, fault):
     import time as _time
 
     fake_openai.script(Text(ANSWER))
-    t = await slack_harness(tmp_path, fake_openai, slack, "http")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "http")
     try:
         assert t.sender is not None
-        body = slack.user_message("capital of France?")
+        body = fake_slack.user_message("capital of France?")
         if fault == "old":
             sent = await t.sender.event(body, timestamp=int(_time.time()) - 6 * 60)
         else:
@@ -134,17 +129,17 @@ async def test_an_unsigned_or_stale_request_is_refused_and_reaches_no_model(tmp_
         assert sent.status == 401
         await t.settle()
         assert fake_openai.requests == []
-        assert replies_in(slack, "D0ALICE") == []
+        assert replies_in(fake_slack, "D0ALICE") == []
         ok = await t.sender.event(body)  # the same request, signed now: accepted
         assert ok.status == 200
         await t.settle()
-        assert replies_in(slack, "D0ALICE") == [ANSWER]
+        assert replies_in(fake_slack, "D0ALICE") == [ANSWER]
     finally:
         await t.close()
 
 
-async def test_url_verification_is_answered(tmp_path, fake_openai, slack):
-    t = await slack_harness(tmp_path, fake_openai, slack, "http")
+async def test_url_verification_is_answered(tmp_path, fake_openai, fake_slack):
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "http")
     try:
         assert t.sender is not None
         sent = await t.sender.url_verification("c-123")
@@ -158,18 +153,18 @@ async def test_url_verification_is_answered(tmp_path, fake_openai, slack):
 
 @MODES
 async def test_a_thread_follow_up_without_mention_continues_the_thread_and_its_session(
-        tmp_path, fake_openai, slack, mode):
+        tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text("Paris."), Text("About two million people."))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        as_mention, _ = slack.mention("capital of France?")
+        as_mention, _ = fake_slack.mention("capital of France?")
         root = as_mention["event"]["ts"]
         await t.deliver(as_mention)
         await t.settle()
-        follow = slack.user_message("and how many live there?", channel="C0GENERAL", thread_ts=root)
+        follow = fake_slack.user_message("and how many live there?", channel="C0GENERAL", thread_ts=root)
         assert (await t.deliver(follow)).acked
         await t.settle()
-        assert replies_in(slack, "C0GENERAL", root) == ["Paris.", "About two million people."]
+        assert replies_in(fake_slack, "C0GENERAL", root) == ["Paris.", "About two million people."]
         second = fake_openai.requests[1]["messages"]
         assert [said(m) for m in second if m["role"] != "system"] == [
             "capital of France?", "Paris.", "and how many live there?"]  # the same session
@@ -178,42 +173,42 @@ async def test_a_thread_follow_up_without_mention_continues_the_thread_and_its_s
 
 
 @MODES
-async def test_channel_messages_without_mention_bots_and_edits_are_ignored(tmp_path, fake_openai, slack, mode):
+async def test_channel_messages_without_mention_bots_and_edits_are_ignored(tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text(ANSWER))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        plain = slack.user_message("just chatting", channel="C0GENERAL")
-        thread = slack.user_message("in someone else's thread", channel="C0GENERAL",
+        plain = fake_slack.user_message("just chatting", channel="C0GENERAL")
+        thread = fake_slack.user_message("in someone else's thread", channel="C0GENERAL",
                                     thread_ts=plain["event"]["ts"])
-        edit = slack.edit_event("C0GENERAL", plain["event"]["ts"], "edited")
-        slack.add_user("U0OTHERBOT", "otherbot", "Other Bot", is_bot=True, bot_id="B0OTHER")
-        other_bot = slack.event_callback({"type": "message", "channel": "D0ALICE", "channel_type": "im",
+        edit = fake_slack.edit_event("C0GENERAL", plain["event"]["ts"], "edited")
+        fake_slack.add_user("U0OTHERBOT", "otherbot", "Other Bot", is_bot=True, bot_id="B0OTHER")
+        other_bot = fake_slack.event_callback({"type": "message", "channel": "D0ALICE", "channel_type": "im",
                                           "user": "U0OTHERBOT", "bot_id": "B0OTHER", "text": "beep",
-                                          "ts": slack.next_ts()})
-        own = slack.bot_echo(Message("D0ALICE", slack.next_ts(), "my own words", user=slack.bot_user_id,
-                                     bot_id=slack.bot_id))
+                                          "ts": fake_slack.next_ts()})
+        own = fake_slack.bot_echo(Message("D0ALICE", fake_slack.next_ts(), "my own words", user=fake_slack.bot_user_id,
+                                     bot_id=fake_slack.bot_id))
         for body in (plain, thread, edit, other_bot, own):
             assert (await t.deliver(body)).acked  # acknowledged, so Slack does not deliver them again
         await t.settle()
         assert fake_openai.requests == []
-        assert slack.count("chat.postMessage") == 0
+        assert fake_slack.count("chat.postMessage") == 0
     finally:
         await t.close()
 
 
-async def test_group_policy_all_answers_channel_messages_and_off_ignores_mentions(tmp_path, fake_openai, slack):
+async def test_group_policy_all_answers_channel_messages_and_off_ignores_mentions(tmp_path, fake_openai, fake_slack):
     fake_openai.script(Text(ANSWER))
-    t = await slack_harness(tmp_path, fake_openai, slack, "socket", group_policy="all")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", group_policy="all")
     try:
-        body = slack.user_message("capital of France?", channel="C0GENERAL")
+        body = fake_slack.user_message("capital of France?", channel="C0GENERAL")
         await t.deliver(body)
         await t.settle()
-        assert replies_in(slack, "C0GENERAL", body["event"]["ts"]) == [ANSWER]
+        assert replies_in(fake_slack, "C0GENERAL", body["event"]["ts"]) == [ANSWER]
     finally:
         await t.close()
-    t = await slack_harness(tmp_path / "off", fake_openai, slack, "socket", group_policy="off")
+    t = await slack_harness(tmp_path / "off", fake_openai, fake_slack, "socket", group_policy="off")
     try:
-        mention, _ = slack.mention("capital of France?")
+        mention, _ = fake_slack.mention("capital of France?")
         await t.deliver(mention)
         await t.settle()
         assert len(fake_openai.requests) == 1
@@ -221,16 +216,16 @@ async def test_group_policy_all_answers_channel_messages_and_off_ignores_mention
         await t.close()
 
 
-async def test_allow_from_by_username_lets_alice_in_and_keeps_bob_out(tmp_path, fake_openai, slack):
+async def test_allow_from_by_username_lets_alice_in_and_keeps_bob_out(tmp_path, fake_openai, fake_slack):
     fake_openai.script(Text(ANSWER))
-    t = await slack_harness(tmp_path, fake_openai, slack, "socket", allow_from=("@alice",))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", allow_from=("@alice",))
     try:
-        await t.deliver(slack.user_message("hello from bob", channel="D0BOB", user="U0BOB"))
-        await t.deliver(slack.user_message("capital of France?"))
+        await t.deliver(fake_slack.user_message("hello from bob", channel="D0BOB", user="U0BOB"))
+        await t.deliver(fake_slack.user_message("capital of France?"))
         await t.settle()
         assert len(fake_openai.requests) == 1
         assert said(fake_openai.requests[0]["messages"][-1]) == "capital of France?"
-        assert replies_in(slack, "D0BOB") == []
+        assert replies_in(fake_slack, "D0BOB") == []
     finally:
         await t.close()
 
@@ -239,23 +234,23 @@ async def test_allow_from_by_username_lets_alice_in_and_keeps_bob_out(tmp_path, 
 
 
 @MODES
-async def test_commands_as_message_text_in_a_dm_and_as_a_mention_in_a_thread(tmp_path, fake_openai, slack, mode):
+async def test_commands_as_message_text_in_a_dm_and_as_a_mention_in_a_thread(tmp_path, fake_openai, fake_slack, mode):
     hold = asyncio.Event()
     fake_openai.script(Text("Counting " + "one two three " * 50, hold=hold, hold_after=30))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        await t.deliver(slack.user_message("help"))
+        await t.deliver(fake_slack.user_message("help"))
         await t.settle()
-        assert "/stop" in replies_in(slack, "D0ALICE")[-1]  # the command list
-        mention, _ = slack.mention("count to a thousand")
+        assert "/stop" in replies_in(fake_slack, "D0ALICE")[-1]  # the command list
+        mention, _ = fake_slack.mention("count to a thousand")
         root = mention["event"]["ts"]
         await t.deliver(mention)
-        await t.wait_for(lambda: replies_in(slack, "C0GENERAL", root))
-        stop, _ = slack.mention("stop", thread_ts=root)
+        await t.wait_for(lambda: replies_in(fake_slack, "C0GENERAL", root))
+        stop, _ = fake_slack.mention("stop", thread_ts=root)
         assert (await t.deliver(stop)).acked
         await t.settle()
         assert len(fake_openai.requests) == 1  # "stop" was not sent to the model
-        assert replies_in(slack, "C0GENERAL", root) == ["Counting one two three one two\n\n⏹ Stopped."]
+        assert replies_in(fake_slack, "C0GENERAL", root) == ["Counting one two three one two\n\n⏹ Stopped."]
     finally:
         hold.set()
         await t.close()
@@ -272,58 +267,58 @@ def approval_messages(slack: FakeSlack, channel: str) -> list:
 
 @MODES
 async def test_the_requester_allows_a_stranger_is_refused_and_a_late_press_is_no_longer_pending(
-        tmp_path, fake_openai, slack, mode):
+        tmp_path, fake_openai, fake_slack, mode):
     tool = RecordingTool("lookup", result="42 apples")
     fake_openai.script(ASK, Text("You have 42 apples."))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode, core={"tools": registry(tool)})
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, core={"tools": registry(tool)})
     try:
-        mention, _ = slack.mention("how many apples do I have?")
+        mention, _ = fake_slack.mention("how many apples do I have?")
         root = mention["event"]["ts"]
         await t.deliver(mention)
-        await t.wait_for(lambda: approval_messages(slack, "C0GENERAL"))
-        [msg] = approval_messages(slack, "C0GENERAL")
+        await t.wait_for(lambda: approval_messages(fake_slack, "C0GENERAL"))
+        [msg] = approval_messages(fake_slack, "C0GENERAL")
         assert msg.thread_ts == root
         assert "lookup" in msg.shown and "apples" in msg.shown and "<@U0ALICE>" in msg.shown
 
-        assert (await t.press(slack.press(msg, "Allow", user="U0BOB"))).acked  # not Bob's call
-        await t.wait_for(lambda: slack.ephemerals)
-        assert [(e.user, e.text) for e in slack.ephemerals] == [("U0BOB", NOT_YOURS)]
+        assert (await t.press(fake_slack.press(msg, "Allow", user="U0BOB"))).acked  # not Bob's call
+        await t.wait_for(lambda: fake_slack.ephemerals)
+        assert [(e.user, e.text) for e in fake_slack.ephemerals] == [("U0BOB", NOT_YOURS)]
         assert tool.calls == []
-        assert approval_messages(slack, "C0GENERAL") == [msg]  # still pending, buttons still there
+        assert approval_messages(fake_slack, "C0GENERAL") == [msg]  # still pending, buttons still there
 
-        press = slack.press(msg, "Allow", user="U0ALICE")
-        late = slack.press(msg, "Deny", user="U0ALICE")  # pressed later, on a screen not yet refreshed
+        press = fake_slack.press(msg, "Allow", user="U0ALICE")
+        late = fake_slack.press(msg, "Deny", user="U0ALICE")  # pressed later, on a screen not yet refreshed
         assert (await t.press(press)).acked
         await t.settle()
         assert tool.calls == [{"query": "apples"}]
-        assert approval_messages(slack, "C0GENERAL") == []  # the decision replaced the buttons
-        assert "Allowed by <@U0ALICE>" in slack.message("C0GENERAL", msg.ts).shown
-        assert replies_in(slack, "C0GENERAL", root)[-1] == "You have 42 apples."
+        assert approval_messages(fake_slack, "C0GENERAL") == []  # the decision replaced the buttons
+        assert "Allowed by <@U0ALICE>" in fake_slack.message("C0GENERAL", msg.ts).shown
+        assert replies_in(fake_slack, "C0GENERAL", root)[-1] == "You have 42 apples."
 
         assert (await t.press(late)).acked
-        await t.wait_for(lambda: len(slack.ephemerals) == 2)
-        assert slack.ephemerals[-1].text == GONE
+        await t.wait_for(lambda: len(fake_slack.ephemerals) == 2)
+        assert fake_slack.ephemerals[-1].text == GONE
         assert tool.calls == [{"query": "apples"}]
         redelivered = await t.press(press)  # the first press delivered again: ignored
         assert redelivered.acked
         await t.settle()
-        assert len(slack.ephemerals) == 2
+        assert len(fake_slack.ephemerals) == 2
     finally:
         await t.close()
 
 
-async def test_an_approval_that_times_out_shows_how_it_ended(tmp_path, fake_openai, slack):
+async def test_an_approval_that_times_out_shows_how_it_ended(tmp_path, fake_openai, fake_slack):
     tool = RecordingTool("lookup", result="42 apples")
     fake_openai.script(ASK, Text("I could not look it up."))
-    t = await slack_harness(tmp_path, fake_openai, slack, "socket",
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket",
                             core={"tools": registry(tool), "approval_timeout": 0.3})
     try:
-        await t.deliver(slack.user_message("how many apples do I have?"))
-        await t.wait_for(lambda: approval_messages(slack, "D0ALICE"))
-        [msg] = approval_messages(slack, "D0ALICE")
+        await t.deliver(fake_slack.user_message("how many apples do I have?"))
+        await t.wait_for(lambda: approval_messages(fake_slack, "D0ALICE"))
+        [msg] = approval_messages(fake_slack, "D0ALICE")
         await t.settle()
-        assert approval_messages(slack, "D0ALICE") == []
-        assert "nobody decided in time" in slack.message("D0ALICE", msg.ts).shown
+        assert approval_messages(fake_slack, "D0ALICE") == []
+        assert "nobody decided in time" in fake_slack.message("D0ALICE", msg.ts).shown
         assert tool.calls == []
     finally:
         await t.close()
@@ -350,18 +345,18 @@ def long_answer(size: int = 20_000) -> str:
 
 
 @MODES
-async def test_a_20000_character_reply_with_code_arrives_complete(tmp_path, fake_openai, slack, mode):
+async def test_a_20000_character_reply_with_code_arrives_complete(tmp_path, fake_openai, fake_slack, mode):
     answer = long_answer()
     assert len(answer) >= 20_000
     fake_openai.script(Text(answer, chunk_size=400, delay=0.005))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        await t.deliver(slack.user_message("write a lot"))
+        await t.deliver(fake_slack.user_message("write a lot"))
         await t.settle(20)
-        shown = slack.visible("D0ALICE")
+        shown = fake_slack.visible("D0ALICE")
         assert len(shown) >= 6
         assert words("\n".join(shown)) == words(answer)  # nothing lost, nothing twice
-        for message in slack.messages("D0ALICE"):
+        for message in fake_slack.messages("D0ALICE"):
             assert open_fence(message.shown) is None  # every code block closed in its own message
             assert len(message.text) <= 4000
     finally:
@@ -369,22 +364,22 @@ async def test_a_20000_character_reply_with_code_arrives_complete(tmp_path, fake
 
 
 @MODES
-async def test_a_native_stream_in_a_thread_rolls_over_and_ends_formatted(tmp_path, fake_openai, slack, mode):
+async def test_a_native_stream_in_a_thread_rolls_over_and_ends_formatted(tmp_path, fake_openai, fake_slack, mode):
     answer = long_answer(9_000)
     fake_openai.script(Text(answer, chunk_size=150, delay=0.01))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode, stream_transport="auto")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, stream_transport="auto")
     try:
-        mention, _ = slack.mention("write a lot")
+        mention, _ = fake_slack.mention("write a lot")
         root = mention["event"]["ts"]
         await t.deliver(mention)
         await t.settle(20)
-        assert slack.count("chat.startStream") >= 2  # the stream moved on to a new message at the limit
-        assert slack.count("chat.appendStream") >= 2
-        messages = slack.messages("C0GENERAL", thread_ts=root)
+        assert fake_slack.count("chat.startStream") >= 2  # the stream moved on to a new message at the limit
+        assert fake_slack.count("chat.appendStream") >= 2
+        messages = fake_slack.messages("C0GENERAL", thread_ts=root)
         assert not any(m.streaming for m in messages)
         assert words("\n".join(m.shown for m in messages)) == words(answer)
         assert all(m.blocks and m.blocks[0]["type"] == "markdown" for m in messages)  # the final rendering
-        start = slack.calls_to("chat.startStream")[0].params
+        start = fake_slack.calls_to("chat.startStream")[0].params
         assert (start["recipient_user_id"], start["recipient_team_id"]) == ("U0ALICE", "T0TEAM")
     finally:
         await t.close()
@@ -394,50 +389,50 @@ async def test_a_native_stream_in_a_thread_rolls_over_and_ends_formatted(tmp_pat
 async def test_a_native_stream_that_expires_mid_reply_ends_with_the_whole_answer_once(
         tmp_path, fake_openai, mode):
     answer = "Here is a slow answer. " + " ".join(f"step{i}." for i in range(120))
-    async with FakeSlack(stream_max_age=0.4) as slack:  # Slack closes streams after a while
+    async with FakeSlack(stream_max_age=0.4) as fake_slack:  # Slack closes streams after a while
         fake_openai.script(Text(answer, chunk_size=12, delay=0.02))
-        t = await slack_harness(tmp_path, fake_openai, slack, mode, stream_transport="auto")
+        t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, stream_transport="auto")
         try:
-            mention, _ = slack.mention("go slowly")
+            mention, _ = fake_slack.mention("go slowly")
             root = mention["event"]["ts"]
             await t.deliver(mention)
             await t.settle(20)
-            failed = [c for c in slack.calls if c.error == "message_not_in_streaming_state"]
+            failed = [c for c in fake_slack.calls if c.error == "message_not_in_streaming_state"]
             assert failed  # the stream did expire mid-reply
-            assert slack.visible("C0GENERAL", thread_ts=root) == [answer]
+            assert fake_slack.visible("C0GENERAL", thread_ts=root) == [answer]
         finally:
             await t.close()
 
 
 @MODES
-async def test_a_dm_streams_natively_in_a_thread_when_asked_to(tmp_path, fake_openai, slack, mode):
+async def test_a_dm_streams_natively_in_a_thread_when_asked_to(tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode, stream_transport="native")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, stream_transport="native")
     try:
-        body = slack.user_message("capital of France?")
+        body = fake_slack.user_message("capital of France?")
         await t.deliver(body)
         await t.settle()
-        assert slack.count("chat.startStream") == 1
-        assert slack.visible("D0ALICE", thread_ts=body["event"]["ts"]) == [ANSWER]
-        assert slack.visible("D0ALICE", thread_ts=None) == []
+        assert fake_slack.count("chat.startStream") == 1
+        assert fake_slack.visible("D0ALICE", thread_ts=body["event"]["ts"]) == [ANSWER]
+        assert fake_slack.visible("D0ALICE", thread_ts=None) == []
     finally:
         await t.close()
 
 
-async def test_a_workspace_that_refuses_streaming_gets_updates_instead(tmp_path, fake_openai, slack):
+async def test_a_workspace_that_refuses_streaming_gets_updates_instead(tmp_path, fake_openai, fake_slack):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01), Text("Second answer."))
-    t = await slack_harness(tmp_path, fake_openai, slack, "socket", stream_transport="auto")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", stream_transport="auto")
     try:
-        slack.fail("chat.startStream", error="missing_scope", times=5)
-        mention, _ = slack.mention("capital of France?")
+        fake_slack.fail("chat.startStream", error="missing_scope", times=5)
+        mention, _ = fake_slack.mention("capital of France?")
         await t.deliver(mention)
         await t.settle()
-        assert slack.visible("C0GENERAL", thread_ts=mention["event"]["ts"]) == [ANSWER]
-        second, _ = slack.mention("again")
+        assert fake_slack.visible("C0GENERAL", thread_ts=mention["event"]["ts"]) == [ANSWER]
+        second, _ = fake_slack.mention("again")
         await t.deliver(second)
         await t.settle()
-        assert slack.count("chat.startStream") == 1  # not tried again
-        assert slack.visible("C0GENERAL", thread_ts=second["event"]["ts"]) == ["Second answer."]
+        assert fake_slack.count("chat.startStream") == 1  # not tried again
+        assert fake_slack.visible("C0GENERAL", thread_ts=second["event"]["ts"]) == ["Second answer."]
     finally:
         await t.close()
 
@@ -446,18 +441,18 @@ async def test_a_workspace_that_refuses_streaming_gets_updates_instead(tmp_path,
 async def test_a_429_on_the_final_update_pauses_the_channel_for_retry_after_and_shows_the_answer_once(
         tmp_path, fake_openai, mode):
     clock = ManualClock()  # the throttle's clock: a 30 s pause passes without waiting 30 s; same code path
-    async with FakeSlack(clock=clock.now) as slack:
+    async with FakeSlack(clock=clock.now) as fake_slack:
         fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-        t = await slack_harness(tmp_path, fake_openai, slack, mode, clock=clock)
+        t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, clock=clock)
         try:
-            slack.fail("chat.update", status=429, retry_after=30, when=lambda p: bool(p.get("blocks")))
-            await t.deliver(slack.user_message("capital of France?"))
+            fake_slack.fail("chat.update", status=429, retry_after=30, when=lambda p: bool(p.get("blocks")))
+            await t.deliver(fake_slack.user_message("capital of France?"))
             await t.settle()
-            limited = next(c for c in slack.calls if c.status == 429)
-            later = slack.calls[slack.calls.index(limited) + 1:]
+            limited = next(c for c in fake_slack.calls if c.status == 429)
+            later = fake_slack.calls[fake_slack.calls.index(limited) + 1:]
             to_channel = [c for c in later if c.channel == "D0ALICE"]
             assert to_channel and all(c.at >= limited.at + 30 for c in to_channel)
-            assert slack.visible("D0ALICE") == [ANSWER]
+            assert fake_slack.visible("D0ALICE") == [ANSWER]
             metrics = t.core.metrics.render().decode()  # every Web API attempt is counted for /metrics
             assert value(metrics, "chatbridge_platform_calls_total", channel="slack", result="rate_limited") == 1
         finally:
@@ -474,124 +469,124 @@ def final_updates(slack: FakeSlack) -> list:
 
 
 @MODES
-async def test_open_failure_sends_exactly_one_plain_reply(tmp_path, fake_openai, slack, mode):
+async def test_open_failure_sends_exactly_one_plain_reply(tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text(ANSWER))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        slack.fail("reactions.add", error="not_in_channel")
-        await t.deliver(slack.user_message("capital of France?"))
+        fake_slack.fail("reactions.add", error="not_in_channel")
+        await t.deliver(fake_slack.user_message("capital of France?"))
         await t.settle()
-        assert slack.visible("D0ALICE") == [ANSWER]
-        assert slack.count("chat.postMessage") == 1 and slack.count("chat.update") == 0
+        assert fake_slack.visible("D0ALICE") == [ANSWER]
+        assert fake_slack.count("chat.postMessage") == 1 and fake_slack.count("chat.update") == 0
     finally:
         await t.close()
 
 
 @MODES
-async def test_a_deleted_preview_is_replaced_by_exactly_one_fallback(tmp_path, fake_openai, slack, mode):
+async def test_a_deleted_preview_is_replaced_by_exactly_one_fallback(tmp_path, fake_openai, fake_slack, mode):
     hold = asyncio.Event()
     fake_openai.script(Text(ANSWER, hold=hold, hold_after=30))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        await t.deliver(slack.user_message("capital of France?"))
-        await t.wait_for(lambda: slack.messages("D0ALICE"))
-        slack.messages("D0ALICE")[0].deleted = True  # the user deletes the preview
+        await t.deliver(fake_slack.user_message("capital of France?"))
+        await t.wait_for(lambda: fake_slack.messages("D0ALICE"))
+        fake_slack.messages("D0ALICE")[0].deleted = True  # the user deletes the preview
         hold.set()
         await t.settle()
-        assert slack.visible("D0ALICE") == [ANSWER]
-        assert slack.count("chat.postMessage") == 2
+        assert fake_slack.visible("D0ALICE") == [ANSWER]
+        assert fake_slack.count("chat.postMessage") == 2
     finally:
         await t.close()
 
 
 @MODES
-async def test_a_final_update_failing_permanently_leaves_the_answer_once(tmp_path, fake_openai, slack, mode):
+async def test_a_final_update_failing_permanently_leaves_the_answer_once(tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        slack.fail("chat.update", error="cant_update_message", when=lambda p: bool(p.get("blocks")))
-        await t.deliver(slack.user_message("capital of France?"))
+        fake_slack.fail("chat.update", error="cant_update_message", when=lambda p: bool(p.get("blocks")))
+        await t.deliver(fake_slack.user_message("capital of France?"))
         await t.settle()
-        assert slack.visible("D0ALICE") == [ANSWER]  # the stale preview deleted, one fallback
-        assert len(final_updates(slack)) == 1  # permanent: not retried
-        assert slack.count("chat.delete") == 1 and slack.count("chat.postMessage") == 2
+        assert fake_slack.visible("D0ALICE") == [ANSWER]  # the stale preview deleted, one fallback
+        assert len(final_updates(fake_slack)) == 1  # permanent: not retried
+        assert fake_slack.count("chat.delete") == 1 and fake_slack.count("chat.postMessage") == 2
     finally:
         await t.close()
 
 
 @MODES
-async def test_transient_final_failures_then_success_send_no_fallback(tmp_path, fake_openai, slack, mode):
+async def test_transient_final_failures_then_success_send_no_fallback(tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        slack.fail("chat.update", status=503, body="<html>Service Unavailable</html>", times=2,
+        fake_slack.fail("chat.update", status=503, body="<html>Service Unavailable</html>", times=2,
                    when=lambda p: bool(p.get("blocks")))
-        await t.deliver(slack.user_message("capital of France?"))
+        await t.deliver(fake_slack.user_message("capital of France?"))
         await t.settle()
-        assert slack.visible("D0ALICE") == [ANSWER]
-        assert [c.status for c in final_updates(slack)] == [503, 503, 200]
-        assert slack.count("chat.postMessage") == 1
+        assert fake_slack.visible("D0ALICE") == [ANSWER]
+        assert [c.status for c in final_updates(fake_slack)] == [503, 503, 200]
+        assert fake_slack.count("chat.postMessage") == 1
     finally:
         await t.close()
 
 
 @MODES
 async def test_a_final_update_that_keeps_failing_is_tried_three_times_then_replaced_by_one_fallback(
-        tmp_path, fake_openai, slack, mode):
+        tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        slack.fail("chat.update", error="internal_error", times=100, when=lambda p: bool(p.get("blocks")))
-        await t.deliver(slack.user_message("capital of France?"))
+        fake_slack.fail("chat.update", error="internal_error", times=100, when=lambda p: bool(p.get("blocks")))
+        await t.deliver(fake_slack.user_message("capital of France?"))
         await t.settle()
-        assert len(final_updates(slack)) == 3  # one retry policy: three tries in all
-        assert slack.visible("D0ALICE") == [ANSWER]
-        assert slack.count("chat.delete") == 1 and slack.count("chat.postMessage") == 2
+        assert len(final_updates(fake_slack)) == 3  # one retry policy: three tries in all
+        assert fake_slack.visible("D0ALICE") == [ANSWER]
+        assert fake_slack.count("chat.delete") == 1 and fake_slack.count("chat.postMessage") == 2
     finally:
         await t.close()
 
 
 @MODES
-async def test_a_final_update_whose_answer_was_lost_is_repeated_harmlessly(tmp_path, fake_openai, slack, mode):
+async def test_a_final_update_whose_answer_was_lost_is_repeated_harmlessly(tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:  # Slack did the update, then the answer was lost: the repeat shows the same state, no fallback
-        slack.fail("chat.update", status=503, body="<html>oops</html>", apply_first=True,
+        fake_slack.fail("chat.update", status=503, body="<html>oops</html>", apply_first=True,
                    when=lambda p: bool(p.get("blocks")))
-        await t.deliver(slack.user_message("capital of France?"))
+        await t.deliver(fake_slack.user_message("capital of France?"))
         await t.settle()
-        assert slack.visible("D0ALICE") == [ANSWER]
-        assert [c.status for c in final_updates(slack)] == [503, 200]
-        assert slack.count("chat.postMessage") == 1
+        assert fake_slack.visible("D0ALICE") == [ANSWER]
+        assert [c.status for c in final_updates(fake_slack)] == [503, 200]
+        assert fake_slack.count("chat.postMessage") == 1
     finally:
         await t.close()
 
 
 @MODES
-async def test_a_refused_markdown_block_is_shown_as_mrkdwn_text_once(tmp_path, fake_openai, slack, mode):
+async def test_a_refused_markdown_block_is_shown_as_mrkdwn_text_once(tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        slack.fail("chat.update", error="invalid_blocks", times=10, when=lambda p: bool(p.get("blocks")))
-        await t.deliver(slack.user_message("capital of France?"))
+        fake_slack.fail("chat.update", error="invalid_blocks", times=10, when=lambda p: bool(p.get("blocks")))
+        await t.deliver(fake_slack.user_message("capital of France?"))
         await t.settle()
-        [msg] = slack.messages("D0ALICE")
+        [msg] = fake_slack.messages("D0ALICE")
         assert (msg.text, msg.blocks) == (MRKDWN, [])
-        assert slack.count("chat.postMessage") == 1
+        assert fake_slack.count("chat.postMessage") == 1
     finally:
         await t.close()
 
 
 @MODES
-async def test_a_failed_turn_shows_its_notice_once(tmp_path, fake_openai, slack, mode):
+async def test_a_failed_turn_shows_its_notice_once(tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(HttpError.auth())
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        await t.deliver(slack.user_message("hi"))
+        await t.deliver(fake_slack.user_message("hi"))
         await t.settle()
-        [shown] = slack.visible("D0ALICE")
+        [shown] = fake_slack.visible("D0ALICE")
         assert "rejected the bridge's credentials" in shown
-        assert slack.count("chat.postMessage") == 1
+        assert fake_slack.count("chat.postMessage") == 1
     finally:
         await t.close()
 
@@ -599,22 +594,22 @@ async def test_a_failed_turn_shows_its_notice_once(tmp_path, fake_openai, slack,
 # ---- Socket Mode connection ----------------------------------------------------------------------------
 
 
-async def test_socket_mode_reconnects_on_refresh_and_on_a_drop_and_keeps_answering(tmp_path, fake_openai, slack):
+async def test_socket_mode_reconnects_on_refresh_and_on_a_drop_and_keeps_answering(tmp_path, fake_openai, fake_slack):
     fake_openai.script(Text("One."), Text("Two."))
-    t = await slack_harness(tmp_path, fake_openai, slack, "socket")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket")
     try:
         assert t.channel.state() == "connected"
-        await slack.socket.disconnect("refresh_requested")
-        await slack.socket.wait_connected(2)
-        assert (await t.deliver(slack.user_message("first"))).acked
+        await fake_slack.socket.disconnect("refresh_requested")
+        await fake_slack.socket.wait_connected(2)
+        assert (await t.deliver(fake_slack.user_message("first"))).acked
         await t.settle()
-        await slack.socket.drop()
-        await slack.socket.wait_connected(3)
-        assert (await t.deliver(slack.user_message("second"))).acked
+        await fake_slack.socket.drop()
+        await fake_slack.socket.wait_connected(3)
+        assert (await t.deliver(fake_slack.user_message("second"))).acked
         await t.settle()
-        assert slack.visible("D0ALICE") == ["One.", "Two."]
+        assert fake_slack.visible("D0ALICE") == ["One.", "Two."]
         await t.wait_for(lambda: t.channel.state() == "connected")
-        assert slack.socket.issued == 3  # a fresh apps.connections.open for each connection
+        assert fake_slack.socket.issued == 3  # a fresh apps.connections.open for each connection
     finally:
         await t.close()
 
@@ -623,78 +618,79 @@ async def test_socket_mode_reconnects_on_refresh_and_on_a_drop_and_keeps_answeri
 
 
 @MODES
-async def test_slash_commands_work_in_a_dm_and_explain_the_mention_in_a_channel(tmp_path, fake_openai, slack, mode):
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+async def test_slash_commands_work_in_a_dm_and_explain_the_mention_in_a_channel(
+        tmp_path, fake_openai, fake_slack, mode):
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        assert (await t.deliver(slack.slash_command("/help"), kind="slash_commands")).acked
+        assert (await t.deliver(fake_slack.slash_command("/help"), kind="slash_commands")).acked
         await t.settle()
-        [shown] = slack.visible("D0ALICE")
+        [shown] = fake_slack.visible("D0ALICE")
         assert "/stop" in shown and "/compact" in shown
-        in_channel = slack.slash_command("/stop", channel="C0GENERAL")
+        in_channel = fake_slack.slash_command("/stop", channel="C0GENERAL")
         assert (await t.deliver(in_channel, kind="slash_commands")).acked
-        await t.wait_for(lambda: slack.responses)
-        assert "mention me" in slack.responses[0]["text"]
+        await t.wait_for(lambda: fake_slack.responses)
+        assert "mention me" in fake_slack.responses[0]["text"]
         assert fake_openai.requests == []
     finally:
         await t.close()
 
 
-async def test_thinking_shows_as_a_thread_status_or_a_reaction_and_is_cleared(tmp_path, fake_openai, slack):
+async def test_thinking_shows_as_a_thread_status_or_a_reaction_and_is_cleared(tmp_path, fake_openai, fake_slack):
     hold = asyncio.Event()
     fake_openai.script(Text("Paris.", hold=hold, hold_after=0), Text("Yes."))
-    t = await slack_harness(tmp_path, fake_openai, slack, "socket")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket")
     try:
-        mention, _ = slack.mention("capital of France?")
+        mention, _ = fake_slack.mention("capital of France?")
         await t.deliver(mention)
-        await t.wait_for(lambda: slack.statuses)
-        assert slack.statuses[0]["status"] == "is thinking…"
+        await t.wait_for(lambda: fake_slack.statuses)
+        assert fake_slack.statuses[0]["status"] == "is thinking…"
         hold.set()
         await t.settle()
-        assert slack.statuses[-1]["status"] == ""  # cleared at the end
-        slack.fail("assistant.threads.setStatus", error="not_allowed", times=10)  # not an AI-app thread
-        again, _ = slack.mention("sure?", thread_ts=mention["event"]["ts"])
+        assert fake_slack.statuses[-1]["status"] == ""  # cleared at the end
+        fake_slack.fail("assistant.threads.setStatus", error="not_allowed", times=10)  # not an AI-app thread
+        again, _ = fake_slack.mention("sure?", thread_ts=mention["event"]["ts"])
         await t.deliver(again)
         await t.settle()
-        assert slack.count("reactions.add") == 1 and slack.count("reactions.remove") == 1
-        assert not slack.message("C0GENERAL", again["event"]["ts"]).reactions
+        assert fake_slack.count("reactions.add") == 1 and fake_slack.count("reactions.remove") == 1
+        assert not fake_slack.message("C0GENERAL", again["event"]["ts"]).reactions
     finally:
         hold.set()
         await t.close()
 
 
-async def test_replies_in_two_channels_share_the_workspace_update_budget(tmp_path, fake_openai, slack):
+async def test_replies_in_two_channels_share_the_workspace_update_budget(tmp_path, fake_openai, fake_slack):
     # chat.update is limited per workspace (Tier 3), not per conversation: two replies streaming at once in two
     # DMs must together stay under it. Here the fake refuses two updates within 0.2 s anywhere in the
     # workspace, and the channel runs with one update per 0.4 s for the workspace (0.1 s per conversation).
-    slack.rate_limit("chat.update", per="workspace", limit=1, window=0.2)
+    fake_slack.rate_limit("chat.update", per="workspace", limit=1, window=0.2)
     text = " ".join(f"word{i}" for i in range(300))
     fake_openai.script(Text(text, chunk_size=15, delay=0.02), Text(text, chunk_size=15, delay=0.02))
-    t = await slack_harness(tmp_path, fake_openai, slack, "socket", workspace_interval=0.4)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", workspace_interval=0.4)
     try:
-        await asyncio.gather(t.deliver(slack.user_message("one")),
-                             t.deliver(slack.user_message("two", channel="D0BOB", user="U0BOB")))
+        await asyncio.gather(t.deliver(fake_slack.user_message("one")),
+                             t.deliver(fake_slack.user_message("two", channel="D0BOB", user="U0BOB")))
         await t.settle(20)
-        updates = slack.calls_to("chat.update")
+        updates = fake_slack.calls_to("chat.update")
         assert {c.channel for c in updates} == {"D0ALICE", "D0BOB"}  # both streamed by updates
         assert [c for c in updates if c.status != 200] == []  # paced under the workspace limit: never refused
-        assert slack.visible("D0ALICE") == [text] and slack.visible("D0BOB") == [text]
+        assert fake_slack.visible("D0ALICE") == [text] and fake_slack.visible("D0BOB") == [text]
     finally:
         await t.close()
 
 
-async def test_the_end_of_a_reply_shows_at_once_not_at_the_conversations_next_slot(tmp_path, fake_openai, slack):
+async def test_the_end_of_a_reply_shows_at_once_not_at_the_conversations_next_slot(tmp_path, fake_openai, fake_slack):
     # live updates keep the conversation's pace (one call per 30 s here); the end takes one call ahead of it,
     # so the whole answer shows as soon as it is written, not an interval later
     rest = asyncio.Event()
     fake_openai.script(Text(ANSWER, chunk_size=4, hold=rest, hold_after=28))
-    t = await slack_harness(tmp_path, fake_openai, slack, "socket", chat_interval=30.0,
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", chat_interval=30.0,
                             core={"request_timeout": 30.0})
     try:
-        await t.deliver(slack.user_message("capital of France?"))
-        await t.wait_for(lambda: slack.count("chat.postMessage") == 1)  # the first message shows the beginning
+        await t.deliver(fake_slack.user_message("capital of France?"))
+        await t.wait_for(lambda: fake_slack.count("chat.postMessage") == 1)  # the first message shows the beginning
         rest.set()
-        await t.wait_for(lambda: [m.shown for m in slack.messages("D0ALICE")] == [ANSWER], timeout=10)
-        assert [c.method for c in slack.calls if c.method in ("chat.postMessage", "chat.update")] == \
+        await t.wait_for(lambda: [m.shown for m in fake_slack.messages("D0ALICE")] == [ANSWER], timeout=10)
+        assert [c.method for c in fake_slack.calls if c.method in ("chat.postMessage", "chat.update")] == \
             ["chat.postMessage", "chat.update"]
     finally:
         await t.close()
@@ -705,13 +701,13 @@ async def test_the_end_of_a_reply_shows_at_once_not_at_the_conversations_next_sl
 
 @MODES
 async def test_an_event_core_could_not_store_is_not_acknowledged_and_its_redelivery_is_answered_once(
-        tmp_path, fake_openai, slack, mode):
+        tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text("kept"))
     store = GatedAdmissions(tmp_path / "chat.db")
     store.failures = 1
-    t = await slack_harness(tmp_path, fake_openai, slack, mode, core={"store": store})
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, core={"store": store})
     try:
-        body = slack.user_message("please keep me")
+        body = fake_slack.user_message("please keep me")
         first = await t.deliver(body, ack_timeout=1.0)
         assert not first.acked  # Slack will deliver it again
         if first.sent is not None:
@@ -720,162 +716,164 @@ async def test_an_event_core_could_not_store_is_not_acknowledged_and_its_redeliv
         again = await t.redeliver(first, body)
         assert again.acked
         await t.settle()
-        assert slack.visible("D0ALICE") == ["kept"] and len(fake_openai.requests) == 1
+        assert fake_slack.visible("D0ALICE") == ["kept"] and len(fake_openai.requests) == 1
     finally:
         await t.close()
 
 
 @MODES
-async def test_an_event_is_acknowledged_only_after_its_message_is_stored(tmp_path, fake_openai, slack, mode):
+async def test_an_event_is_acknowledged_only_after_its_message_is_stored(tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text("stored first"))
     store = GatedAdmissions(tmp_path / "chat.db")
-    t = await slack_harness(tmp_path, fake_openai, slack, mode, core={"store": store})
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, core={"store": store})
     try:
         store.gate.clear()
-        delivery = asyncio.create_task(t.deliver(slack.user_message("hi")))
+        delivery = asyncio.create_task(t.deliver(fake_slack.user_message("hi")))
         await asyncio.sleep(0.3)
         assert not delivery.done()
         if mode == "socket":
-            assert not any(slack.socket.acks.values())  # no ack while the message is not stored
+            assert not any(fake_slack.socket.acks.values())  # no ack while the message is not stored
         store.gate.set()
         assert (await delivery).acked
         await t.settle()
-        assert slack.visible("D0ALICE") == ["stored first"]
+        assert fake_slack.visible("D0ALICE") == ["stored first"]
     finally:
         await t.close()
 
 
-async def test_a_press_after_a_restart_is_no_longer_pending_and_the_buttons_go(tmp_path, fake_openai, slack):
+async def test_a_press_after_a_restart_is_no_longer_pending_and_the_buttons_go(tmp_path, fake_openai, fake_slack):
     tool = RecordingTool("lookup", result="42 apples")
     hold = asyncio.Event()
     fake_openai.script(ASK, Text("unused", hold=hold))
-    t = await slack_harness(tmp_path, fake_openai, slack, "socket", core={"tools": registry(tool)})
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", core={"tools": registry(tool)})
     try:
-        await t.deliver(slack.user_message("how many apples do I have?"))
-        await t.wait_for(lambda: approval_messages(slack, "D0ALICE"))
-        [msg] = approval_messages(slack, "D0ALICE")
-        press = slack.press(msg, "Allow")
+        await t.deliver(fake_slack.user_message("how many apples do I have?"))
+        await t.wait_for(lambda: approval_messages(fake_slack, "D0ALICE"))
+        [msg] = approval_messages(fake_slack, "D0ALICE")
+        press = fake_slack.press(msg, "Allow")
         buttons = msg.blocks
     finally:
         hold.set()
         await t.close()
     msg.blocks = buttons  # as if the process had died before it could mark the request
-    t = await slack_harness(tmp_path, fake_openai, slack, "http", platform=t.h.platform)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "http", platform=t.h.platform)
     try:
         assert (await t.press(press)).acked
-        await t.wait_for(lambda: slack.ephemerals)
-        assert slack.ephemerals[-1].text == GONE
-        await t.wait_for(lambda: not approval_messages(slack, "D0ALICE"))
-        assert "No longer pending" in slack.message("D0ALICE", msg.ts).shown
+        await t.wait_for(lambda: fake_slack.ephemerals)
+        assert fake_slack.ephemerals[-1].text == GONE
+        await t.wait_for(lambda: not approval_messages(fake_slack, "D0ALICE"))
+        assert "No longer pending" in fake_slack.message("D0ALICE", msg.ts).shown
         assert tool.calls == []
     finally:
         await t.close()
 
 
 @MODES
-async def test_the_tokens_never_reach_the_log(tmp_path, fake_openai, slack, mode, caplog):
+async def test_the_tokens_never_reach_the_log(tmp_path, fake_openai, fake_slack, mode, caplog):
     import logging
 
     caplog.set_level(logging.DEBUG)
     fake_openai.script(Text(ANSWER))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        slack.fail("chat.update", error="invalid_auth", times=10)
-        await t.deliver(slack.user_message("capital of France?"))
+        fake_slack.fail("chat.update", error="invalid_auth", times=10)
+        await t.deliver(fake_slack.user_message("capital of France?"))
         await t.settle()
     finally:
         await t.close()
-    for secret in (slack.bot_token, slack.app_token, slack.signing_secret):
+    for secret in (fake_slack.bot_token, fake_slack.app_token, fake_slack.signing_secret):
         assert secret not in caplog.text
 
 
 @MODES
 async def test_a_native_stream_rewound_by_a_retried_model_answer_shows_only_the_new_answer(
-        tmp_path, fake_openai, slack, mode):
+        tmp_path, fake_openai, fake_slack, mode):
     first = "A first attempt that the model will never finish, streamed for a while. " * 3
     answer = "The second attempt, complete and correct. " * 4
     never = asyncio.Event()  # the first attempt stalls mid-answer: core's request timeout retries it
     fake_openai.script(Text(first, chunk_size=20, delay=0.005, hold=never, hold_after=len(first) - 20),
                        Text(answer.strip(), chunk_size=10, delay=0.01))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode, stream_transport="auto")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, stream_transport="auto")
     try:
-        mention, _ = slack.mention("answer me")
+        mention, _ = fake_slack.mention("answer me")
         root = mention["event"]["ts"]
         await t.deliver(mention)
         await t.settle()
-        [start] = slack.calls_to("chat.startStream")
+        [start] = fake_slack.calls_to("chat.startStream")
         assert start.params["markdown_text"].startswith("A first attempt")  # it was on screen
-        assert slack.count("chat.stopStream") == 1  # a stream cannot take text back: ended, then updated
-        [streamed] = [m for m in slack.channels["C0GENERAL"].values() if m.stream]  # deleted or not
-        appended = "".join(c.params["markdown_text"] for c in slack.calls_to("chat.appendStream")
+        assert fake_slack.count("chat.stopStream") == 1  # a stream cannot take text back: ended, then updated
+        [streamed] = [m for m in fake_slack.channels["C0GENERAL"].values() if m.stream]  # deleted or not
+        appended = "".join(c.params["markdown_text"] for c in fake_slack.calls_to("chat.appendStream")
                            if c.params["ts"] == streamed.ts)
         assert "second attempt" not in appended  # never shown after the first attempt's words
-        assert slack.visible("C0GENERAL", thread_ts=root) == [answer.strip()]
+        assert fake_slack.visible("C0GENERAL", thread_ts=root) == [answer.strip()]
     finally:
         await t.close()
 
 
 @MODES
-async def test_a_streamed_message_the_user_deleted_is_replaced_by_one_fallback(tmp_path, fake_openai, slack, mode):
+async def test_a_streamed_message_the_user_deleted_is_replaced_by_one_fallback(tmp_path, fake_openai, fake_slack, mode):
     hold = asyncio.Event()
     fake_openai.script(Text(ANSWER, hold=hold, hold_after=30))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode, stream_transport="auto")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, stream_transport="auto")
     try:
-        mention, _ = slack.mention("capital of France?")
+        mention, _ = fake_slack.mention("capital of France?")
         root = mention["event"]["ts"]
         await t.deliver(mention)
-        await t.wait_for(lambda: slack.messages("C0GENERAL", thread_ts=root))
-        slack.messages("C0GENERAL", thread_ts=root)[0].deleted = True
+        await t.wait_for(lambda: fake_slack.messages("C0GENERAL", thread_ts=root))
+        fake_slack.messages("C0GENERAL", thread_ts=root)[0].deleted = True
         hold.set()
         await t.settle()
-        assert slack.visible("C0GENERAL", thread_ts=root) == [ANSWER]
+        assert fake_slack.visible("C0GENERAL", thread_ts=root) == [ANSWER]
     finally:
         await t.close()
 
 
 @MODES
-async def test_a_shared_file_is_downloaded_with_the_bot_token_and_read_by_the_model(tmp_path, fake_openai, slack, mode):
+async def test_a_shared_file_is_downloaded_with_the_bot_token_and_read_by_the_model(
+        tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text("It says 42."))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        notes = slack.add_file("F0NOTES", "notes.txt", "text/plain", b"The secret number is 42.\n")
-        await t.deliver(slack.user_message("what does it say?", files=[notes], subtype="file_share"))
+        notes = fake_slack.add_file("F0NOTES", "notes.txt", "text/plain", b"The secret number is 42.\n")
+        await t.deliver(fake_slack.user_message("what does it say?", files=[notes], subtype="file_share"))
         await t.settle()
         sent = str(fake_openai.requests[0]["messages"][-1]["content"])
         assert "what does it say?" in sent and "The secret number is 42." in sent
-        assert slack.downloads == [("F0NOTES", f"Bearer {slack.bot_token}")]
-        assert slack.visible("D0ALICE") == ["It says 42."]
+        assert fake_slack.downloads == [("F0NOTES", f"Bearer {fake_slack.bot_token}")]
+        assert fake_slack.visible("D0ALICE") == ["It says 42."]
     finally:
         await t.close()
 
 
-async def test_a_file_slack_does_not_hand_over_is_named_to_the_model_with_the_reason(tmp_path, fake_openai, slack):
+async def test_a_file_slack_does_not_hand_over_is_named_to_the_model_with_the_reason(tmp_path, fake_openai, fake_slack):
     fake_openai.script(Text("I cannot open it."))
-    t = await slack_harness(tmp_path, fake_openai, slack, "socket")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket")
     try:
         files = [{"id": "F0GONE", "name": "report.pdf", "mimetype": "application/pdf", "size": 2048}]
-        await t.deliver(slack.user_message("see this", files=files, subtype="file_share"))
+        await t.deliver(fake_slack.user_message("see this", files=files, subtype="file_share"))
         await t.settle()
         sent = said(fake_openai.requests[0]["messages"][-1])
         assert sent.startswith("see this") and "report.pdf" in sent and "could not be downloaded" in sent
-        assert slack.visible("D0ALICE")[-1] == "I cannot open it."
+        assert fake_slack.visible("D0ALICE")[-1] == "I cannot open it."
     finally:
         await t.close()
 
 
 @MODES
-async def test_a_slow_reply_in_one_dm_does_not_hold_up_another_dm_or_its_own_stop(tmp_path, fake_openai, slack, mode):
+async def test_a_slow_reply_in_one_dm_does_not_hold_up_another_dm_or_its_own_stop(
+        tmp_path, fake_openai, fake_slack, mode):
     hold = asyncio.Event()
     fake_openai.script(Text("A long story that takes its time", hold=hold, hold_after=20), Text("Hi Bob."))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
-        await t.deliver(slack.user_message("tell me a story"))
-        await t.wait_for(lambda: slack.messages("D0ALICE"))
-        await t.deliver(slack.user_message("hello", channel="D0BOB", user="U0BOB"))
-        await t.wait_for(lambda: slack.visible("D0BOB") == ["Hi Bob."])
-        await t.deliver(slack.user_message("stop"))
+        await t.deliver(fake_slack.user_message("tell me a story"))
+        await t.wait_for(lambda: fake_slack.messages("D0ALICE"))
+        await t.deliver(fake_slack.user_message("hello", channel="D0BOB", user="U0BOB"))
+        await t.wait_for(lambda: fake_slack.visible("D0BOB") == ["Hi Bob."])
+        await t.deliver(fake_slack.user_message("stop"))
         await t.settle()
-        assert slack.visible("D0ALICE") == ["A long story that ta\n\n⏹ Stopped."]
+        assert fake_slack.visible("D0ALICE") == ["A long story that ta\n\n⏹ Stopped."]
         [history] = [h for h in [await t.core.history(k.key) for k in await t.core.list_sessions()]
                      if any(m.content == "hello" for m in h[1])]
         assert history[1][0].source.from_user_id == "U0BOB"  # the sender is kept with the message
@@ -884,31 +882,31 @@ async def test_a_slow_reply_in_one_dm_does_not_hold_up_another_dm_or_its_own_sto
         await t.close()
 
 
-async def test_shutdown_during_a_reply_leaves_one_terminal_message(tmp_path, fake_openai, slack):
+async def test_shutdown_during_a_reply_leaves_one_terminal_message(tmp_path, fake_openai, fake_slack):
     hold = asyncio.Event()
     fake_openai.script(Text("Partial answer that goes on and on", hold=hold, hold_after=30))
-    t = await slack_harness(tmp_path, fake_openai, slack, "socket")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket")
     try:
-        await t.deliver(slack.user_message("tell me a story"))
-        await t.wait_for(lambda: slack.messages("D0ALICE"))
+        await t.deliver(fake_slack.user_message("tell me a story"))
+        await t.wait_for(lambda: fake_slack.messages("D0ALICE"))
     finally:
         await t.close()
         hold.set()
-    [shown] = slack.visible("D0ALICE")
+    [shown] = fake_slack.visible("D0ALICE")
     assert shown.startswith("Partial answer that goes on an")
-    assert slack.count("chat.postMessage") == 1
+    assert fake_slack.count("chat.postMessage") == 1
 
 
 @MODES
-async def test_approval_buttons_left_by_a_crash_say_the_restart_denied_them(tmp_path, fake_openai, slack, mode):
+async def test_approval_buttons_left_by_a_crash_say_the_restart_denied_them(tmp_path, fake_openai, fake_slack, mode):
     tool = RecordingTool("lookup", result="42 apples")
     hold = asyncio.Event()
     fake_openai.script(ASK, Text("unused", hold=hold))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode, core={"tools": registry(tool)})
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, core={"tools": registry(tool)})
     try:
-        await t.deliver(slack.user_message("how many apples do I have?"))
-        await t.wait_for(lambda: approval_messages(slack, "D0ALICE"))
-        [msg] = approval_messages(slack, "D0ALICE")
+        await t.deliver(fake_slack.user_message("how many apples do I have?"))
+        await t.wait_for(lambda: approval_messages(fake_slack, "D0ALICE"))
+        [msg] = approval_messages(fake_slack, "D0ALICE")
         buttons = msg.blocks
         left_open = None
         for _ in range(250):  # the record is written once Slack answered the post
@@ -920,15 +918,15 @@ async def test_approval_buttons_left_by_a_crash_say_the_restart_denied_them(tmp_
     finally:
         hold.set()
         await t.close()
-    t = await slack_harness(tmp_path, fake_openai, slack, mode, platform=t.h.platform, start=False)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, platform=t.h.platform, start=False)
     try:
         # a crash leaves both the buttons and the record (a clean stop usually closes them): the next start
         # closes them
         msg.blocks = buttons
         await t.channel.host.set_state(OPEN_STATE, left_open)
         await t.channel.start()
-        await t.wait_for(lambda: not approval_messages(slack, "D0ALICE"))
-        shown = slack.message("D0ALICE", msg.ts).shown
+        await t.wait_for(lambda: not approval_messages(fake_slack, "D0ALICE"))
+        shown = fake_slack.message("D0ALICE", msg.ts).shown
         assert "the bridge restarted" in shown and "lookup" in shown
         await asyncio.wait_for(t.channel.ready.wait(), 10)  # the record is rewritten after the last update
         assert await t.channel.host.get_state(OPEN_STATE) == "[]"
@@ -936,21 +934,22 @@ async def test_approval_buttons_left_by_a_crash_say_the_restart_denied_them(tmp_
         await t.close()
 
 
-async def test_a_fallback_that_timed_out_is_repeated_once_not_once_per_background_try(tmp_path, fake_openai, slack):
+async def test_a_fallback_that_timed_out_is_repeated_once_not_once_per_background_try(
+        tmp_path, fake_openai, fake_slack):
     # Slack carries every post out but answers too late: the client times out, so each may have been shown
     # (chat.postMessage has no idempotency key). The call policy repeats the post once; the background does
     # not post it again, or the conversation would show the answer once per try during the outage.
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-    t = await slack_harness(tmp_path, fake_openai, slack, call_timeout=0.3,
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, call_timeout=0.3,
                             core={"redelivery_delays": (0.05, 0.05, 0.05)})
     try:
-        slack.fail("reactions.add", error="channel_not_found")  # no live delivery: the plain reply only
-        slack.fail("chat.postMessage", error="internal_error", apply_first=True, hang=30.0, times=1_000_000)
-        await t.deliver(slack.user_message("capital of France?"))
+        fake_slack.fail("reactions.add", error="channel_not_found")  # no live delivery: the plain reply only
+        fake_slack.fail("chat.postMessage", error="internal_error", apply_first=True, hang=30.0, times=1_000_000)
+        await t.deliver(fake_slack.user_message("capital of France?"))
         await t.settle()
         await t.wait_for(lambda: not any(x.get_name().startswith("redeliver:") for x in asyncio.all_tasks()),
                          timeout=10)
-        assert slack.visible("D0ALICE") == [ANSWER, ANSWER]  # the one repeat of a post that timed out
-        assert slack.count("chat.postMessage") == 2
+        assert fake_slack.visible("D0ALICE") == [ANSWER, ANSWER]  # the one repeat of a post that timed out
+        assert fake_slack.count("chat.postMessage") == 2
     finally:
         await t.close()

@@ -4,65 +4,37 @@ with its Block Kit button, and the thread ends with exactly one final answer."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from core.settings import SubagentProfile, SubagentSettings
 from tests.browser.server import RecordingTool, registry
-from tests.fakes.openai_server import Function, Text, ToolCalls
-from tests.fakes.slack import FakeSlack
+from tests.fakes.openai_server import Function
 from tests.fakes.slack.harness import slack_harness
-
-CHILD_WORDS = "The lookup says 42 apples."
-FINAL = "There are 42 apples."
-
-
-@pytest.fixture
-async def slack():
-    async with FakeSlack() as fake:
-        yield fake
-
-
-def first_user_text(body):
-    return next(m["content"] for m in body["messages"] if m["role"] == "user")
-
-
-def route(body):
-    tool_results = [m for m in body["messages"] if m["role"] == "tool"]
-    if not first_user_text(body).startswith("TASK"):
-        if tool_results:
-            return Text(FINAL)
-        return ToolCalls([("run_subagent", json.dumps({"task": "TASK count apples", "profile": "counter"}))],
-                         ids=["call_P"])
-    if tool_results:
-        return Text(CHILD_WORDS)
-    return ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_C"])
+from tests.support.subagents import CHILD_WORDS, COUNTER, FINAL, counter_route
 
 
 @pytest.mark.parametrize("mode", ["socket", "http"])
-async def test_status_line_child_approval_from_the_button_and_one_final_answer(tmp_path, fake_openai, slack, mode):
+async def test_status_line_child_approval_from_the_button_and_one_final_answer(tmp_path, fake_openai, fake_slack, mode):
     tool = RecordingTool("lookup", result="42")
-    fake_openai.default = Function(route)
-    subagents = SubagentSettings(enabled=True, profiles=(SubagentProfile("counter", tools=("lookup",)),))
-    t = await slack_harness(tmp_path, fake_openai, slack, mode, core={"tools": registry(tool), "subagents": subagents})
+    fake_openai.default = Function(counter_route)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode,
+                            core={"tools": registry(tool), "subagents": COUNTER})
     try:
-        mention, _ = slack.mention("how many apples?")
+        mention, _ = fake_slack.mention("how many apples?")
         root = mention["event"]["ts"]
         await t.deliver(mention)
         status = "counter: TASK count apples · waiting for approval: lookup"
-        await t.wait_for(lambda: any(status in m.text for m in slack.messages("C0GENERAL")))
-        [prompt] = [m for m in slack.messages("C0GENERAL") if any(b.get("type") == "actions" for b in m.blocks)]
+        await t.wait_for(lambda: any(status in m.text for m in fake_slack.messages("C0GENERAL")))
+        [prompt] = [m for m in fake_slack.messages("C0GENERAL") if any(b.get("type") == "actions" for b in m.blocks)]
         assert prompt.thread_ts == root
         assert "asked by subagent counter: TASK count apples" in prompt.shown
         assert tool.calls == []
 
-        assert (await t.press(slack.press(prompt, "Allow"))).acked
+        assert (await t.press(fake_slack.press(prompt, "Allow"))).acked
         await t.settle()
         assert tool.calls == [{"query": "apples"}]
-        assert "Allowed by <@U0ALICE>" in slack.message("C0GENERAL", prompt.ts).shown
-        replies = [m.shown for m in slack.messages("C0GENERAL", thread_ts=root) if m.ts != prompt.ts]
+        assert "Allowed by <@U0ALICE>" in fake_slack.message("C0GENERAL", prompt.ts).shown
+        replies = [m.shown for m in fake_slack.messages("C0GENERAL", thread_ts=root) if m.ts != prompt.ts]
         assert replies == [FINAL]  # one final answer, no status line left, no child text
-        assert not any(CHILD_WORDS in m.shown for m in slack.messages("C0GENERAL"))
+        assert not any(CHILD_WORDS in m.shown for m in fake_slack.messages("C0GENERAL"))
     finally:
         await t.close()

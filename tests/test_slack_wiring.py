@@ -16,7 +16,8 @@ from bridge.config import load_config
 from tests.fakes.openai_server import Text
 from tests.fakes.slack import FakeSlack
 from tests.fakes.slack.sender import EventSender
-from tests.test_app import free_port, write_config
+from tests.support.ports import free_port
+from tests.test_app import write_config
 
 
 @contextlib.asynccontextmanager

@@ -34,8 +34,8 @@ from tests.fakes.openai_server import FakeOpenAI, Function, Hang, HttpError, Tex
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
 from tests.support.platforms import Bridge, FeishuPlatform, Platform, SlackPlatform, TelegramPlatform, feishu_fakes
+from tests.support.ports import free_port
 from tests.support.process import BridgeProcess, wait_for
-from tests.test_app import free_port
 
 SOAK_SECONDS = float(os.environ.get("CHATBRIDGE_SOAK_SECONDS", "20"))
 GROUPS = [-100100 - i for i in range(4)]

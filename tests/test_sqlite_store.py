@@ -16,20 +16,9 @@ from core.sqlite.schema import MIGRATIONS, migrate, schema_version
 from core.sqlite_store import SqliteStore
 from core.store import StaleStateError, StoreError
 from tests.support import db
+from tests.support.store import FakeClock, user
 
 KEY = "telegram:chat:1"
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def user(text: str) -> NewMessage:
-    return NewMessage(role="user", content=text, source=MessageSource(kind="user_input"))
 
 
 def assistant(text: str) -> NewMessage:

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import pytest
 
 from bridge.cli import main
 from bridge.config import ConfigError, load_config
+from tests.support.ports import free_port
 from tests.support.postgres import PostgresCluster
 
 PASSWORD = "pw-Sekr3t-9731"
@@ -101,9 +101,7 @@ def test_check_fails_when_postgresql_cannot_be_reached(tmp_path: Path, capsys: p
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("asyncpg", reason="the `postgresql` extra is not installed")
     monkeypatch.chdir(tmp_path)
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     code, out = _check(tmp_path, f"postgresql://chat:{PASSWORD}@127.0.0.1:{port}/chatbridge", capsys)
     assert code == 1
     assert "store: cannot reach the PostgreSQL database in [store] dsn: postgresql store: check failed" in out
@@ -114,9 +112,7 @@ def test_run_refuses_to_start_when_postgresql_cannot_be_reached(tmp_path: Path, 
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("asyncpg", reason="the `postgresql` extra is not installed")
     monkeypatch.chdir(tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     path = write(tmp_path, f'[store]\nbackend = "postgresql"\ndsn = "postgresql://chat:{PASSWORD}@127.0.0.1:{port}/db"\n'
                            '[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n'
                            f'[web]\nport = {port}\n')

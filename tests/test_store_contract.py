@@ -22,20 +22,9 @@ from core.agent.subagents import CHILD_GLOB, CHILD_MARK
 from core.messages import AttachmentRef, MessageSource, NewMessage, ToolCall
 from core.sqlite_store import SqliteStore
 from core.store import AttachmentRecord, StaleStateError, Store, StoreError, TurnEndedError, UnknownMessageError
+from tests.support.store import FakeClock, user
 
 KEY = "telegram:chat:1"
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def user(text: str) -> NewMessage:
-    return NewMessage(role="user", content=text, source=MessageSource(kind="user_input"))
 
 
 def assistant(text: str, turn_id: str | None = None) -> NewMessage:

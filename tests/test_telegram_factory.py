@@ -11,7 +11,8 @@ from bridge.app import run_app
 from bridge.cli import main
 from bridge.config import load_config
 from tests.fakes.telegram import FakeTelegram
-from tests.test_app import free_port, write_config
+from tests.support.ports import free_port
+from tests.test_app import write_config
 
 
 async def test_run_with_telegram_polls_and_reports_health(tmp_path, fake_openai):

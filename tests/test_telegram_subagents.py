@@ -13,10 +13,9 @@ from tests.browser.server import RecordingTool, registry
 from tests.fakes.openai_server import Function, Text, ToolCalls
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
+from tests.support.subagents import CHILD_WORDS, COUNTER, FINAL, counter_route, first_user_text
 
 ALLOW = "✅ Allow"
-CHILD_WORDS = "The lookup says 42 apples."
-FINAL = "There are 42 apples."
 
 
 @pytest.fixture
@@ -25,27 +24,10 @@ async def tg():
         yield fake
 
 
-def first_user_text(body):
-    return next(m["content"] for m in body["messages"] if m["role"] == "user")
-
-
-def route(body):
-    tool_results = [m for m in body["messages"] if m["role"] == "tool"]
-    if not first_user_text(body).startswith("TASK"):
-        if tool_results:
-            return Text(FINAL)
-        return ToolCalls([("run_subagent", json.dumps({"task": "TASK count apples", "profile": "counter"}))],
-                         ids=["call_P"])
-    if tool_results:
-        return Text(CHILD_WORDS)
-    return ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_C"])
-
-
 async def test_status_line_child_approval_from_the_keyboard_and_one_final_answer(tmp_path, fake_openai, tg):
     tool = RecordingTool("lookup", result="42")
-    fake_openai.default = Function(route)
-    subagents = SubagentSettings(enabled=True, profiles=(SubagentProfile("counter", tools=("lookup",)),))
-    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool), "subagents": subagents})
+    fake_openai.default = Function(counter_route)
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool), "subagents": COUNTER})
     try:
         tg.user_message("how many apples?")
         status = "⏳ counter: TASK count apples · waiting for approval: lookup"
@@ -138,9 +120,8 @@ async def test_stop_while_a_child_waits_for_approval_stops_both_and_nothing_runs
     import time
 
     tool = RecordingTool("lookup", result="42")
-    fake_openai.default = Function(route)
-    subagents = SubagentSettings(enabled=True, profiles=(SubagentProfile("counter", tools=("lookup",)),))
-    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool), "subagents": subagents})
+    fake_openai.default = Function(counter_route)
+    t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool), "subagents": COUNTER})
     try:
         tg.user_message("how many apples?")
         await t.wait_for(lambda: [m for m in tg.messages(555) if m.buttons])

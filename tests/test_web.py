@@ -14,6 +14,7 @@ from core.sqlite_store import SqliteStore
 from core.store import StoreError
 from tests.browser.server import open_stream, seq_of, start_web_chat
 from tests.fakes.openai_server import Function, HttpError, Text, last_user_text
+from tests.support.ports import free_port
 
 
 @pytest.fixture
@@ -552,14 +553,10 @@ def test_run_refuses_a_non_loopback_bind_without_a_token(tmp_path, capsys):
 
 
 async def test_run_app_serves_the_page_and_api_with_the_token(tmp_path, fake_openai):
-    import socket
-
     from bridge.app import run_app
     from bridge.config import load_config
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cfg = tmp_path / "c.toml"
     cfg.write_text(f"""
 [bridge]

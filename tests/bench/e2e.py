@@ -46,7 +46,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -70,6 +69,7 @@ from tests.bench.streaming import (  # noqa: E402
     stop_child,
     until_stdin_closes,
 )
+from tests.support.ports import free_port  # noqa: E402
 
 PLATFORMS = ("telegram", "slack", "feishu", "web")
 READY = {"polling", "connected", "webhook", "serving", "ready"}
@@ -86,12 +86,6 @@ LLM_PROCESSES = 4
 """Processes of the fake model: one process streams a few thousand chunks a second on a shared machine (its
 fair share of the CPU), less than 100 chats at 300 chunks in 3 s ask for."""
 WEB_UPDATE_INTERVAL = 0.05  # channels.web.channel.UPDATE_INTERVAL
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---- the platform side: what each platform shows, and when ----------------------------------------------

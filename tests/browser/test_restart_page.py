@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -19,17 +18,12 @@ import pytest
 from tests.browser.conftest import ARTIFACTS, CHROMIUM
 from tests.browser.test_chat_page import open_page, send
 from tests.fakes.openai_server import Text
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"{CHROMIUM} is absent (apt-get install chromium)")
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def start_bridge(config: Path, log: Path) -> asyncio.subprocess.Process:

@@ -16,13 +16,10 @@ from tests.browser.conftest import ARTIFACTS, CHROMIUM
 from tests.browser.server import RecordingTool, registry, start_web_chat
 from tests.browser.test_chat_page import open_page, send
 from tests.fakes.openai_server import Function, Text, ToolCalls
+from tests.support.subagents import first_user_text
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"{CHROMIUM} is absent (apt-get install chromium)")
-
-
-def first_user_text(body):
-    return next(m["content"] for m in body["messages"] if m["role"] == "user")
 
 
 async def test_child_cards_live_approval_reload_and_history(browser, tmp_path, fake_openai):

@@ -5,7 +5,6 @@ does (every route, every secret), which a test wiring the pieces by hand could m
 from __future__ import annotations
 
 import asyncio
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from bridge.app import run_app
 from bridge.config import AppConfig, load_config
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram import FakeTelegram
+from tests.support.ports import free_port
 
 TG_TOKEN = "424242:AAF-tgSECRET_0123456789abcdefghijkl"
 WEB_TOKEN = "web-AUTHSECRET-0123456789abcdef"
@@ -28,12 +28,6 @@ ENV = {"LLM_KEY": LLM_KEY, "TG_TOKEN": TG_TOKEN, "WEB_TOKEN": WEB_TOKEN, "HOOK_S
        "MCP_SECRET": MCP_SECRET}
 ECHO_SERVER = Path(__file__).resolve().parent.parent / "mcp_servers" / "echo_server.py"
 AUTH = {"Authorization": f"Bearer {WEB_TOKEN}"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _toml_str(value: str) -> str:

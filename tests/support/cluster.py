@@ -20,7 +20,7 @@ import aiohttp
 
 from tests.browser.server import Event, SSEClient, seq_of
 from tests.fakes.openai_server import FakeOpenAI, Reply, Text, last_user_text
-from tests.support.bridge_process import free_port
+from tests.support.ports import free_port
 from tests.support.process import BridgeProcess, get_json, postgresql_config, wait_for
 
 LEASE_SECONDS = 2

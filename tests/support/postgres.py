@@ -12,12 +12,13 @@ import contextlib
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.ports import free_port
 
 USER = "postgres"
 
@@ -35,18 +36,12 @@ def find_bindir() -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PostgresCluster:
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
         self.root = Path(tempfile.mkdtemp(prefix="chatbridge-pg-"))
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self._as_postgres = os.geteuid() == 0
 
     def _run(self, *args: str, timeout: float = 60) -> None:

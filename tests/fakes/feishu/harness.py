@@ -152,6 +152,13 @@ async def feishu_harness(tmp_path: Path, fake_openai: FakeOpenAI, fake: FakeFeis
 MODES = ["websocket", "webhook"]
 
 
+def every_mode(metafunc: Any) -> None:
+    """A test module's ``pytest_generate_tests`` (assign it there): every test of the module that uses the
+    ``feishu_bridge`` fixture runs once in each of MODES."""
+    if "feishu_bridge" in metafunc.fixturenames:
+        metafunc.parametrize("feishu_bridge", MODES, indirect=True)
+
+
 @contextlib.asynccontextmanager
 async def harnesses(mode: str, tmp_path: Path, fake_openai: FakeOpenAI,
                     fake: FakeFeishu) -> AsyncIterator[Callable[..., Awaitable[FeishuHarness]]]:
