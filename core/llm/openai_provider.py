@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -120,7 +120,7 @@ class OpenAIProvider:
             )
             async for chunk in chunks:
                 try:
-                    events = list(state.feed(chunk))
+                    events = state.feed(chunk)
                 except (AttributeError, TypeError, ValueError) as exc:
                     raise ProviderError(
                         ProviderErrorKind.MALFORMED, self._redact(f"unexpected chunk shape: {exc!r}")
@@ -221,9 +221,11 @@ class _StreamState:
     finish_reason: str | None = None
     usage: Usage | None = None
 
-    def feed(self, chunk: Any) -> Iterator[ProviderEvent]:
-        """Map one wire chunk (the JSON object of a ``data:`` line) to events. A chunk of the wrong shape
-        raises AttributeError/TypeError/ValueError, which the caller reports as MALFORMED."""
+    def feed(self, chunk: Any) -> list[ProviderEvent]:
+        """Map one wire chunk (the JSON object of a ``data:`` line) to events (a list, not a generator: this
+        runs for every streamed token). A chunk of the wrong shape raises AttributeError/TypeError/ValueError,
+        which the caller reports as MALFORMED."""
+        events: list[ProviderEvent] = []
         usage = chunk.get("usage")
         if usage:
             # some servers repeat (cumulative) usage on several chunks: keep the last, report once at the end
@@ -235,24 +237,25 @@ class _StreamState:
             if delta:
                 reasoning = _reasoning_text(delta)
                 if reasoning:
-                    yield ReasoningDelta(reasoning)
+                    events.append(ReasoningDelta(reasoning))
                 content = delta.get("content")
                 if content:
-                    yield TextDelta(str(content))
+                    events.append(TextDelta(str(content)))
                 refusal = delta.get("refusal")
                 if refusal:
-                    yield TextDelta(str(refusal))
+                    events.append(TextDelta(str(refusal)))
                 for position, call in enumerate(delta.get("tool_calls") or ()):
                     index = call.get("index")
                     function = call.get("function") or {}
-                    yield ToolCallDelta(
+                    events.append(ToolCallDelta(
                         index=int(index) if index is not None else position,
                         id=call.get("id") or None,
                         name=function.get("name") or None,
                         arguments=function.get("arguments") or "",
-                    )
+                    ))
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
+        return events
 
 
 def _reasoning_text(delta: Mapping[str, Any]) -> str:

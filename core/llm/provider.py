@@ -95,7 +95,9 @@ class TextDelta:
     text: str
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "text", sound_text(self.text))
+        text = sound_text(self.text)
+        if text is not self.text:  # set only when it changed: this runs for every streamed token
+            object.__setattr__(self, "text", text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ Each pipeline gets ``--chats`` chats that each send one message at once; a turn'
 message being available to the bridge (queued on the platform, or posted) to the whole reply being visible on
 the platform fake (measured there). CPU seconds and peak RSS are the measured process's own, from
 /proc/<pid>/stat and VmHWM of /proc/<pid>/status; platform calls and 429s are counted by the fake, which
-enforces its platform's published rate limits.
+enforces its platform's published rate limits (on Telegram the calls are also printed by method).
 
     python -m tests.bench.e2e                                 # every platform, 100 and 1000 chats
     python -m tests.bench.e2e --quick                         # every platform, 50 chats, 100 chunks
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -143,6 +144,10 @@ class Side:
         """The 429s by method and budget, where the fake tells them apart."""
         return {}
 
+    def by_method(self) -> dict[str, int]:
+        """The platform calls counted in ``counts`` by method, where the fake records them."""
+        return {}
+
 
 class TelegramSide(Side):
     async def start(self) -> dict[str, str]:
@@ -185,6 +190,9 @@ class TelegramSide(Side):
 
     def limited_by(self) -> dict[str, int]:
         return {f"{method} per {budget}": n for (method, budget), n in self.fake.limited_by.items()}
+
+    def by_method(self) -> dict[str, int]:
+        return dict(collections.Counter(c.method for c in self.fake.calls if c.method != "getUpdates"))
 
 
 class SlackSide(Side):
@@ -386,7 +394,8 @@ def serve_platform(platform: str) -> None:
             p = await request.json()
             calls, limited = side.counts()
             return web.json_response({**board.report(p["chats"], side.shown), "calls": calls, "limited": limited,
-                                      "limited_by": side.limited_by()})
+                                      "limited_by": side.limited_by(),
+                                      "by_method": side.by_method()})
 
         async def turn(request: web.Request) -> web.Response:
             """One message in one chat; answers once its whole reply is visible (or ``timeout`` has passed) with
@@ -843,7 +852,7 @@ def serve_minimal(platform: str, llm: str, fake: dict[str, str], gate: int = 0) 
     asyncio.run(main())
 
 
-# ---- where the product's CPU goes (py-spy, when installed) ---------------------------------------------
+# ---- where each pipeline's CPU goes (py-spy, when installed) -------------------------------------------
 
 SDKS = {"openai": "openai SDK", "aiogram": "aiogram", "slack_sdk": "slack_sdk", "slack_bolt": "slack_bolt",
         "lark_oapi": "lark-oapi", "aiosqlite": "aiosqlite (SQLite)"}
@@ -940,7 +949,7 @@ async def measure(platform: str, pipeline: str, chats: int, first: int, llm: str
                                      "--fake", json.dumps(fake))
             pid, target = proc.pid, "" if line == "ready" else line
         names = [f"{CHAT_PREFIX[platform]}{first + i}" for i in range(chats)]
-        profiler = start_profile(pid, Path(tmp) / "profile.txt") if profile and pipeline == "product" else None
+        profiler = start_profile(pid, Path(tmp) / "profile.txt") if profile else None
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
             cpu0, started = cpu_seconds(pid), time.monotonic()
             await control(http, fake["control"], "queue", chats=names, expected=expected, target=target)
@@ -966,7 +975,7 @@ async def measure(platform: str, pipeline: str, chats: int, first: int, llm: str
     return {"done": report["done"], "chats": chats, "wall": wall, "throughput": report["done"] / wall,
             "cpu_ms": cpu * 1000 / chats, "p50": statistics.median(lat), "p99": lat[int(0.99 * (len(lat) - 1))],
             "rss": rss, "calls": report["calls"] / chats, "limited": report["limited"],
-            "limited_by": report["limited_by"], "profile": shares}
+            "limited_by": report["limited_by"], "by_method": report["by_method"], "profile": shares}
 
 
 async def one_platform(platform: str, sizes: list[int], llm: str, expected: str, timeout: float,
@@ -993,6 +1002,9 @@ def print_row(r: dict[str, Any]) -> None:
           f"peak RSS {r['rss']:6.1f} MiB  {r['calls']:5.2f} calls/turn  429s {r['limited']}{lost}", flush=True)
     if r.get("limited_by"):
         print("      429s by budget: " + ", ".join(f"{k} {v}" for k, v in sorted(r["limited_by"].items())), flush=True)
+    if r.get("by_method"):
+        print("      calls/turn by method: " + ", ".join(
+            f"{k} {v / r['chats']:.2f}" for k, v in sorted(r["by_method"].items(), key=lambda kv: -kv[1])), flush=True)
     if r.get("profile"):
         print("      CPU samples: " + ", ".join(f"{k} {v:.0%}" for k, v in r["profile"].items()), flush=True)
 
@@ -1177,7 +1189,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--chunk-ms", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="50 chats, 100 chunks")
     parser.add_argument("--profile", action="store_true",
-                        help="sample the product with py-spy and print where its CPU goes (SDKs' shares)")
+                        help="sample the product and the floor with py-spy and print where their CPU goes")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the replies of one run")
     parser.add_argument("--llm-processes", type=int, default=LLM_PROCESSES,
                         help="processes serving the fake model's port (SO_REUSEPORT); "
