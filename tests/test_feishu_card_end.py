@@ -144,3 +144,18 @@ async def test_the_end_shows_at_once_not_at_the_chats_next_slot(feishu_bridge, f
     await t.wait_for(lambda: len(shown(fake_feishu)) == 1)  # the card is open
     rest.set()
     await t.wait_for(lambda: shown(fake_feishu) == [((FIRST + REST).strip(), False)], timeout=10)
+
+
+async def test_an_empty_answer_whose_card_cannot_be_recalled_is_ended_without_pointing_below(
+        feishu_bridge, fake_openai, fake_feishu):
+    # the recall keeps failing (Feishu's 5xx, beyond the call policy's tries): nothing follows an empty answer,
+    # so the card must not say the answer continues below; it stops streaming as it stands
+    hold = asyncio.Event()
+    fake_openai.script(Text("", hold=hold))
+    t = await feishu_bridge()
+    await t.say("say nothing")
+    await working_sign(t, fake_feishu)
+    fake_feishu.fail("message.delete", status=503, code=1500, times=1_000_000)
+    hold.set()
+    await t.settle()
+    assert shown(fake_feishu) == [("…", False)]

@@ -30,7 +30,8 @@ after /stop and a model failure: the terminal snapshot carries the notice; also 
 streaming itself, whose "[…]" summary would stay in the chat list otherwise). A card that holds no part of the
 final answer (an empty answer: it showed only "…" or tool activity) is recalled, as a stale preview is. If the
 close fails for good, the shared sink's fallback sends what the ledger says is missing; the card is then
-closed with a short "answer below" note when it can still be edited (``FeishuSink``). An aborted sink (core
+closed with a short "answer below" note when it can still be edited (``FeishuSink``), or, when nothing is
+missing (a recall that kept failing), only ended as it stands. An aborted sink (core
 gave up waiting for the end, shutdown, the session moved to another process) leaves the card's content as it
 is and ends its streaming in one call of its own, so it never stays looking live.
 
@@ -463,7 +464,8 @@ class CardStream:
 class FeishuSink(LiveSink):
     """The shared live sink with Feishu's two extras: a working reaction (where CardKit is not available) is
     removed at the end, and a card whose final update failed is closed with an "answer below" note before the
-    fallback. The working sign is opened with ``start_typing``: what is shown next, and the end, wait for it."""
+    fallback (when there is one: a card whose recall failed for an empty answer is only ended as it stands).
+    The working sign is opened with ``start_typing``: what is shown next, and the end, wait for it."""
 
     ops: FeishuOps
 
@@ -472,8 +474,10 @@ class FeishuSink(LiveSink):
             await super().finish(snapshot)
         except SinkError:
             current = self.ops.current
-            if current is not None:
-                await current.note_below()
+            if current is not None and self.undelivered(snapshot):
+                await current.note_below()  # core's fallback sends what is missing, below the card
+            elif current is not None and current.card is not None and not current.card.ended:
+                await self._end_card(current.card)  # nothing will follow: the card only stops looking live
             raise
         finally:
             await self._end_reaction()
