@@ -143,7 +143,8 @@ async def test_the_end_shows_at_once_not_at_the_chats_next_slot(feishu_bridge, f
     await t.say("capital of France?")
     await t.wait_for(lambda: len(shown(fake_feishu)) == 1)  # the card is open
     rest.set()
-    await t.wait_for(lambda: shown(fake_feishu) == [((FIRST + REST).strip(), False)], timeout=10)
+    await t.wait_for(lambda: not shown(fake_feishu)[0][1], timeout=10)  # the card's streaming has ended
+    assert shown(fake_feishu) == [((FIRST + REST).strip(), False)]  # the whole answer, in the one card
 
 
 async def test_an_empty_answer_whose_card_cannot_be_recalled_is_ended_without_pointing_below(
