@@ -85,6 +85,14 @@ async def fake_anthropic() -> AsyncIterator[FakeAnthropic]:
         yield fake
 
 from tests.fakes.slack import FakeSlack  # noqa: E402
+from tests.fakes.telegram import FakeTelegram  # noqa: E402
+
+
+@pytest.fixture
+async def tg() -> AsyncIterator[FakeTelegram]:
+    """A started fake Telegram Bot API on 127.0.0.1 (``base_url`` and ``token`` are what aiogram takes)."""
+    async with FakeTelegram() as fake:
+        yield fake
 
 
 @pytest.fixture

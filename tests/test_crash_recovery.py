@@ -7,11 +7,8 @@ stores the polling offset), so this is where a message accepted but only held in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, Function, Text, ToolCalls, image_parts, last_user_text
 from tests.fakes.telegram import FakeTelegram
@@ -21,11 +18,6 @@ from tests.support.process import BridgeProcess, fetched_past, open_approvals, w
 CHAT = 555
 INTERRUPTED = "⚠️ The bridge restarted while answering your last message. Please send it again."
 
-
-@pytest.fixture
-async def tg() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 def write_config(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> Path:

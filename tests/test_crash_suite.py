@@ -29,7 +29,6 @@ import random
 import re
 import sqlite3
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,11 +56,6 @@ STARTUP = 180.0
 """Seconds a (re)started process may take to receive on every platform: generous, as a loaded machine starts
 slowly, not wrongly (importing lark-oapi alone takes seconds)."""
 
-
-@pytest.fixture
-async def tg() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 def write_config(tmp_path: Path, fake_openai: FakeOpenAI, channels: str, port: int) -> Path:

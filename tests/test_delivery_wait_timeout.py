@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from channels.slack.render import safe_mrkdwn
 from tests.fakes.feishu import FakeFeishu
 from tests.fakes.feishu.harness import CHAT as FEISHU_CHAT
 from tests.fakes.openai_server import Text
 from tests.fakes.slack.harness import slack_harness
-from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
 
 TG_CHAT = 555
@@ -37,11 +33,6 @@ WAIT = {"delivery_wait_timeout": 0.5}
 def squash(text: str) -> str:
     return re.sub(r"\s+", "", text)
 
-
-@pytest.fixture
-async def tg() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 # ---- Telegram -------------------------------------------------------------------------------------------

@@ -8,18 +8,12 @@ import pytest
 
 from core.media.transcribe import Transcriber
 from tests.fakes.openai_server import HttpError, Text, image_parts, last_user_text
-from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
 from tests.support.media import jpeg, pdf, png_bomb, voice_ogg
 
 CHAT = 555
 MB = 1_000_000
 
-
-@pytest.fixture
-async def tg():
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 def stored_files(tmp_path) -> list[str]:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.app import run_app
 from bridge.config import load_config
 from tests.fakes.openai_server import HttpError, Text
-from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
 from tests.support.ports import free_port
 from tests.test_app import write_config
@@ -34,11 +32,6 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def value(text: str, name: str, **labels: str) -> float:
     return samples(text).get((name, tuple(sorted(labels.items()))), 0.0)
 
-
-@pytest.fixture
-async def tg():
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 async def test_a_turn_with_a_model_retry_a_429_and_a_fallback_is_counted(tmp_path, fake_openai, tg):

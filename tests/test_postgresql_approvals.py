@@ -13,13 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import asyncpg
-import pytest
 
 from tests.fakes.feishu import FakeFeishu, WebhookSender
 from tests.fakes.feishu.events import Mention
@@ -38,11 +36,6 @@ ASK = '[agent]\ntitles = false\ntool_approval = { current_time = "ask" }\n'
 RESTARTED = "⛔ Denied: the bridge restarted."
 NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can decide this."
 
-
-@pytest.fixture
-async def tg() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 async def state_is(port: int, channel: str, expected: str) -> bool:

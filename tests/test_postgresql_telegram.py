@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 from aiohttp import web
 
 from channels.telegram.channel import SECRET_HEADER
@@ -33,12 +31,6 @@ from tests.fakes.telegram.harness import TelegramHarness, telegram_harness
 from tests.support.ports import free_port
 from tests.support.postgres import PostgresCluster
 from tests.support.process import BridgeProcess, fetched_past, postgresql_config, wait_for
-
-
-@pytest.fixture
-async def tg() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 def write_config(directory: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, dsn: str, port: int) -> Path:

@@ -13,7 +13,7 @@ from channels.telegram.approvals import NOT_YOURS
 from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.openai_server import Text, ToolCalls
-from tests.fakes.telegram import FakeTelegram, Shown
+from tests.fakes.telegram import Shown
 from tests.fakes.telegram.harness import TelegramHarness, telegram_harness
 
 GROUP = -100777
@@ -21,11 +21,6 @@ ALICE = 777
 ASK = ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_T1"])
 ALLOW, DENY = "✅ Allow", "❌ Deny"
 
-
-@pytest.fixture
-async def tg():
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 @pytest.fixture

@@ -24,12 +24,10 @@ import os
 import random
 import re
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, Function, Hang, HttpError, Text, last_user_text
 from tests.fakes.slack import FakeSlack
@@ -51,11 +49,6 @@ CALL_TIMEOUT = 10.0
 (the run waits each hang out in full). Far above what any call to a fake on this machine takes: a call cut
 short that had landed could show a message twice."""
 
-
-@pytest.fixture
-async def tg() -> AsyncIterator[FakeTelegram]:
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 def rss_kb(pid: int) -> int:

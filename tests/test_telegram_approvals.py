@@ -19,11 +19,6 @@ ASK = ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_T1"])
 ALLOW, DENY = "✅ Allow", "❌ Deny"
 
 
-@pytest.fixture
-async def tg():
-    async with FakeTelegram() as fake:
-        yield fake
-
 
 @pytest.fixture
 def tool():

@@ -7,21 +7,14 @@ from __future__ import annotations
 import logging
 
 import aiohttp
-import pytest
 from aiohttp import web
 
 from channels.telegram.channel import OFFSET_KEY, SECRET_HEADER, WEBHOOK_PATH
 from tests.fakes.openai_server import Text
-from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
 
 CHAT = 555
 
-
-@pytest.fixture
-async def tg():
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 async def test_an_update_the_handler_fails_on_is_skipped_and_the_next_message_is_answered(

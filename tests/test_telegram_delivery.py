@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import re
 
-import pytest
 from telegramify_markdown import convert
 
 from channels.common.splitter import open_fence, utf16_len
@@ -21,11 +20,6 @@ CHAT = 555
 ANSWER = "The capital of France is **Paris**, a city on the Seine."
 SHOWN = "The capital of France is Paris, a city on the Seine."
 
-
-@pytest.fixture
-async def tg():
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 def final_edits(tg: FakeTelegram) -> list:

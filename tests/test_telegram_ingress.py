@@ -25,11 +25,6 @@ from tests.support.media import jpeg
 GROUP = -100777
 
 
-@pytest.fixture
-async def tg():
-    async with FakeTelegram() as fake:
-        yield fake
-
 
 def mention(tg: FakeTelegram, text_before: str = "") -> tuple[str, list[dict]]:
     at = f"@{tg.username}"

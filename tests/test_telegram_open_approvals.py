@@ -7,13 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
-
 from channels.common.open_approvals import OPEN_APPROVALS, RESTARTED
 from channels.telegram.approvals import GONE
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.openai_server import Text, ToolCalls
-from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
 
 CHAT = 555
@@ -24,11 +21,6 @@ def shown_ids(records: str) -> list[int]:
     """The message ids of the shown requests in a saved record (one saved before the post has none)."""
     return [r["message_id"] for r in json.loads(records) if "message_id" in r]
 
-
-@pytest.fixture
-async def tg():
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 async def test_requests_a_crash_left_open_say_the_restart_denied_them_and_late_presses_are_gone(

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from tests.fakes.openai_server import Text
 from tests.fakes.telegram import FakeTelegram, Fault
 from tests.fakes.telegram.harness import TelegramHarness, telegram_harness
@@ -20,11 +18,6 @@ ANSWER = "The capital of France is **Paris**, a city on the Seine."
 SHOWN = "The capital of France is Paris, a city on the Seine."
 BOLD = [{"type": "bold", "offset": 25, "length": 5}]
 
-
-@pytest.fixture
-async def tg():
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 def outage(tg: FakeTelegram) -> list[Fault]:

@@ -6,22 +6,14 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from core.settings import SubagentProfile, SubagentSettings
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.openai_server import Function, Text, ToolCalls
-from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
 from tests.support.subagents import CHILD_WORDS, COUNTER, FINAL, counter_route, first_user_text
 
 ALLOW = "✅ Allow"
 
-
-@pytest.fixture
-async def tg():
-    async with FakeTelegram() as fake:
-        yield fake
 
 
 async def test_status_line_child_approval_from_the_keyboard_and_one_final_answer(tmp_path, fake_openai, tg):
