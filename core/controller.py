@@ -74,7 +74,8 @@ class TurnController:
         self._listeners: list[EventListener] = []
         self._request_length = 0  # visible length when the current request began (a retry goes back to it)
         self._separate = False  # the next request's first text starts after a blank line
-        self._aborted = False
+        self._closed = False
+        """Set by an abort event or the terminal state: later events are ignored."""
         self.trace: list[TurnEvent] = []
         """Every complete (non-partial) event in stream order; written to the store after the turn. Events
         forwarded from child sessions are not part of it (each child keeps its own trace)."""
@@ -138,17 +139,18 @@ class TurnController:
     # ---- turn events ---------------------------------------------------------------------------
 
     def apply(self, event: TurnEvent) -> None:
-        """One turn event, in stream order. Nothing follows an abort event."""
-        if self._aborted or self.terminal:
+        """One turn event, in stream order. Nothing follows an abort event or the terminal state."""
+        if self._closed:
             return
-        if isinstance(event, Forwarded):
+        if event.partial:  # a streamed fragment (most events): not part of the trace
+            self._update(event)
+        elif isinstance(event, Forwarded):
             self._child_event(event.origin, event.event)
         else:
-            if not event.partial:
-                self.trace.append(event)
+            self.trace.append(event)
             self._update(event)
-        if isinstance(event, Abort):
-            self._aborted = True
+            if isinstance(event, Abort):
+                self._closed = True
         if self._listeners:
             for listener in list(self._listeners):
                 try:
@@ -290,6 +292,7 @@ class TurnController:
             self._pieces[:] = [text] if text else []
             self._length = len(text)
         self._state, self._error, self._approvals = state, error, ()
+        self._closed = True
         self._changed(urgent=True)
         self._wake(self._waiters)
         return self.snapshot

@@ -198,6 +198,9 @@ class AgentLoop:
         emit = self._emit
 
         def consume(event: TurnEvent) -> None:
+            if event.partial:  # a streamed fragment (most events): nothing of the round to record
+                emit(event)
+                return
             if isinstance(event, ToolOutput):
                 rnd.outputs[event.call_id] = event
             elif isinstance(event, SubagentEnded):
@@ -322,7 +325,8 @@ class _Assembler:
     def feed(self, event: ProviderEvent) -> None:
         if isinstance(event, TextDelta):
             if event.text:
-                self._open("text")
+                if self._segment != "text":
+                    self._open("text")
                 self._parts.append(event.text)
                 self._rnd.pieces.append(event.text)
                 self._push(PartialText("delta", event.text))

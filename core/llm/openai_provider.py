@@ -235,9 +235,10 @@ class _StreamState:
                 continue  # we never ask for n > 1
             delta = choice.get("delta")
             if delta:
-                reasoning = _reasoning_text(delta)
-                if reasoning:
-                    events.append(ReasoningDelta(reasoning))
+                if "reasoning_content" in delta or "reasoning" in delta:  # _REASONING_FIELDS; most deltas have none
+                    reasoning = _reasoning_text(delta)
+                    if reasoning:
+                        events.append(ReasoningDelta(reasoning))
                 content = delta.get("content")
                 if content:
                     events.append(TextDelta(str(content)))
