@@ -245,15 +245,17 @@ class _StreamState:
                 refusal = delta.get("refusal")
                 if refusal:
                     events.append(TextDelta(str(refusal)))
-                for position, call in enumerate(delta.get("tool_calls") or ()):
-                    index = call.get("index")
-                    function = call.get("function") or {}
-                    events.append(ToolCallDelta(
-                        index=int(index) if index is not None else position,
-                        id=call.get("id") or None,
-                        name=function.get("name") or None,
-                        arguments=function.get("arguments") or "",
-                    ))
+                tool_calls = delta.get("tool_calls")
+                if tool_calls:  # tested first: an ``enumerate`` on every token costs as much as the lookups
+                    for position, call in enumerate(tool_calls):
+                        index = call.get("index")
+                        function = call.get("function") or {}
+                        events.append(ToolCallDelta(
+                            index=int(index) if index is not None else position,
+                            id=call.get("id") or None,
+                            name=function.get("name") or None,
+                            arguments=function.get("arguments") or "",
+                        ))
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
         return events
