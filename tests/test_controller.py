@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from core.agent.events import ApprovalRequested, PartialText, RequestBegin, RequestEnd
+from core.agent.events import Abort, ApprovalRequested, CompleteText, PartialText, RequestBegin, RequestEnd
 from core.controller import TurnController
 
 
@@ -71,6 +71,26 @@ async def test_terminal_snapshot_is_final_and_late_events_are_ignored():
     text(c, " more")
     assert c.snapshot is final and final.terminal and final.text == "answer"
     assert c.finish("failed") is final
+
+
+async def test_nothing_follows_an_abort_or_the_end_for_the_snapshot_the_trace_or_a_listener():
+    for end in ("abort", "finish"):
+        c = TurnController("t1", "s1")
+        heard: list[object] = []
+        c.subscribe(heard.append)
+        text(c, "partial answer")
+        c.apply(CompleteText("partial answer"))
+        if end == "abort":
+            c.apply(Abort("stop"))
+        else:
+            c.finish("completed")
+        before = c.snapshot
+        text(c, " late")
+        c.apply(CompleteText(" late"))
+        assert c.snapshot is before and c.text == "partial answer", end
+        assert [type(e).__name__ for e in c.trace] == ["CompleteText"] + (["Abort"] if end == "abort" else [])
+        assert [type(e).__name__ for e in heard] == ["PartialText", "CompleteText"] + (
+            ["Abort"] if end == "abort" else [])
 
 
 async def test_a_retried_request_rewinds_the_text_and_raises_the_epoch():
