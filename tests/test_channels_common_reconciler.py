@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from channels.common.errors import PlatformError
@@ -21,7 +23,8 @@ class Ops:
         if self.fail:
             raise self.fail.pop(0)
 
-    async def send(self, part: Part, key: str) -> str:
+    async def send(self, content: Callable[[], Part], key: str) -> str:
+        part = content()
         self.keys.append(key)
         self._maybe_fail()
         self._ids += 1
