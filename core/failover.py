@@ -141,8 +141,10 @@ class SessionFailover:
     # -- what a worker calls (core.session.Takeover)
 
     async def take(self, key: str) -> None:
-        # the session's own turn and its subagents' (they ran inside it, in the same process)
-        for turn in await self._store.close_interrupted_turns(key=key, prefix=key + CHILD_MARK):
+        # the session's own turn and its subagents' (they ran inside it, in the same process); the subagents'
+        # notices first, so once the chat is told (the parent's notice) every child's history says so too
+        closed = await self._store.close_interrupted_turns(key=key, prefix=key + CHILD_MARK)
+        for turn in sorted(closed, key=lambda t: t.session_key == key):
             log.info("taking over %s: its turn %s was left running by a process that stopped", turn.session_key,
                      turn.turn_id)
             await self._recovery.interrupted(turn)

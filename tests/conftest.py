@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 _ROOT = str(Path(__file__).resolve().parent.parent)
@@ -74,6 +75,13 @@ async def fake_openai() -> AsyncIterator[FakeOpenAI]:
     """A started fake OpenAI-compatible server on 127.0.0.1; ``base_url`` ends with ``/v1``."""
     async with FakeOpenAI() as fake:
         yield fake
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """An HTTP client for a test's requests to the web chat's API."""
+    async with aiohttp.ClientSession() as session:
+        yield session
+
 
 from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
 

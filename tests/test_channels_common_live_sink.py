@@ -17,6 +17,7 @@ from channels.common.throttle import Scope, Throttle
 from core.agent.events import PartialText, RequestBegin, RequestEnd
 from core.controller import TurnController
 from core.snapshot import TurnSnapshot
+from tests.support.clock import GatedClock
 
 NO_GATE = LiveSettings(first_chars=0, first_delay=0.0)
 
@@ -248,3 +249,37 @@ async def test_a_delayed_working_sign_is_shown_while_nothing_else_is():
     sink.start_typing(delay=0.01)
     await until(lambda: chat.typed == 1)
     assert chat.shown == {}
+
+
+# ---- a new message carries what the turn shows when its slot comes -------------------------------------
+
+
+async def test_a_first_message_that_waited_while_the_reply_outgrew_it_carries_the_newest_first_part():
+    clock = GatedClock()
+    calls = Calls(Throttle(clock=clock), CallPolicy(timeout=None))
+    sends = Scope("bot:sends", 1.0)
+    await calls.throttle.reserve((sends,))  # another chat's new message took the bot's slot
+    chat = Chat(limit=40)
+    sink = LiveSink(chat, PlainRenderer(), calls, settings=NO_GATE, send_scopes=(sends,))
+    c = TurnController("t", "s")
+    following = asyncio.create_task(sink.follow(c))
+    await stream_text(c, "word0 ")
+    for _ in range(200):  # the first message is booked with "word0 " and waits for its slot
+        if clock.waiting:
+            break
+        await asyncio.sleep(0.005)
+    words = ["word0 "] + [f"word{i} " for i in range(1, 30)]
+    await stream_text(c, *words[1:])  # meanwhile the reply outgrew one message
+    expected = split_text("".join(words), 40, measure=len)
+    clock.gate.set()
+    for _ in range(200):
+        if chat.calls:
+            break
+        await asyncio.sleep(0.005)
+    assert chat.calls[0] == ("send", "1", expected[0])
+    final = c.finish("completed")
+    await asyncio.wait_for(following, 1)
+    await sink.finish(final)
+    assert list(chat.shown.values()) == expected
+    assert [call[1] for call in chat.calls if call[0] == "send"] == [str(i + 1) for i in range(len(expected))]
+    assert sink.undelivered(final) == ""

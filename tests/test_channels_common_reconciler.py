@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from channels.common.errors import PlatformError
@@ -21,7 +23,8 @@ class Ops:
         if self.fail:
             raise self.fail.pop(0)
 
-    async def send(self, part: Part, key: str) -> str:
+    async def send(self, content: Callable[[], Part], key: str) -> str:
+        part = content()
         self.keys.append(key)
         self._maybe_fail()
         self._ids += 1
@@ -127,3 +130,36 @@ def test_the_rest_after_a_kept_preview_that_stopped_inside_a_word_says_it_goes_o
     ledger.keep(1)
     final = [Part.plain("Hello world, and more"), Part.plain("Second part ends here. Then this.")]
     assert ledger.unshown(final) == ["…rld, and more", "Then this."]
+
+
+async def test_a_send_carries_the_part_decided_when_its_slot_came_and_the_ledger_records_that_part():
+    ops = Ops()
+    r = Reconciler(ops)
+    asked: list[tuple[int, str]] = []
+
+    def at_slot(index: int, booked: Part) -> Part:
+        asked.append((index, booked.text))
+        return Part.plain("Hello, the newer text")
+
+    await r.apply([Part.plain("Hello")], final=False, at_slot=at_slot)
+    assert ops.calls == [("send", "Hello, the newer text")]
+    assert asked == [(0, "Hello")]
+    assert [e.part.text for e in r.ledger.entries] == ["Hello, the newer text"]
+    await r.apply([Part.plain("Hello, the newer text")], final=False)
+    assert len(ops.calls) == 1  # the ledger's record matches what the chat shows: nothing to do
+
+
+async def test_every_try_of_one_send_carries_the_part_first_decided_under_its_key():
+    class Retrying(Ops):
+        """Each send is tried twice (the first try's outcome unknown), as the call policy may."""
+
+        async def send(self, content: Callable[[], Part], key: str) -> str:
+            self.calls.append(("try", content().text))
+            return await super().send(content, key)
+
+    ops = Retrying()
+    r = Reconciler(ops)
+    newer = iter(["newer 1", "newer 2", "newer 3"])
+    await r.apply([Part.plain("booked")], final=True, at_slot=lambda i, booked: Part.plain(next(newer)))
+    assert ops.calls == [("try", "newer 1"), ("send", "newer 1")]
+    assert r.ledger.entries[0].part.text == "newer 1"

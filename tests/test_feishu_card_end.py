@@ -55,7 +55,7 @@ async def test_a_model_failure_before_any_text_ends_the_working_card_with_the_no
         feishu_bridge, fake_openai, fake_feishu):
     # the model goes silent before its first word (the working card shows by then); the retry is refused
     fake_openai.script(Hang(2), HttpError.auth(), HttpError.auth())
-    t = await feishu_bridge()
+    t = await feishu_bridge(core={"request_timeout": 1.0})  # the silence that ends the first attempt
     await t.say("go")
     await working_sign(t, fake_feishu)
     await t.settle()

@@ -185,7 +185,7 @@ async def test_stop_closes_the_streaming_card_with_the_partial_answer(feishu_bri
 async def test_a_model_failure_closes_the_card_with_the_notice(feishu_bridge, fake_openai, fake_feishu):
     # the model goes silent mid-answer (the card is streaming by then); the retry is refused for good
     fake_openai.script(Hang(5, after_text="Some words before it breaks"), HttpError.auth(), HttpError.auth())
-    t = await feishu_bridge()
+    t = await feishu_bridge(core={"request_timeout": 1.0})  # the silence that ends the first attempt
     await t.say("go")
     await t.settle()
     assert fake_feishu.cards and every_card_closed(fake_feishu)

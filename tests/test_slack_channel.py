@@ -793,7 +793,8 @@ async def test_a_native_stream_rewound_by_a_retried_model_answer_shows_only_the_
     never = asyncio.Event()  # the first attempt stalls mid-answer: core's request timeout retries it
     fake_openai.script(Text(first, chunk_size=20, delay=0.005, hold=never, hold_after=len(first) - 20),
                        Text(answer.strip(), chunk_size=10, delay=0.01))
-    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, stream_transport="auto")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, stream_transport="auto",
+                            core={"request_timeout": 1.0})  # the silence that ends the first attempt
     try:
         mention, _ = fake_slack.mention("answer me")
         root = mention["event"]["ts"]

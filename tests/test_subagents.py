@@ -10,13 +10,10 @@ import json
 import time
 from typing import Any
 
-import aiohttp
-import pytest
-
 from core.settings import SubagentProfile, SubagentSettings
 from core.tools.base import ToolRegistry
 from core.tools.builtin import CurrentTime
-from tests.browser.server import RecordingTool, open_stream, registry, start_web_chat
+from tests.browser.server import RecordingTool, new_session, open_stream, registry, start_web_chat
 from tests.fakes.openai_server import Function, HttpError, Text, ToolCalls
 from tests.support.db import traces
 
@@ -45,18 +42,6 @@ def subagent(task: str, profile: str | None = None) -> tuple[str, str]:
 
 def enabled(**kw: Any) -> SubagentSettings:
     return SubagentSettings(enabled=True, **kw)
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def new_session(http, base) -> str:
-    async with http.post(f"{base}/api/sessions") as resp:
-        assert resp.status == 201
-        return (await resp.json())["id"]
 
 
 async def say(http, base, sid, text):

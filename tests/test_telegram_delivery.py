@@ -12,9 +12,11 @@ import re
 from telegramify_markdown import convert
 
 from channels.common.splitter import open_fence, utf16_len
+from core.events import TurnStarted
 from tests.fakes.openai_server import Hang, HttpError, Text
 from tests.fakes.telegram import FakeTelegram
 from tests.fakes.telegram.harness import telegram_harness
+from tests.support.clock import GatedClock
 
 CHAT = 555
 ANSWER = "The capital of France is **Paris**, a city on the Seine."
@@ -439,4 +441,83 @@ async def test_a_new_message_leaves_at_its_slot_while_edits_hold_every_connectio
         await t.wait_for(lambda: tg.visible(702) == [long], timeout=15)
     finally:
         edits.set()
+        await t.close()
+
+
+async def _first_send_waits_for_its_slot(t, tg: FakeTelegram, clock: GatedClock, chat: int) -> None:
+    """Chat 801 gets a short answer, whose message takes the bot's next slot for a new message (the throttle's
+    time stands still: ``clock``); then ``chat``'s first message, due while its turn streams, waits for its slot
+    in that budget, as it does behind hundreds of chats streaming at once."""
+    tg.user_message("hello", chat_id=801, user_id=801)
+    await t.wait_for(lambda: tg.visible(801) == ["Hello."])
+    tg.user_message("capital of France?", chat_id=chat, user_id=chat)
+    await t.wait_for(lambda: clock.waiting == 1)
+
+
+async def test_a_first_message_whose_slot_comes_after_the_turn_ended_shows_the_final_answer_in_one_call(
+        tmp_path, fake_openai, tg):
+    # what a new message carries is decided when its slot comes, not when it was booked: the turn has ended
+    # by then, so the one message shows the formatted answer and no edit follows
+    clock = GatedClock()
+    rest = asyncio.Event()
+    fake_openai.script(Text("Hello."), Text(ANSWER, chunk_size=4, hold=rest, hold_after=28))
+    t = await telegram_harness(tmp_path, fake_openai, tg, clock=clock)
+    try:
+        await _first_send_waits_for_its_slot(t, tg, clock, CHAT)
+        rest.set()
+        await t.wait_for(lambda: len(t.h.commits()) == 2)  # the turn is over (committed, then shown)
+        clock.gate.set()
+        await t.settle()
+        [msg] = tg.messages(CHAT)
+        assert (msg.text, msg.entities) == (SHOWN, [{"type": "bold", "offset": 25, "length": 5}])
+        assert [c.method for c in tg.calls_to(CHAT, "sendMessage", "editMessageText")] == ["sendMessage"]
+    finally:
+        clock.gate.set()
+        await t.close()
+
+
+async def test_a_first_message_whose_slot_comes_while_the_turn_streams_shows_the_newer_text(
+        tmp_path, fake_openai, tg):
+    clock = GatedClock()
+    rest = asyncio.Event()
+    long = " ".join(f"word{i}" for i in range(80))
+    fake_openai.script(Text("Hello."), Text(long, chunk_size=4, delay=0.05, hold=rest, hold_after=28))
+    t = await telegram_harness(tmp_path, fake_openai, tg, clock=clock)
+    try:
+        await _first_send_waits_for_its_slot(t, tg, clock, CHAT)
+        rest.set()
+        turn = [e for e in t.h.events if isinstance(e, TurnStarted)][-1].controller
+        await t.wait_for(lambda: len(turn.snapshot.text) >= 100)  # much more than when the send was booked
+        clock.gate.set()
+        await t.wait_for(lambda: tg.calls_to(CHAT, "sendMessage"))
+        first = tg.calls_to(CHAT, "sendMessage")[0].params["text"]
+        assert len(first) >= 100 and long.startswith(first)
+        await t.settle()
+        assert tg.visible(CHAT) == [long]
+    finally:
+        clock.gate.set()
+        await t.close()
+
+
+async def test_a_first_message_carrying_the_final_that_telegram_rejects_ends_as_the_plain_answer(
+        tmp_path, fake_openai, tg):
+    # the send that carries the formatted final (the turn ended while it waited) is refused for its
+    # formatting: the chat ends with the answer once, as plain text
+    clock = GatedClock()
+    rest = asyncio.Event()
+    fake_openai.script(Text("Hello."), Text(ANSWER, chunk_size=4, hold=rest, hold_after=28))
+    t = await telegram_harness(tmp_path, fake_openai, tg, clock=clock)
+    try:
+        await _first_send_waits_for_its_slot(t, tg, clock, CHAT)
+        tg.fail("sendMessage", description="Bad Request: can't parse entities: unsupported", times=100,
+                when=lambda p: bool(p.get("entities")))
+        rest.set()
+        await t.wait_for(lambda: len(t.h.commits()) == 2)
+        clock.gate.set()
+        await t.settle()
+        [msg] = tg.messages(CHAT)
+        assert msg.text == ANSWER and not msg.entities
+        assert tg.count("editMessageText") == 0
+    finally:
+        clock.gate.set()
         await t.close()

@@ -12,7 +12,7 @@ import pytest
 from channels.web.sse import StreamHub
 from core.sqlite_store import SqliteStore
 from core.store import StoreError
-from tests.browser.server import open_stream, seq_of, start_web_chat
+from tests.browser.server import new_session, open_stream, seq_of, start_web_chat
 from tests.fakes.openai_server import Function, HttpError, Text, last_user_text
 from tests.support.ports import free_port
 
@@ -24,18 +24,6 @@ async def chat(tmp_path, fake_openai):
         yield wc
     finally:
         await wc.close()
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def new_session(http, base) -> str:
-    async with http.post(f"{base}/api/sessions") as resp:
-        assert resp.status == 201
-        return (await resp.json())["id"]
 
 
 async def say(http, base, sid, text, client_id=None):

@@ -3,19 +3,12 @@
 
 from __future__ import annotations
 
-import aiohttp
 import pytest
 
-from tests.browser.server import RecordingTool, open_stream, registry, start_web_chat
+from tests.browser.server import RecordingTool, new_session, open_stream, registry, start_web_chat
 from tests.fakes.openai_server import Text, ToolCalls
 
 ASK = ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_A1"])
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 @pytest.fixture
@@ -30,12 +23,6 @@ async def chat(tmp_path, fake_openai, tool):
         yield wc
     finally:
         await wc.close()
-
-
-async def new_session(http, base) -> str:
-    async with http.post(f"{base}/api/sessions") as resp:
-        assert resp.status == 201
-        return (await resp.json())["id"]
 
 
 async def say(http, base, sid, text):

@@ -3,10 +3,9 @@ server), the message that carries them, the model's request, and downloads serve
 
 from __future__ import annotations
 
-import aiohttp
 import pytest
 
-from tests.browser.server import start_web_chat
+from tests.browser.server import new_session, start_web_chat
 from tests.fakes.openai_server import Text, image_parts, last_user_text
 from tests.support.media import png, png_bomb
 
@@ -18,17 +17,6 @@ async def chat(tmp_path, fake_openai):
         yield wc
     finally:
         await wc.close()
-
-
-@pytest.fixture
-async def http():
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def new_session(http, base) -> str:
-    async with http.post(f"{base}/api/sessions") as resp:
-        return (await resp.json())["id"]
 
 
 async def upload(http, base, sid, data: bytes, name: str, headers: dict[str, str] | None = None):

@@ -13,6 +13,9 @@ this is the rest of the ``TurnSink`` contract:
   the chat's next slot comes (``Throttle.ready_in``), never a backlog. It sleeps until that slot and is
   woken early only by what must be shown at once (new or ended approvals, the end of the turn). A
   streamed token therefore costs the sink nothing: rendering and splitting happen per platform call.
+- A new message's content is decided when its slot comes (``_at_slot``), not when it was booked: it may wait
+  long in a budget shared by every chat (a bot's new messages), so it carries the newest snapshot then, and
+  the final's rendering when the turn ended meanwhile (``finish`` then has nothing left to do).
 - Rendering at flush, in time linear in the reply: finished parts (every message but the last, once the
   reply outgrew one) are frozen, and only the unfinished tail is split and rendered again
   (``splitter.split`` from where the tail starts). A native stream gets only what was appended, or the
@@ -136,10 +139,10 @@ class _Paced:
     def __init__(self, sink: LiveSink) -> None:
         self._sink = sink
 
-    async def send(self, part: Part, key: str) -> str:
+    async def send(self, content: Callable[[], Part], key: str) -> str:
         s = self._sink
-        return await s.calls.call(lambda: s.ops.send(part, key), scopes=s.ops.scopes + s.send_scopes, retry=s.final,
-                                  idempotent=s.ops.capabilities.idempotent_sends)
+        return await s.calls.call(lambda: s.ops.send(content(), key), scopes=s.ops.scopes + s.send_scopes,
+                                  retry=s.final, idempotent=s.ops.capabilities.idempotent_sends)
 
     async def edit(self, message_id: str, part: Part) -> None:
         s = self._sink
@@ -209,6 +212,8 @@ class LiveSink:
         self._typing_skipped = asyncio.Event()
         """The opening typing indicator's call while nothing has waited for it yet (``start_typing``)."""
         self._final_cache: tuple[int, bool, list[Part]] | None = None
+        self._feed: TurnFeed | None = None
+        """The turn ``follow`` shows: a new message carries its newest snapshot (``_at_slot``)."""
 
     @property
     def ledger(self) -> Ledger:
@@ -253,6 +258,7 @@ class LiveSink:
             await asyncio.wait((opening,))
 
     async def follow(self, turn: TurnFeed) -> None:
+        self._feed = turn
         while not self._aborted and not self._finishing:
             snap = turn.snapshot
             if snap.terminal:
@@ -412,6 +418,13 @@ class LiveSink:
 
     async def _flush_messages(self, snap: TurnSnapshot) -> None:
         chunks = self._tail(snap)
+        desired = self._stream_parts(snap, chunks)
+        await self.reconciler.apply(desired, final=False, at_slot=self._at_slot(snap, len(desired)))
+        self._shown = self._shown or bool(self.ledger)
+        self._advance(snap, chunks, len(chunks) - 1)
+
+    def _stream_parts(self, snap: TurnSnapshot, chunks: list[Chunk]) -> list[Part]:
+        """What the messages show while ``snap`` streams: the frozen ones, then the tail with the status lines."""
         desired = [e.part for e in self.ledger.entries[:self._frozen]]
         texts = [c.text for c in chunks if c.text.strip()]
         status = status_lines(snap)
@@ -420,10 +433,32 @@ class LiveSink:
                 texts[-1] = self._with_status(texts[-1], status)
             else:
                 texts = [self._with_status("", status)]
-        desired += [self.render.stream_part(t) for t in texts]
-        await self.reconciler.apply(desired, final=False)
-        self._shown = self._shown or bool(self.ledger)
-        self._advance(snap, chunks, len(chunks) - 1)
+        return desired + [self.render.stream_part(t) for t in texts]
+
+    def _at_slot(self, booked: TurnSnapshot, count: int) -> Callable[[int, Part], Part]:
+        """What a new message of a flush of ``booked`` (``count`` parts) carries when its send's slot comes: the
+        turn's snapshot then, not the one it was booked with (a bot's budget of new messages may hold it for
+        tens of seconds). Once the turn is over, the final's part for that message, so ``finish`` finds it
+        shown (a format error on it ends in the plain final all the same); while it streams, the newest
+        rendering of the open message, when the newest text still agrees with the messages before it."""
+
+        def decide(index: int, part: Part) -> Part:
+            latest = self._feed.snapshot if self._feed is not None else booked
+            if latest is booked:
+                return part
+            if latest.terminal:
+                final = self._final_parts(latest)
+                return final[index] if index < len(final) else part
+            if index != count - 1 or latest.text_epoch != booked.text_epoch:
+                return part
+            newest = self._stream_parts(latest, self._tail(latest))  # the same epoch: the tail starts where it did
+            shown = self.ledger.entries[:index]
+            if len(newest) <= index or any(e.part.content != p.content for e, p in zip(shown, newest, strict=False)):
+                return part
+            self._flushed = (latest.text_epoch, len(latest.text), status_lines(latest))
+            return newest[index]
+
+        return decide
 
     async def _flush_stream(self, snap: TurnSnapshot, stream: NativeStream, *, urgent: bool = False) -> None:
         chunks = self._tail(snap)

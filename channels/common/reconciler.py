@@ -6,11 +6,18 @@ makes every message equal its final rendering. Each call repeats a target state 
 never "append Y", so a retried reconcile cannot duplicate text; the ledger records only accepted calls.
 A send carries an idempotency key that stays the same until that send is accepted, so a platform that
 honours one (Feishu's ``uuid``) never posts a retried send twice.
+
+A new message may wait long for its slot (a bot's budget of new messages over all its chats), so what it
+carries is decided when the slot comes, not when the reconcile began: ``apply``'s ``at_slot`` picks the part
+then (the newest rendering), once per send, so every retry of it carries the same part under its key, and
+the ledger records the part that was sent.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 from channels.common.errors import PlatformError
@@ -20,13 +27,28 @@ from channels.common.ledger import Ledger, Part
 class ReconcileOps(Protocol):
     """The three calls a reconcile makes (already paced and retried). Raise ``PlatformError`` on failure."""
 
-    async def send(self, part: Part, key: str) -> str:
-        """Post a new message; returns its id."""
+    async def send(self, content: Callable[[], Part], key: str) -> str:
+        """Post a new message showing ``content()``, asked when the call is about to reach the platform (its
+        slot came); returns the message's id."""
         ...
 
     async def edit(self, message_id: str, part: Part) -> None: ...
 
     async def delete(self, message_id: str) -> None: ...
+
+
+class _Content:
+    """What one send carries: ``booked`` unless ``decide`` picks another part, the first time the send's call asks
+    (its slot came); from then on the same part, for every retry of the send."""
+
+    def __init__(self, booked: Part, decide: Callable[[Part], Part] | None) -> None:
+        self.part = booked
+        self._decide = decide
+
+    def __call__(self) -> Part:
+        if self._decide is not None:
+            self.part, self._decide = self._decide(self.part), None
+        return self.part
 
 
 class Reconciler:
@@ -48,10 +70,12 @@ class Reconciler:
                 return True
         return False
 
-    async def apply(self, desired: list[Part], *, final: bool, open_last: bool = True) -> None:
+    async def apply(self, desired: list[Part], *, final: bool, open_last: bool = True,
+                    at_slot: Callable[[int, Part], Part] | None = None) -> None:
         """Make the chat show ``desired``. While streaming (not ``final``), frozen messages are left alone
         and, once every call succeeded, every message but the last (all of them: ``open_last=False``) is
-        frozen."""
+        frozen. ``at_slot(i, part)``: the part a new message ``i`` carries, asked when its send's slot came
+        (``part`` is the one desired now)."""
         ledger = self.ledger
         for i, part in enumerate(desired):
             if i < len(ledger):
@@ -67,9 +91,10 @@ class Reconciler:
                 ledger.accepted_edit(i, part)
             else:
                 key = self._keys.setdefault(i, uuid.uuid4().hex)
-                message_id = await self.ops.send(part, key)
+                content = _Content(part, None if at_slot is None else partial(at_slot, i))
+                message_id = await self.ops.send(content, key)
                 del self._keys[i]
-                ledger.accepted_send(message_id, part)
+                ledger.accepted_send(message_id, content.part)
         # surplus messages (the reply got shorter, e.g. a retried model answer): newest first
         for i in range(len(ledger) - 1, len(desired) - 1, -1):
             if ledger.entries[i].frozen and not final:

@@ -165,6 +165,13 @@ def _parse(block: bytes) -> Event | None:
     return Event(name, json.loads("\n".join(data)), eid, block)
 
 
+async def new_session(http: aiohttp.ClientSession, base: str) -> str:
+    """A new web chat session's id (``POST /api/sessions``)."""
+    async with http.post(f"{base}/api/sessions") as resp:
+        assert resp.status == 201
+        return str((await resp.json())["id"])
+
+
 async def open_stream(http: aiohttp.ClientSession, base: str, sid: str, last_event_id: str | None = None,
                       headers: dict[str, str] | None = None) -> SSEClient:
     h = dict(headers or {})

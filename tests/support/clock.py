@@ -23,6 +23,26 @@ class ManualClock(Clock):
         await asyncio.sleep(0)
 
 
+class GatedClock(ManualClock):
+    """Virtual time that stands still until the test opens ``gate``: a caller whose slot is not free yet (a send
+    behind another in the bot's budget of new messages) waits until then, as long as the test needs; ``waiting``
+    counts the callers held. Once the gate is open, sleeps pass at once, moving time on (``ManualClock``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.waiting = 0
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds > 0 and not self.gate.is_set():
+            self.waiting += 1
+            try:
+                await self.gate.wait()
+            finally:
+                self.waiting -= 1
+        await super().sleep(seconds)
+
+
 class HeldUpClock(Clock):
     """Virtual time for many callers at once, with one stretch in which the event loop is held up.
 

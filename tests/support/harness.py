@@ -24,7 +24,7 @@ API_KEY = "sk-test-SECRET-0123456789"
 
 FAST = CoreSettings(
     retry_delays=(0.01, 0.02),
-    request_timeout=1.0,
+    request_timeout=10.0,  # a held model request outlasts a loaded host; a test of the silence bound sets its own
     sink_open_timeout=0.3,
     delivery_wait_timeout=3.0,
     shutdown_timeout=4.0,
