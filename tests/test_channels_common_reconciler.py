@@ -163,3 +163,37 @@ async def test_every_try_of_one_send_carries_the_part_first_decided_under_its_ke
     await r.apply([Part.plain("booked")], final=True, at_slot=lambda i, booked: Part.plain(next(newer)))
     assert ops.calls == [("try", "newer 1"), ("send", "newer 1")]
     assert r.ledger.entries[0].part.text == "newer 1"
+
+
+class Deduping(Ops):
+    """A platform that honours a send's key: a repeated key gets the first message back, showing what its first
+    try carried; here the first try is carried out and its answer lost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_key: dict[str, str] = {}
+        self.lose_next_answer = False
+
+    async def send(self, content: Callable[[], Part], key: str) -> str:
+        if key in self.by_key:
+            self.calls.append(("send (the first message again)", content().text))
+            return self.by_key[key]
+        mid = await super().send(content, key)
+        self.by_key[key] = mid
+        if self.lose_next_answer:
+            self.lose_next_answer = False
+            raise PlatformError("502", kind="transient", outcome_unknown=True)
+        return mid
+
+
+async def test_a_repeated_send_on_a_platform_that_honours_keys_carries_its_first_part_then_edits():
+    ops = Deduping()
+    r = Reconciler(ops, honours_keys=True)
+    ops.lose_next_answer = True
+    with pytest.raises(PlatformError):
+        await r.apply(parts("The first words"), final=False)
+    await r.apply(parts("The first words and the whole answer."), final=True)  # the turn ended meanwhile
+    assert ops.calls == [("send", "The first words"), ("send (the first message again)", "The first words"),
+                         ("edit", "The first words and the whole answer.")]
+    assert ops.shown == {"1": Part.plain("The first words and the whole answer.")}
+    assert r.ledger.entries[0].part.text == "The first words and the whole answer."

@@ -326,6 +326,25 @@ async def test_a_send_whose_answer_was_lost_is_retried_with_its_uuid_and_posts_o
     assert len(replies) == 2 and replies[0].body["uuid"] == replies[1].body["uuid"]
 
 
+async def test_a_lost_send_repeated_with_its_uuid_after_the_turn_ended_still_shows_the_whole_answer(
+        feishu_bridge, fake_openai, fake_feishu):
+    # streaming by messages (CardKit refused): the first message, with the first words, is posted but its answer
+    # is lost, and the turn ends while it is on its way. Feishu answers the repeat (the same uuid) with the
+    # message first posted, which shows those first words: the repeat must not be taken for the final.
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, hold=hold, hold_after=30))
+    t = await feishu_bridge(core={"request_timeout": 30.0})
+    fake_feishu.fail("card.create", status=400, code=99991672, msg="no permission: cardkit:card:write", times=100)
+    fake_feishu.fail("message.reply", status=502, code=1500, apply_first=True, hang=2.0)  # posted, the answer lost
+    await t.say("capital of France?")
+    await t.wait_for(lambda: fake_feishu.count("message.reply") == 1)  # on its way
+    hold.set()  # the model's last words: the turn is over before the send fails
+    await t.settle()
+    assert t.texts() == [ANSWER]
+    replies = fake_feishu.calls_to("message.reply")
+    assert len(replies) == 2 and replies[0].body["uuid"] == replies[1].body["uuid"]  # posted once
+
+
 async def test_a_revoked_tenant_token_is_refreshed_once_and_the_reply_arrives(feishu_bridge, fake_openai, fake_feishu):
     fake_openai.script(Text("first"), Text("second"))
     t = await feishu_bridge()

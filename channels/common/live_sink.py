@@ -181,7 +181,7 @@ class LiveSink:
         self._limit = caps.limit
         self._measure = caps.measure or MEASURES[caps.unit]
         self.stream: NativeStream | None = ops.stream() if caps.native_stream else None
-        self.reconciler = Reconciler(_Paced(self))
+        self.reconciler = Reconciler(_Paced(self), honours_keys=caps.idempotent_sends)
         self.final = False
         """Set once the turn is over: calls are then retried within the policy."""
         self.deleting: str | None = None

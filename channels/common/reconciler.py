@@ -5,7 +5,10 @@ frozen parts (every message but the last, once the reply outgrew it) are left al
 makes every message equal its final rendering. Each call repeats a target state ("message 2 shows X"),
 never "append Y", so a retried reconcile cannot duplicate text; the ledger records only accepted calls.
 A send carries an idempotency key that stays the same until that send is accepted, so a platform that
-honours one (Feishu's ``uuid``) never posts a retried send twice.
+honours one (Feishu's ``uuid``) never posts a retried send twice. Such a platform answers a repeat with the
+message first posted, showing what the first try carried, whatever the repeat carries: so a repeat carries
+that same part again (the ledger then tells the truth), and an edit follows when the desired part has moved
+on meanwhile (the turn may even have ended while the first try was on its way).
 
 A new message may wait long for its slot (a bot's budget of new messages over all its chats), so what it
 carries is decided when the slot comes, not when the reconcile began: ``apply``'s ``at_slot`` picks the part
@@ -52,10 +55,13 @@ class _Content:
 
 
 class Reconciler:
-    def __init__(self, ops: ReconcileOps, ledger: Ledger | None = None) -> None:
+    def __init__(self, ops: ReconcileOps, ledger: Ledger | None = None, *, honours_keys: bool = False) -> None:
+        """``honours_keys``: the platform answers a repeated key with the first message (``idempotent_sends``)."""
         self.ops = ops
         self.ledger = ledger or Ledger()
-        self._keys: dict[int, str] = {}
+        self.honours_keys = honours_keys
+        self._tried: dict[int, tuple[str, Part]] = {}
+        """Sends not accepted yet, by message index: the key and the part the last try carried."""
 
     def pending(self, desired: list[Part], *, final: bool) -> bool:
         """Whether ``apply`` would make any call."""
@@ -90,11 +96,22 @@ class Reconciler:
                     raise
                 ledger.accepted_edit(i, part)
             else:
-                key = self._keys.setdefault(i, uuid.uuid4().hex)
-                content = _Content(part, None if at_slot is None else partial(at_slot, i))
-                message_id = await self.ops.send(content, key)
-                del self._keys[i]
+                tried = self._tried.get(i)
+                key = tried[0] if tried is not None else uuid.uuid4().hex
+                if tried is not None and self.honours_keys:
+                    content = _Content(tried[1], None)  # what the chat shows if the first try was carried out
+                else:
+                    content = _Content(part, None if at_slot is None else partial(at_slot, i))
+                try:
+                    message_id = await self.ops.send(content, key)
+                except BaseException:  # failed, timed out or cut off: it may have been carried out
+                    self._tried[i] = (key, content.part)
+                    raise
+                self._tried.pop(i, None)
                 ledger.accepted_send(message_id, content.part)
+                if tried is not None and self.honours_keys and content.part.content != part.content:
+                    await self.ops.edit(message_id, part)
+                    ledger.accepted_edit(i, part)
         # surplus messages (the reply got shorter, e.g. a retried model answer): newest first
         for i in range(len(ledger) - 1, len(desired) - 1, -1):
             if ledger.entries[i].frozen and not final:
