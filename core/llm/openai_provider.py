@@ -47,6 +47,7 @@ _CONTEXT_OVERFLOW_MARKERS = (
     "prompt is too long",
 )
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
+_REASONING_KEYS = frozenset(_REASONING_FIELDS)
 
 
 class OpenAIProvider:
@@ -235,7 +236,7 @@ class _StreamState:
                 continue  # we never ask for n > 1
             delta = choice.get("delta")
             if delta:
-                if "reasoning_content" in delta or "reasoning" in delta:  # _REASONING_FIELDS; most deltas have none
+                if not _REASONING_KEYS.isdisjoint(delta):  # most deltas have none
                     reasoning = _reasoning_text(delta)
                     if reasoning:
                         events.append(ReasoningDelta(reasoning))
