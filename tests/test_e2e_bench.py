@@ -48,3 +48,15 @@ def test_the_latency_mode_times_every_part_of_a_turn() -> None:
         # the model's stream lies between what comes before and after it
         assert all(abs(s["in"] + s["out"] - s["bridge"]) < 1e-6 for s in samples[pipeline])
         assert all(0 < s["first"] and s["bridge"] < s["total"] for s in samples[pipeline])
+
+
+def test_rounds_print_each_ratio_and_the_median_against_the_target(capsys: pytest.CaptureFixture[str]) -> None:
+    def row(pipeline: str, round_: int, cpu_ms: float) -> dict[str, object]:
+        return {"platform": "telegram", "pipeline": pipeline, "round": round_, "chats": 1000, "done": 1000,
+                "cpu_ms": cpu_ms, "p50": 40.0, "p99": 60.0, "rss": 270.0, "calls": 2.1, "limited": 0}
+
+    e2e.print_summary([row("product", 1, 15.0), row("minimal", 1, 10.0), row("minimal", 2, 10.0),
+                       row("product", 2, 18.0), row("product", 3, 14.0), row("minimal", 3, 10.0)])
+    out = capsys.readouterr().out
+    assert "CPU/turn  1.50x" in out and "CPU/turn  1.80x" in out and "(round 3)" in out
+    assert "over 3 rounds: median 1.50x, 1.40-1.80x, within 1.5x in 2 of 3" in out

@@ -979,17 +979,21 @@ async def measure(platform: str, pipeline: str, chats: int, first: int, llm: str
 
 
 async def one_platform(platform: str, sizes: list[int], llm: str, expected: str, timeout: float,
-                       profile: bool) -> list[dict[str, Any]]:
+                       profile: bool, rounds: int = 1) -> list[dict[str, Any]]:
+    """Each size's product and floor, one after the other (the order alternating from one run to the next),
+    ``rounds`` times."""
     fake_proc, line = start_child("tests.bench.e2e", "--serve-platform", platform)
     fake = json.loads(line)
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
-        for n, chats in enumerate(sizes):
-            for k, pipeline in enumerate(("product", "minimal") if n % 2 == 0 else ("minimal", "product")):
-                first = 1_000_000 * (1 + 2 * n + k)
-                row = await measure(platform, pipeline, chats, first, llm, fake, expected, timeout, profile)
-                rows.append({"platform": platform, "pipeline": pipeline, **row})
-                print_row(rows[-1])
+        for round_ in range(rounds):
+            for n, chats in enumerate(sizes):
+                turn = (round_ * len(sizes) + n) % 2
+                for pipeline in ("product", "minimal") if turn == 0 else ("minimal", "product"):
+                    first = 1_000_000 * (1 + len(rows))  # chat ids no earlier run used
+                    row = await measure(platform, pipeline, chats, first, llm, fake, expected, timeout, profile)
+                    rows.append({"platform": platform, "pipeline": pipeline, "round": round_ + 1, **row})
+                    print_row(rows[-1])
     finally:
         stop_child(fake_proc)
     return rows
@@ -1009,20 +1013,34 @@ def print_row(r: dict[str, Any]) -> None:
         print("      CPU samples: " + ", ".join(f"{k} {v:.0%}" for k, v in r["profile"].items()), flush=True)
 
 
+CPU_TARGET = 1.5
+"""The product's CPU per turn at most this many times the floor's."""
+
+
 def print_summary(rows: list[dict[str, Any]]) -> None:
     print("\nproduct against the floor (targets: CPU <= 1.5x, added p50 <= 20 ms, no lost reply, no 429, "
           "RSS <= 300 MiB at 1000 chats)")
-    pairs: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    pairs: dict[tuple[str, int, int], dict[str, dict[str, Any]]] = {}
     for r in rows:
-        pairs.setdefault((r["platform"], r["chats"]), {})[r["pipeline"]] = r
-    for (platform, chats), pair in pairs.items():
+        pairs.setdefault((r["platform"], r["chats"], r.get("round", 1)), {})[r["pipeline"]] = r
+    ratios: dict[tuple[str, int], list[float]] = {}
+    several = any(round_ > 1 for _, _, round_ in pairs)
+    for (platform, chats, round_), pair in pairs.items():
         if len(pair) < 2:
             continue
         p, m = pair["product"], pair["minimal"]
+        ratios.setdefault((platform, chats), []).append(p["cpu_ms"] / m["cpu_ms"])
         print(f"  {platform:8s} {chats:5d} chats: CPU/turn {p['cpu_ms'] / m['cpu_ms']:5.2f}x  "
               f"added p50 {1000 * (p['p50'] - m['p50']):+8.0f} ms  p99 {p['p99'] / m['p99']:5.2f}x  "
               f"RSS {p['rss']:6.1f} MiB ({p['rss'] / m['rss']:4.2f}x)  calls/turn {p['calls']:.2f} vs "
-              f"{m['calls']:.2f}  lost {p['chats'] - p['done']}  429s {p['limited']}", flush=True)
+              f"{m['calls']:.2f}  lost {p['chats'] - p['done']}  429s {p['limited']}"
+              f"{f'  (round {round_})' if several else ''}", flush=True)
+    for (platform, chats), values in ratios.items():
+        if len(values) > 1:
+            within = sum(v <= CPU_TARGET for v in values)
+            print(f"  {platform:8s} {chats:5d} chats: CPU/turn over {len(values)} rounds: median "
+                  f"{statistics.median(values):.2f}x, {min(values):.2f}-{max(values):.2f}x, within "
+                  f"{CPU_TARGET}x in {within} of {len(values)}", flush=True)
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -1032,7 +1050,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     try:
         for platform in args.platform:
             rows += await one_platform(platform, args.chats, llm, reply_text(args.chunks), args.timeout,
-                                       args.profile)
+                                       args.profile, args.rounds)
     finally:
         stop_child(llm_proc)
     return rows
@@ -1188,6 +1206,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--chunks", type=int, default=None)
     parser.add_argument("--chunk-ms", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="50 chats, 100 chunks")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure each size's product and floor this many times, alternating which goes "
+                             "first; prints each round's ratios and the median CPU ratio")
     parser.add_argument("--profile", action="store_true",
                         help="sample the product and the floor with py-spy and print where their CPU goes")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the replies of one run")
