@@ -7,7 +7,9 @@ channel (aiogram) against the fake Bot API, and asserts what the chat shows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+from collections.abc import Callable
 
 from telegramify_markdown import convert
 
@@ -454,26 +456,36 @@ async def _first_send_waits_for_its_slot(t, tg: FakeTelegram, clock: GatedClock,
     await t.wait_for(lambda: clock.waiting == 1)
 
 
-async def test_a_first_message_whose_slot_comes_after_the_turn_ended_shows_the_final_answer_in_one_call(
-        tmp_path, fake_openai, tg):
-    # what a new message carries is decided when its slot comes, not when it was booked: the turn has ended
-    # by then, so the one message shows the formatted answer and no edit follows
+@contextlib.asynccontextmanager
+async def _ended_while_its_first_send_waits(tmp_path, fake_openai, tg: FakeTelegram,
+                                            before_the_end: Callable[[], object] = lambda: None):
+    """A turn (the answer ``ANSWER``) that ends while its first message waits for its slot; yields the harness
+    once everything is shown."""
     clock = GatedClock()
     rest = asyncio.Event()
     fake_openai.script(Text("Hello."), Text(ANSWER, chunk_size=4, hold=rest, hold_after=28))
     t = await telegram_harness(tmp_path, fake_openai, tg, clock=clock)
     try:
         await _first_send_waits_for_its_slot(t, tg, clock, CHAT)
+        before_the_end()
         rest.set()
         await t.wait_for(lambda: len(t.h.commits()) == 2)  # the turn is over (committed, then shown)
         clock.gate.set()
         await t.settle()
-        [msg] = tg.messages(CHAT)
-        assert (msg.text, msg.entities) == (SHOWN, [{"type": "bold", "offset": 25, "length": 5}])
-        assert [c.method for c in tg.calls_to(CHAT, "sendMessage", "editMessageText")] == ["sendMessage"]
+        yield t
     finally:
         clock.gate.set()
         await t.close()
+
+
+async def test_a_first_message_whose_slot_comes_after_the_turn_ended_shows_the_final_answer_in_one_call(
+        tmp_path, fake_openai, tg):
+    # what a new message carries is decided when its slot comes, not when it was booked: the turn has ended
+    # by then, so the one message shows the formatted answer and no edit follows
+    async with _ended_while_its_first_send_waits(tmp_path, fake_openai, tg):
+        [msg] = tg.messages(CHAT)
+        assert (msg.text, msg.entities) == (SHOWN, [{"type": "bold", "offset": 25, "length": 5}])
+        assert [c.method for c in tg.calls_to(CHAT, "sendMessage", "editMessageText")] == ["sendMessage"]
 
 
 async def test_a_first_message_whose_slot_comes_while_the_turn_streams_shows_the_newer_text(
@@ -503,21 +515,11 @@ async def test_a_first_message_carrying_the_final_that_telegram_rejects_ends_as_
         tmp_path, fake_openai, tg):
     # the send that carries the formatted final (the turn ended while it waited) is refused for its
     # formatting: the chat ends with the answer once, as plain text
-    clock = GatedClock()
-    rest = asyncio.Event()
-    fake_openai.script(Text("Hello."), Text(ANSWER, chunk_size=4, hold=rest, hold_after=28))
-    t = await telegram_harness(tmp_path, fake_openai, tg, clock=clock)
-    try:
-        await _first_send_waits_for_its_slot(t, tg, clock, CHAT)
+    def refuse_formatting() -> None:
         tg.fail("sendMessage", description="Bad Request: can't parse entities: unsupported", times=100,
                 when=lambda p: bool(p.get("entities")))
-        rest.set()
-        await t.wait_for(lambda: len(t.h.commits()) == 2)
-        clock.gate.set()
-        await t.settle()
+
+    async with _ended_while_its_first_send_waits(tmp_path, fake_openai, tg, refuse_formatting):
         [msg] = tg.messages(CHAT)
         assert msg.text == ANSWER and not msg.entities
         assert tg.count("editMessageText") == 0
-    finally:
-        clock.gate.set()
-        await t.close()
