@@ -197,3 +197,14 @@ async def test_a_repeated_send_on_a_platform_that_honours_keys_carries_its_first
                          ("edit", "The first words and the whole answer.")]
     assert ops.shown == {"1": Part.plain("The first words and the whole answer.")}
     assert r.ledger.entries[0].part.text == "The first words and the whole answer."
+
+
+async def test_a_send_the_platform_refused_is_not_repeated_as_it_was():
+    # refused (its formatting here): nothing was posted under its key, so the next try carries the new part
+    ops = Deduping()
+    r = Reconciler(ops, honours_keys=True)
+    ops.fail.append(PlatformError("can't parse", kind="format"))
+    with pytest.raises(PlatformError):
+        await r.apply([Part("bold", formatting=("bold",))], final=True)
+    await r.apply(parts("bold"), final=True)  # the plain final
+    assert ops.calls == [("send", "bold")] and ops.shown == {"1": Part.plain("bold")}

@@ -60,8 +60,9 @@ class Reconciler:
         self.ops = ops
         self.ledger = ledger or Ledger()
         self.honours_keys = honours_keys
-        self._tried: dict[int, tuple[str, Part]] = {}
-        """Sends not accepted yet, by message index: the key and the part the last try carried."""
+        self._tried: dict[int, tuple[str, Part | None]] = {}
+        """Sends not accepted yet, by message index: the key, and the part the last try carried when it may
+        have been carried out (None when the platform refused it: nothing was posted)."""
 
     def pending(self, desired: list[Part], *, final: bool) -> bool:
         """Whether ``apply`` would make any call."""
@@ -98,18 +99,20 @@ class Reconciler:
             else:
                 tried = self._tried.get(i)
                 key = tried[0] if tried is not None else uuid.uuid4().hex
-                if tried is not None and self.honours_keys:
-                    content = _Content(tried[1], None)  # what the chat shows if the first try was carried out
+                shows = tried[1] if tried is not None and self.honours_keys else None
+                if shows is not None:
+                    content = _Content(shows, None)  # what the chat shows if the earlier try was carried out
                 else:
                     content = _Content(part, None if at_slot is None else partial(at_slot, i))
                 try:
                     message_id = await self.ops.send(content, key)
-                except BaseException:  # failed, timed out or cut off: it may have been carried out
-                    self._tried[i] = (key, content.part)
+                except BaseException as exc:
+                    refused = isinstance(exc, PlatformError) and exc.kind != "transient" and not exc.outcome_unknown
+                    self._tried[i] = (key, None if refused else content.part)
                     raise
                 self._tried.pop(i, None)
                 ledger.accepted_send(message_id, content.part)
-                if tried is not None and self.honours_keys and content.part.content != part.content:
+                if shows is not None and content.part.content != part.content:
                     await self.ops.edit(message_id, part)
                     ledger.accepted_edit(i, part)
         # surplus messages (the reply got shorter, e.g. a retried model answer): newest first
