@@ -5,7 +5,8 @@
    user about refused attachments. The attachments are fetched here, not at admission: a message resumed
    after a restart carries its envelope's attachments, and they are fetched (or found stored) then.
 2. TurnInputBuilder.prepare (system prompt + context + runtime context, once)
-3. TurnRunner (model ⟂ cancel; at most one overflow recovery)
+3. TurnRunner (model ⟂ cancel; at most one overflow recovery); an answer without a word gets a notice saying
+   so, so a message never ends with nothing in the chat
 4. TurnCommitter (generation/state_version check, atomic persistence — a turn without an answer keeps
    its terminal notice in history — then the terminal snapshot)
 5. DeliveryHandle.wait → plain fallback at most once; the turn is marked delivered only when the chat shows
@@ -21,6 +22,7 @@ with its interrupted notice (``core.failover``): the chat sees one terminal outc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from typing import Any
@@ -132,6 +134,9 @@ class ConversationExecutor:
             except Exception as exc:  # the agent could not run at all (e.g. shutting down): still one answer
                 log.exception("running the turn in %s failed", key)
                 outcome = Failed(TurnFailure(TurnFailureKind.AGENT_CREATION, repr(exc)), controller.text)
+        answered = not isinstance(outcome, Completed) or bool(outcome.text.strip())
+        if isinstance(outcome, Completed) and not answered:
+            outcome = self._say_empty(outcome)  # a chat is never left without a reply
 
         # 4. commit, and only then show the terminal state; a turn whose session moved to another process
         # meanwhile (its lease was lost, or the new holder closed the turn first) ends here: the new holder
@@ -159,7 +164,8 @@ class ConversationExecutor:
             await self._write_trace(key, turn_id, trace)
 
         # 6. title in the background
-        if isinstance(outcome, Completed) and committed.result and committed.result.history_revision == 1:
+        if isinstance(outcome, Completed) and answered and committed.result \
+                and committed.result.history_revision == 1:
             self._titles.schedule(key, base_generation, envelope.content, outcome.text)
         return _outcome_label(outcome)
 
@@ -213,6 +219,12 @@ class ConversationExecutor:
         except DeliveryStartError as exc:
             log.warning("live delivery unavailable for %s, replying plainly: %s", target.session_key, exc)
             return None
+
+    def _say_empty(self, outcome: Completed) -> Completed:
+        """A completed turn whose answer has no text: a notice saying so is what its final shows (and what history
+        keeps as a notice, never sent to the model)."""
+        notice = self._presenter.empty_answer()
+        return dataclasses.replace(outcome, text=notice, notice=notice)
 
     @staticmethod
     def _finish(controller: TurnController, outcome: TurnRunOutcome, notice: str | None) -> TurnSnapshot:

@@ -71,6 +71,9 @@ class TurnFailurePresenter:
     def cancelled(self, partial: str) -> str:
         return f"{partial}\n\n⏹ Stopped." if partial else "⏹ Stopped."
 
+    def empty_answer(self) -> str:
+        return "⚠️ The model finished without writing an answer. Please try again or rephrase your message."
+
     def busy(self, capacity: int) -> str:
         return (f"⏳ I'm still working on your earlier messages ({capacity} are waiting). This one was not "
                 "queued; please send it again in a moment.")

@@ -1,7 +1,7 @@
 """How a Feishu reply's streaming card ends, whatever the turn does: the card opened at once as the working
 sign ("…") always ends closed (``streaming_mode`` off) and showing the turn's outcome once — the stopped or
-failure notice, nothing at all for an empty answer — and a card whose streaming Feishu closed mid-turn still
-ends showing the whole answer once.
+failure notice, the empty-answer notice — a card left holding no part of the final answer is recalled, and a
+card whose streaming Feishu closed mid-turn still ends showing the whole answer once.
 
 The real chain and the real FeishuChannel (lark-oapi) against the fake Open API; each test asserts what the
 chat shows: the bot's messages, each card's text and whether it still streams.
@@ -63,9 +63,11 @@ async def test_a_model_failure_before_any_text_ends_the_working_card_with_the_no
     assert text.startswith("⚠️") and "rejected the bridge's credentials" in text and not streaming
 
 
-async def test_an_empty_answer_removes_the_working_card(feishu_bridge, fake_openai, fake_feishu):
-    # core sends nothing for an empty answer, as on the other platforms: the "…" card must not stay as if
-    # something were still coming
+EMPTY = "⚠️ The model finished without writing an answer. Please try again or rephrase your message."
+
+
+async def test_an_empty_answer_ends_the_working_card_with_its_notice(feishu_bridge, fake_openai, fake_feishu):
+    # the "…" card must not stay as if something were still coming, nor vanish as if the message went unanswered
     hold = asyncio.Event()
     fake_openai.script(Text("", hold=hold))
     t = await feishu_bridge()
@@ -73,10 +75,11 @@ async def test_an_empty_answer_removes_the_working_card(feishu_bridge, fake_open
     await working_sign(t, fake_feishu)
     hold.set()
     await t.settle()
-    assert shown(fake_feishu) == []
+    assert shown(fake_feishu) == [(EMPTY, False)]
+    assert fake_feishu.count("message.reply") == 1
 
 
-async def test_an_empty_answer_after_a_tool_removes_the_card_that_showed_the_tool(
+async def test_an_empty_answer_after_a_tool_ends_the_card_that_showed_the_tool_with_its_notice(
         feishu_bridge, fake_openai, fake_feishu):
     tool = RecordingTool("lookup", result="42 apples", approval="auto")
     hold = asyncio.Event()
@@ -87,7 +90,7 @@ async def test_an_empty_answer_after_a_tool_removes_the_card_that_showed_the_too
     hold.set()
     await t.settle()
     assert tool.calls == [{"query": "apples"}]
-    assert shown(fake_feishu) == []
+    assert shown(fake_feishu) == [(EMPTY, False)]
 
 
 class HeldTool(RecordingTool):
@@ -147,16 +150,26 @@ async def test_the_end_shows_at_once_not_at_the_chats_next_slot(feishu_bridge, f
     assert shown(fake_feishu) == [((FIRST + REST).strip(), False)]  # the whole answer, in the one card
 
 
-async def test_an_empty_answer_whose_card_cannot_be_recalled_is_ended_without_pointing_below(
-        feishu_bridge, fake_openai, fake_feishu):
-    # the recall keeps failing (Feishu's 5xx, beyond the call policy's tries): nothing follows an empty answer,
-    # so the card must not say the answer continues below; it stops streaming as it stands
-    hold = asyncio.Event()
-    fake_openai.script(Text("", hold=hold))
-    t = await feishu_bridge()
-    await t.say("say nothing")
-    await working_sign(t, fake_feishu)
-    fake_feishu.fail("message.delete", status=503, code=1500, times=1_000_000)
-    hold.set()
+LONG = "\n\n".join(f"Paragraph {i}: " + "words of a long first attempt " * 30 for i in range(40))  # two cards
+
+
+@pytest.mark.parametrize("recall", ["taken", "refused"])
+async def test_a_card_left_without_a_part_of_the_answer_is_recalled_or_at_least_no_longer_live(
+        feishu_bridge, fake_openai, fake_feishu, recall):
+    # the first attempt fills a card and opens a second, then goes silent; the retry answers in a few words:
+    # the second card holds no part of the final answer and is recalled. Where recalls keep failing (Feishu's
+    # 5xx, beyond the call policy's tries) the cards stay, none looking live, and the answer follows them once
+    assert len(LONG.encode()) > 30_000
+    fake_openai.script(Hang(5, after_text=LONG), Text("Short answer."))
+    t = await feishu_bridge(core={"request_timeout": 1.5})
+    await t.say("write a lot")
+    await t.wait_for(lambda: len(shown(fake_feishu)) == 2)
+    if recall == "refused":
+        fake_feishu.fail("message.delete", status=503, code=1500, times=1_000_000)
     await t.settle()
-    assert shown(fake_feishu) == [("…", False)]
+    if recall == "taken":
+        assert shown(fake_feishu) == [("Short answer.", False)]
+    else:
+        assert shown(fake_feishu)[-1] == ("Short answer.", False)
+        assert not any(streaming for _, streaming in shown(fake_feishu))
+        assert sum("Short answer." in text for text, _ in shown(fake_feishu)) == 1

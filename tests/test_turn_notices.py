@@ -57,6 +57,29 @@ async def test_a_failed_turn_whose_sink_failed_falls_back_once_and_keeps_the_not
     await h.core.shutdown()
 
 
+EMPTY_TEXT = "The model finished without writing an answer"
+
+
+async def test_an_answer_without_a_word_is_told_once_and_kept_as_a_notice_the_model_never_sees(
+        tmp_path, fake_openai):
+    fake_openai.script(Text("   "), Text("second answer"))  # whitespace is no answer either
+    h = await make_harness(tmp_path, fake_openai)
+    await h.say("first question")
+    await h.settle()
+    [shown] = h.platform.visible("c1")
+    assert EMPTY_TEXT in shown and h.platform.plain("c1") == []  # shown once, live, as the final
+    _, history = await h.core.history("test:c1")
+    assert [(m.role, m.source.kind) for m in history] == [
+        ("user", "user_input"), ("assistant", "assistant"), ("assistant", "notice")]
+    assert history[2].content == shown
+
+    await h.say("second question")
+    await h.settle()
+    assert h.platform.visible("c1")[-1] == "second answer"
+    assert EMPTY_TEXT not in sent_texts(fake_openai.requests[-1])
+    await h.core.shutdown()
+
+
 class AnswersCannotBeSaved(SqliteStore):
     """Fails every commit that carries anything but bridge notices (e.g. a disk error on a large answer)."""
 

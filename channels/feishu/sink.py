@@ -28,7 +28,8 @@ JSON card message: one call, where a card entity would take two.
 The end: ``close`` writes the final content and closes ``streaming_mode`` in one ``batch_update`` call (also
 after /stop and a model failure: the terminal snapshot carries the notice; also after Feishu closed the card's
 streaming itself, whose "[…]" summary would stay in the chat list otherwise). A card that holds no part of the
-final answer (an empty answer: it showed only "…" or tool activity) is recalled, as a stale preview is. If the
+final answer (it showed only "…", tool activity, or text a retried request did not write again) is recalled,
+as a stale preview is. If the
 close fails for good, the shared sink's fallback sends what the ledger says is missing; the card is then
 closed with a short "answer below" note when it can still be edited (``FeishuSink``), or, when nothing is
 missing (a recall that kept failing), only ended as it stands. An aborted sink (core
@@ -411,8 +412,8 @@ class CardStream:
         card = await self._ready(card.content)
         message_id = card.message_id
         if part is None:
-            # nothing of the final answer belongs here (an empty answer: the card showed only "…" or tool
-            # activity): the card is removed, as a stale preview is
+            # nothing of the final answer belongs here (the card showed only "…", tool activity, or text a retried
+            # request did not write again): the card is removed, as a stale preview is
             await self._remove(card)
             self.card = None
             return None
@@ -464,7 +465,8 @@ class CardStream:
 class FeishuSink(LiveSink):
     """The shared live sink with Feishu's two extras: a working reaction (where CardKit is not available) is
     removed at the end, and a card whose final update failed is closed with an "answer below" note before the
-    fallback (when there is one: a card whose recall failed for an empty answer is only ended as it stands).
+    fallback (when there is one: a card holding no part of the answer whose recall failed is only ended as it
+    stands).
     The working sign is opened with ``start_typing``: what is shown next, and the end, wait for it."""
 
     ops: FeishuOps
