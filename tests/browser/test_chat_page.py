@@ -110,6 +110,24 @@ async def test_send_stream_stop_reload_and_safe_markdown(browser, chat, fake_ope
     await page.screenshot(path=str(ARTIFACTS / "05-reloaded.png"))
 
 
+async def test_an_answer_without_a_word_shows_its_notice_once_live_and_after_a_reload(browser, chat, fake_openai):
+    from playwright.async_api import expect
+
+    fake_openai.script(Text(""))
+    page = await open_page(browser, chat.base_url + "/")
+    await send(page, "say nothing")
+    notice = page.locator("#messages", has_text="finished without writing an answer")
+    await expect(notice).to_have_count(1)
+    await expect(page.locator("#stop")).to_be_hidden()
+    for reloaded in (False, True):
+        if reloaded:
+            await page.reload()
+            await page.wait_for_selector("body[data-ready='1']")
+        await expect(page.locator(".notice", has_text="finished without writing an answer")).to_have_count(1)
+        await expect(page.locator("#messages .msg")).to_have_count(1)  # the question; no empty answer bubble
+        await expect(page.locator("#messages .msg.user")).to_have_text("say nothing")
+
+
 async def test_history_mirror_rules_in_the_page(browser, chat):
     page = await open_page(browser, chat.base_url + "/")
     result = await page.evaluate("""() => {

@@ -654,7 +654,9 @@
     const rendered = new Map();
     for (const m of app.mirror.messages) {
       if (m.role === "assistant") for (const c of m.tool_calls || []) toolNames.set(c.id, c.name);
-      if (m.role === "user" || m.role === "assistant" || m.role === "tool") {
+      // an assistant message with neither text nor calls (an answer without a word) shows as its notice alone
+      const wordless = m.role === "assistant" && m.kind !== "notice" && !m.content && !(m.tool_calls || []).length;
+      if (!wordless && (m.role === "user" || m.role === "assistant" || m.role === "tool")) {
         const name = m.role === "tool" ? toolNames.get(m.tool_call_id) || "" : "";
         const key = m.id + "\u0000" + name;
         const el = app.rendered.get(key) || messageEl(m, name);
