@@ -45,6 +45,19 @@ async def test_success_shows_the_answer_once_formatted_and_sends_no_fallback(tmp
         await t.close()
 
 
+async def test_an_answer_without_a_word_shows_its_notice_once(tmp_path, fake_openai, tg):
+    fake_openai.script(Text(""))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.user_message("say nothing")
+        await t.settle()
+        [shown] = tg.visible(CHAT)
+        assert shown.startswith("⚠️ The model finished without writing an answer.")
+        assert tg.count("sendMessage") == 1
+    finally:
+        await t.close()
+
+
 async def test_open_failure_sends_exactly_one_plain_reply(tmp_path, fake_openai, tg):
     fake_openai.script(Text(ANSWER))
     t = await telegram_harness(tmp_path, fake_openai, tg)
