@@ -44,6 +44,19 @@ async def test_a_dm_is_answered_once_with_the_formatted_answer(tmp_path, fake_op
         await t.close()
 
 
+async def test_an_answer_without_a_word_shows_its_notice_once(tmp_path, fake_openai, fake_slack):
+    fake_openai.script(Text(""))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket")
+    try:
+        await t.deliver(fake_slack.user_message("say nothing"))
+        await t.settle()
+        [msg] = fake_slack.messages("D0ALICE")
+        assert msg.shown.startswith("⚠️ The model finished without writing an answer.")
+        assert not any(m.reactions for m in fake_slack.channels["D0ALICE"].values())  # thinking reaction removed
+    finally:
+        await t.close()
+
+
 def said(message: dict) -> str:
     """What the user wrote, as the model was sent it (without the runtime context core appends)."""
     return str(message["content"]).split("\n\n[Runtime context]")[0]
