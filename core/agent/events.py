@@ -5,6 +5,10 @@ start → delta* → stop and is followed at once by its complete message. The t
 message (and every event) in stream order and skips the partials and the ``Forwarded`` events of child
 sessions (``run_subagent``): a child's stream order lives in the child's own trace, the parent keeps one
 ``SubagentEnded`` pointer per child.
+
+Nothing changes an event once it is made. Most are frozen dataclasses; the partials built once per streamed
+token (``PartialText``, ``PartialReasoning``) are plain slotted ones, because a frozen dataclass sets each
+field through ``object.__setattr__`` and that made building one more than twice as costly.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class RequestBegin:
     attempt: int = 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per streamed token (module docstring)
 class PartialText:
     kind: ClassVar[str] = "partial_text"
     partial: ClassVar[bool] = True
@@ -45,7 +49,7 @@ class CompleteText:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per streamed token (module docstring)
 class PartialReasoning:
     kind: ClassVar[str] = "partial_reasoning"
     partial: ClassVar[bool] = True

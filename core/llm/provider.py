@@ -90,22 +90,23 @@ class LLMRequest:
 # ---- stream events -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TextDelta:
+    """Not frozen, like every event built once per streamed token (see ``core.agent.events``): nothing changes
+    it once made."""
+
     text: str
 
     def __post_init__(self) -> None:
-        text = sound_text(self.text)
-        if text is not self.text:  # set only when it changed: this runs for every streamed token
-            object.__setattr__(self, "text", text)
+        self.text = sound_text(self.text)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReasoningDelta:
     text: str
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "text", sound_text(self.text))
+        self.text = sound_text(self.text)
 
 
 @dataclass(frozen=True, slots=True)
