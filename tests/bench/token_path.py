@@ -1,0 +1,142 @@
+"""Benchmark: what core adds to each streamed token, with no I/O.
+
+A turn's reply streams through the OpenAI provider (its chunk mapping), the silence bound, the agent loop's
+assembler, the merge queue and the turn controller before any channel sees it. This runs that path as a
+turn runs it — ``AgentLoop.run`` with the real ``OpenAIProvider``, whose HTTP client is replaced by a source
+of wire-shaped chunks that suspends once a chunk, as a socket read does — against the same source read by
+the e2e benchmark's floor (``tests/bench/e2e.py``: look up the content, keep it) and by a bare loop. Each
+pipeline runs in turns of ``--chunks`` chunks, the three alternating, and the best of ``--repeats`` rounds is
+printed (the least disturbed by the rest of the machine), per chunk and per turn.
+
+    .venv/bin/python -m tests.bench.token_path              # 300 chunks a turn, as the e2e benchmark
+    .venv/bin/python -m tests.bench.token_path --chunks 30
+
+Prints figures; asserts nothing about speed. No network at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from core.agent.approvals import ApprovalBroker
+from core.agent.loop import AgentLoop
+from core.controller import TurnController
+from core.llm.openai_provider import OpenAIProvider
+from core.llm.provider import LLMMessage
+from core.settings import CoreSettings
+from core.supervisor import TaskSupervisor
+from core.tools.base import ToolRegistry
+
+TURNS = 60
+"""Turns a pipeline runs in one round."""
+
+
+def wire_chunks(count: int) -> list[dict[str, Any]]:
+    """A reply as the model fake streams it: ``count`` content chunks, then the finish and the usage."""
+    head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1, "model": "bench"}
+    chunks = [{**head, "choices": [{"index": 0, "delta": {"content": f"word{i % 100:02d} "},
+                                    "finish_reason": None}]} for i in range(count)]
+    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    chunks.append({**head, "choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": count}})
+    return chunks
+
+
+class Source:
+    """The SDK's stream as the provider sees it: an async iterator of decoded chunks with ``close``; each chunk
+    waits for one turn of the event loop first, as a chunk read from a socket does."""
+
+    def __init__(self, chunks: list[dict[str, Any]]) -> None:
+        self._chunks = chunks
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._read()
+
+    async def _read(self) -> AsyncIterator[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        for chunk in self._chunks:
+            arrived = loop.create_future()
+            loop.call_soon(arrived.set_result, None)
+            await arrived
+            yield chunk
+
+    async def close(self) -> None:
+        return None
+
+
+class SourceClient:
+    """Stands in for the provider's ``openai.AsyncOpenAI``: its one call, ``post``, returns a ``Source``."""
+
+    def __init__(self, chunks: list[dict[str, Any]]) -> None:
+        self._chunks = chunks
+
+    async def post(self, path: str, **options: Any) -> Source:
+        return Source(self._chunks)
+
+    async def close(self) -> None:
+        return None
+
+
+async def bare(chunks: list[dict[str, Any]]) -> None:
+    async for _ in Source(chunks):
+        pass
+
+
+async def floor(chunks: list[dict[str, Any]]) -> None:
+    parts: list[str] = []
+    async for chunk in Source(chunks):
+        for choice in chunk.get("choices") or ():
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                parts.append(content)
+    assert parts
+
+
+def product_turn(provider: OpenAIProvider, supervisor: TaskSupervisor) -> Callable[[list[dict[str, Any]]],
+                                                                                     Coroutine[Any, Any, None]]:
+    settings = CoreSettings(titles=False)
+    tools = ToolRegistry()
+    broker = ApprovalBroker()
+    base = (LLMMessage("system", settings.system_prompt), LLMMessage("user", "Hello"))
+
+    async def turn(chunks: list[dict[str, Any]]) -> None:
+        controller = TurnController("turn", "bench:1")
+        loop = AgentLoop(provider=provider, tools=tools, broker=broker, settings=settings,
+                         session_key="bench:1", turn_id="turn", requested_by="user", emit=controller.apply,
+                         spawn=supervisor.spawn)
+        await loop.run(base)
+        assert controller.text
+
+    return turn
+
+
+async def main(args: argparse.Namespace) -> None:
+    chunks = wire_chunks(args.chunks)
+    provider = OpenAIProvider(model="bench", base_url="http://127.0.0.1:9/v1", api_key="bench")
+    await provider.aclose()  # its real client is never used: the chunks come from ``SourceClient``
+    provider._client = SourceClient(chunks)  # type: ignore[assignment]
+    supervisor = TaskSupervisor("bench")
+    pipelines = {"bare loop": bare, "floor": floor, "core": product_turn(provider, supervisor)}
+    best = {name: float("inf") for name in pipelines}
+    for _ in range(args.repeats):
+        for name, run in pipelines.items():
+            start = time.process_time()
+            for _ in range(TURNS):
+                await run(chunks)
+            best[name] = min(best[name], (time.process_time() - start) / TURNS)
+    await supervisor.shutdown(1)
+    print(f"{args.chunks} chunks a turn, best of {args.repeats} rounds of {TURNS} turns (process CPU time)")
+    for name, seconds in best.items():
+        print(f"  {name:10s} {seconds * 1e3:7.3f} ms a turn  {seconds / args.chunks * 1e6:6.2f} us a chunk")
+    added = best["core"] - best["floor"]
+    print(f"  core over the floor: {added * 1e3:.3f} ms a turn, {added / args.chunks * 1e6:.2f} us a chunk")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chunks", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=7)
+    asyncio.run(main(parser.parse_args()))
