@@ -31,9 +31,6 @@ from core.settings import CoreSettings
 from core.supervisor import TaskSupervisor
 from core.tools.base import ToolRegistry
 
-TURNS = 60
-"""Turns a pipeline runs in one round."""
-
 
 def wire_chunks(count: int) -> list[dict[str, Any]]:
     """A reply as the model fake streams it: ``count`` content chunks, then the finish and the usage."""
@@ -124,11 +121,12 @@ async def main(args: argparse.Namespace) -> None:
     for _ in range(args.repeats):
         for name, run in pipelines.items():
             start = time.process_time()
-            for _ in range(TURNS):
-                await run(chunks)
-            best[name] = min(best[name], (time.process_time() - start) / TURNS)
+            for _ in range(args.turns // args.at_once):
+                await asyncio.gather(*(run(chunks) for _ in range(args.at_once)))
+            best[name] = min(best[name], (time.process_time() - start) / (args.turns // args.at_once * args.at_once))
     await supervisor.shutdown(1)
-    print(f"{args.chunks} chunks a turn, best of {args.repeats} rounds of {TURNS} turns (process CPU time)")
+    print(f"{args.chunks} chunks a turn, {args.at_once} turns at once, best of {args.repeats} rounds of {args.turns} "
+          "turns (process CPU time)")
     for name, seconds in best.items():
         print(f"  {name:10s} {seconds * 1e3:7.3f} ms a turn  {seconds / args.chunks * 1e6:6.2f} us a chunk")
     added = best["core"] - best["floor"]
@@ -138,5 +136,7 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chunks", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--turns", type=int, default=1000, help="turns a pipeline runs in one round")
+    parser.add_argument("--at-once", type=int, default=1000, help="turns streaming at the same time")
     asyncio.run(main(parser.parse_args()))
