@@ -215,3 +215,6 @@ async def test_a_busy_endpoint_is_retried_until_it_accepts(longconn):
     await fake.wait_for(lambda: fake.endpoint_requests >= 3, 5.0, "retries")
     fake.refuse = 0
     await fake.wait_connected(opened=2)
+    mid = push_message(fake, "after the busy spell", message_id="om_after_busy")
+    assert (await fake.wait_ack(mid)).code == 200
+    assert longconn.received.messages[-1].event.message.message_id == "om_after_busy"

@@ -163,7 +163,11 @@ def test_feishu_cards_and_posts_fit_and_lose_no_words(source: str) -> None:
 
 @pytest.mark.parametrize("source", ["", " ", "\n\n", "\ufffd", "\x00", "\u202e"])
 def test_degenerate_replies_render_without_raising(source: str) -> None:
-    telegram_parts(source)
-    render_parts(source)
-    card_parts(source)
-    post_parts(source)
+    assert all(utf16_len(text) <= MESSAGE_LIMIT for text, _ in telegram_parts(source))
+    slack, cards, posts = render_parts(source), card_parts(source), post_parts(source)
+    assert all(json_bytes(card) <= CARD_PART_BYTES for card in cards)
+    assert all(json.loads(post) for post in posts)
+    if source.strip():  # something to show: every platform shows it
+        assert slack and cards and posts
+    else:  # nothing to show: no empty Slack message or Feishu card
+        assert not slack and not cards and not posts

@@ -457,6 +457,9 @@ async def test_a_new_message_leaves_at_its_slot_while_edits_hold_every_connectio
     finally:
         edits.set()
         await t.close()
+    assert tg.visible(701) == ["Short answer."]
+    assert tg.visible(702) == [long]
+    assert tg.limited == 0  # no send arrived past the bot's budget
 
 
 async def _first_send_waits_for_its_slot(t, tg: FakeTelegram, clock: GatedClock, chat: int) -> None:
