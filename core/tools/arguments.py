@@ -9,7 +9,7 @@ What an approval shows (``shown_arguments``): every argument, its value as JSON 
 schema's ``required`` arguments come first and are marked ``key`` — they say what the call does (for
 ``fetch_url``, the URL), so a channel with a length limit may shorten only the others. Characters that
 could disguise a value on screen (control and format characters such as bidi overrides, line and paragraph
-separators) are shown as ``\\uXXXX`` escapes.
+separators) are shown as ``\\u`` escapes of four hex digits (``\\u202e``).
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def _shown(name: str, value: Any, key: bool) -> ShownArgument:
 
 def visible(text: str) -> str:
     """``text`` with every character that does not show as itself (controls, bidi and other format
-    characters, separators, private use, unassigned) written as a ``\\uXXXX`` escape."""
+    characters, separators, private use, unassigned) written as a ``\\u`` escape of four hex digits
+    (``\\u202e``)."""
     if text.isascii() and text.isprintable():
         return text
     return "".join(_escape(c) if unicodedata.category(c) in _HIDDEN_CATEGORIES else c for c in text)
