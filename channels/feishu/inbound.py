@@ -6,7 +6,7 @@ bot's own open_id; it decides nothing about policy (allow lists, group policy, d
 - Chats: ``p2p`` or ``group``; the message id, chat id, sender ids (open_id, user_id, union_id — user_id
   only when the app holds the employee-id scope).
 - Text: ``text`` content and ``post`` content (title, text, links, @mentions, code blocks, emoji) flattened
-  to plain text. Mentions arrive as placeholders (``@_user_1``, ``@_user_2``, ...) with a ``mentions``
+  to plain text. Mentions arrive as ``@_user_1``, ``@_user_2``, ... in the text, with a ``mentions``
   list: each becomes ``@Name``; ``@_all`` becomes ``@all``; the bot's own mention is removed from the text
   and recorded in ``mentioned_bot`` (found by open_id, the only id Feishu gives a bot).
 - Media: images, files, voice messages (``audio``) and videos (``media``), as message types of their own or
