@@ -105,12 +105,18 @@ def product_turn(provider: OpenAIProvider, supervisor: TaskSupervisor) -> Callab
                          session_key="bench:1", turn_id="turn", requested_by="user", emit=controller.apply,
                          spawn=supervisor.spawn)
         await loop.run(base)
-        assert controller.text
+        if controller.text != reply_text(chunks):
+            raise AssertionError(f"the turn shows {controller.text[:60]!r}..., not the whole reply")
 
     return turn
 
 
-async def main(args: argparse.Namespace) -> None:
+def reply_text(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+
+
+async def measure(args: argparse.Namespace) -> dict[str, float]:
+    """Best CPU seconds a turn of each pipeline (printed too)."""
     chunks = wire_chunks(args.chunks)
     provider = OpenAIProvider(model="bench", base_url="http://127.0.0.1:9/v1", api_key="bench")
     await provider.aclose()  # its real client is never used: the chunks come from ``SourceClient``
@@ -131,12 +137,17 @@ async def main(args: argparse.Namespace) -> None:
         print(f"  {name:10s} {seconds * 1e3:7.3f} ms a turn  {seconds / args.chunks * 1e6:6.2f} us a chunk")
     added = best["core"] - best["floor"]
     print(f"  core over the floor: {added * 1e3:.3f} ms a turn, {added / args.chunks * 1e6:.2f} us a chunk")
+    return best
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chunks", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--turns", type=int, default=1000, help="turns a pipeline runs in one round")
     parser.add_argument("--at-once", type=int, default=1000, help="turns streaming at the same time")
-    asyncio.run(main(parser.parse_args()))
+    return asyncio.run(measure(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
