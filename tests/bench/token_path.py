@@ -5,11 +5,12 @@ assembler, the merge queue and the turn controller before any channel sees it. T
 turn runs it — ``AgentLoop.run`` with the real ``OpenAIProvider``, whose HTTP client is replaced by a source
 of wire-shaped chunks that suspends once a chunk, as a socket read does — against the same source read by
 the e2e benchmark's floor (``tests/bench/e2e.py``: look up the content, keep it) and by a bare loop. Each
-pipeline runs in turns of ``--chunks`` chunks, the three alternating, and the best of ``--repeats`` rounds is
+pipeline runs ``--turns`` turns of ``--chunks`` chunks, ``--at-once`` of them streaming at the same time (a
+thousand, as the e2e benchmark at 1,000 chats), the three alternating; the best of ``--repeats`` rounds is
 printed (the least disturbed by the rest of the machine), per chunk and per turn.
 
-    .venv/bin/python -m tests.bench.token_path              # 300 chunks a turn, as the e2e benchmark
-    .venv/bin/python -m tests.bench.token_path --chunks 30
+    .venv/bin/python -m tests.bench.token_path                                       # 1,000 turns at once
+    .venv/bin/python -m tests.bench.token_path --at-once 1 --turns 100 --repeats 10  # one turn at a time
 
 Prints figures; asserts nothing about speed. No network at all.
 """
@@ -118,6 +119,8 @@ def reply_text(chunks: list[dict[str, Any]]) -> str:
 async def measure(args: argparse.Namespace) -> dict[str, float]:
     """Best CPU seconds a turn of each pipeline (printed too)."""
     chunks = wire_chunks(args.chunks)
+    at_once = min(args.at_once, args.turns)
+    batches = args.turns // at_once
     provider = OpenAIProvider(model="bench", base_url="http://127.0.0.1:9/v1", api_key="bench")
     await provider.aclose()  # its real client is never used: the chunks come from ``SourceClient``
     provider._client = SourceClient(chunks)  # type: ignore[assignment]
@@ -127,12 +130,12 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
     for _ in range(args.repeats):
         for name, run in pipelines.items():
             start = time.process_time()
-            for _ in range(args.turns // args.at_once):
-                await asyncio.gather(*(run(chunks) for _ in range(args.at_once)))
-            best[name] = min(best[name], (time.process_time() - start) / (args.turns // args.at_once * args.at_once))
+            for _ in range(batches):
+                await asyncio.gather(*(run(chunks) for _ in range(at_once)))
+            best[name] = min(best[name], (time.process_time() - start) / (batches * at_once))
     await supervisor.shutdown(1)
-    print(f"{args.chunks} chunks a turn, {args.at_once} turns at once, best of {args.repeats} rounds of {args.turns} "
-          "turns (process CPU time)")
+    print(f"{args.chunks} chunks a turn, {at_once} turns at once, best of {args.repeats} rounds of "
+          f"{batches * at_once} turns (process CPU time)")
     for name, seconds in best.items():
         print(f"  {name:10s} {seconds * 1e3:7.3f} ms a turn  {seconds / args.chunks * 1e6:6.2f} us a chunk")
     added = best["core"] - best["floor"]
