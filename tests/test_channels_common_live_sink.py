@@ -14,7 +14,7 @@ from channels.common.live_sink import LiveSettings, LiveSink
 from channels.common.ops import Capabilities, PlainRenderer, TextChange
 from channels.common.splitter import split_text
 from channels.common.throttle import Scope, Throttle
-from core.agent.events import PartialText, RequestBegin, RequestEnd
+from core.agent.events import Forwarded, PartialText, RequestBegin, RequestEnd, SessionMeta
 from core.controller import TurnController
 from core.snapshot import TurnSnapshot
 from tests.support.clock import GatedClock
@@ -283,3 +283,20 @@ async def test_a_first_message_that_waited_while_the_reply_outgrew_it_carries_th
     assert list(chat.shown.values()) == expected
     assert [call[1] for call in chat.calls if call[0] == "send"] == [str(i + 1) for i in range(len(expected))]
     assert sink.undelivered(final) == ""
+
+
+async def test_an_aborted_preview_with_a_subagents_status_lines_counts_only_its_words():
+    """A preview left in the chat (the sink was aborted) that showed a running subagent's status line under
+    the answer's beginning: the rest of the answer is what is missing, not the whole of it again."""
+    chat = Chat()
+    sink = sink_for(chat)
+    c = TurnController("t", "s")
+    child = "web:s-sub-aaaaaaaaaaaa"
+    c.apply(Forwarded((child,), SessionMeta(child, "s", "researcher", "look it up", "call_1")))
+    following = asyncio.create_task(sink.follow(c))
+    await stream_text(c, "The answer ", "begins")
+    await until(lambda: list(chat.shown.values()) == ["The answer begins\n\n⏳ researcher: look it up · starting"])
+    snapshot = c.finish("completed", text="The answer begins here.")
+    await asyncio.wait_for(following, 1)
+    await sink.abort()
+    assert sink.undelivered(snapshot) == "here."

@@ -49,7 +49,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from channels.common.calls import Calls
@@ -428,12 +428,13 @@ class LiveSink:
         desired = [e.part for e in self.ledger.entries[:self._frozen]]
         texts = [c.text for c in chunks if c.text.strip()]
         status = status_lines(snap)
-        if status:
-            if texts:
-                texts[-1] = self._with_status(texts[-1], status)
-            else:
-                texts = [self._with_status("", status)]
-        return desired + [self.render.stream_part(t) for t in texts]
+        if not status:
+            return desired + [self.render.stream_part(t) for t in texts]
+        last = texts.pop() if texts else ""
+        # the status lines are shown, not said: the part's source stays the answer's words alone, so a
+        # preview left in the chat counts as the beginning of its part (``Ledger.unshown``)
+        shown = replace(self.render.stream_part(self._with_status(last, status)), source=last)
+        return desired + [self.render.stream_part(t) for t in texts] + [shown]
 
     def _at_slot(self, booked: TurnSnapshot, count: int) -> Callable[[int, Part], Part]:
         """What a new message of a flush of ``booked`` (``count`` parts) carries when its send's slot comes: the
