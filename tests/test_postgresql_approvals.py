@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from tests.fakes.feishu import FakeFeishu, WebhookSender
-from tests.fakes.feishu.events import Mention
+from tests.fakes.feishu import FakeFeishu, FakeLongConnection, WebhookSender
+from tests.fakes.feishu.events import Mention, card_action_event, message_event
 from tests.fakes.feishu.harness import CHAT as FEISHU_CHAT
 from tests.fakes.feishu.harness import KEY, TOKEN
 from tests.fakes.feishu.openapi import card_buttons
@@ -28,6 +28,7 @@ from tests.fakes.openai_server import FakeOpenAI, Text, ToolCalls
 from tests.fakes.slack.sender import EventSender
 from tests.fakes.slack.server import FakeSlack
 from tests.fakes.telegram import FakeTelegram
+from tests.support.platforms import one_origin
 from tests.support.ports import free_port
 from tests.support.postgres import PostgresCluster
 from tests.support.process import BridgeProcess, postgresql_config, wait_for
@@ -229,6 +230,83 @@ async def test_a_feishu_press_taken_by_another_process_is_decided_by_the_process
         finally:
             for bridge in bridges:
                 await bridge.stop()
+
+
+def feishu_websocket_config(directory: Path, fake_openai: FakeOpenAI, fake: FakeFeishu, origin: str, dsn: str,
+                            port: int) -> Path:
+    """A process receiving over the long connection; ``origin`` serves the Open API and the connection's
+    endpoint (Feishu has one domain for both)."""
+    return asking(postgresql_config(directory, dsn=dsn, llm=fake_openai.base_url, port=port, store="lease_seconds = 3",
+                             extra=f"""
+[channels.feishu]
+enabled = true
+app_id = "{fake.app_id}"
+app_secret = "{fake.app_secret}"
+domain = "{origin}"
+"""))
+
+
+async def test_a_feishu_press_over_the_long_connection_of_another_process_is_decided_by_the_one_running_the_turn(
+        tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
+    """The long connection: Feishu pushes each event to one connection of the app (here the newest), so a press
+    can reach a process that is not running the turn; the answer to the press goes back in its ack."""
+    fake_openai.script(ToolCalls([("current_time", "{}")], ids=["call_W1"]), Text("It is late."))
+    dsn = postgres.fresh_dsn()
+    ports = [free_port(), free_port()]
+    async with FakeFeishu() as fake, FakeLongConnection(fake.app_id, fake.app_secret) as conn:
+        runner, origin = await one_origin({"/open-apis/": fake.base_url, "/callback/": conn.base_url})
+        fake.chat(FEISHU_CHAT)
+        a, b = (BridgeProcess(feishu_websocket_config(tmp_path / n, fake_openai, fake, origin, dsn, p),
+                              tmp_path / f"{n}.log") for n, p in zip("ab", ports, strict=True))
+        bridges = [a, b]
+
+        async def press(value: Any, message_id: str, **operator: Any) -> Any:
+            frame = conn.push(card_action_event(value, token=TOKEN, app_id=fake.app_id, message_id=message_id,
+                                                chat_id=FEISHU_CHAT, **operator))
+            ack = await conn.wait_ack(frame, timeout=30)
+            assert ack.code == 200, ack
+            return ack.data
+
+        try:
+            await b.start()
+            await wait_for(lambda: state_is(ports[1], "feishu", "connected"), b, what="B connected", timeout=120)
+            await conn.wait_connected(1, timeout=30)
+            msg = fake.user_message(FEISHU_CHAT, "what time is it?")
+            conn.push(message_event("@_user_1 what time is it?", token=TOKEN, app_id=fake.app_id,
+                                    chat_id=FEISHU_CHAT, message_id=msg.message_id,
+                                    mentions=[Mention(fake.bot_name, fake.bot_open_id)]))  # to B, the only one
+            await wait_for(lambda: approval_card(fake) is not None, b, what="the approval card", timeout=60)
+            asked = approval_card(fake)
+            allow = card_buttons(asked.content)[0][1]
+            await a.start()
+            await wait_for(lambda: state_is(ports[0], "feishu", "connected"), bridges, what="A connected",
+                           timeout=120)
+            await conn.wait_connected(2, timeout=30)  # A's connection is the newest: the presses go to A
+
+            refused = await press(allow, asked.message_id, operator_open_id="ou_mallory",
+                                  operator_user_id="u_mallory", operator_union_id=None)
+            assert refused["toast"]["content"] == NOT_YOURS
+            assert card_buttons(fake.messages[asked.message_id].content) and not tool_ran(fake_openai, "call_W1")
+
+            pressed = await press(allow, asked.message_id)
+            assert pressed["toast"]["content"] == "Allowed"
+
+            async def answered() -> bool:
+                return any("It is late." in fake.text_of(m) for m in fake.shown(FEISHU_CHAT))
+            await wait_for(answered, bridges, what="the answer", timeout=60)
+            assert tool_ran(fake_openai, "call_W1")
+            card = fake.messages[asked.message_id]
+            assert not card_buttons(card.content) and "Allowed by u\\_alice" in fake.text_of(card)
+            await asyncio.sleep(1.0)  # a second update would show by now
+            assert card_patches(fake, asked.message_id) == 1  # the outcome is shown once
+            for bridge in bridges:
+                assert await bridge.stop() == 0
+                assert "Traceback" not in bridge.log(), bridge.log()
+        finally:
+            for bridge in bridges:
+                if bridge.proc is not None:
+                    await bridge.stop()
+            await runner.cleanup()
 
 
 async def test_the_buttons_of_a_process_that_died_are_closed_by_a_live_one(
