@@ -32,7 +32,15 @@ import aiohttp
 from tests.fakes.openai_server import FakeOpenAI, Function, Hang, HttpError, Text, last_user_text
 from tests.fakes.slack import FakeSlack
 from tests.fakes.telegram import FakeTelegram
-from tests.support.platforms import Bridge, FeishuPlatform, Platform, SlackPlatform, TelegramPlatform, feishu_fakes
+from tests.support.platforms import (
+    Bridge,
+    FeishuPlatform,
+    Platform,
+    SlackPlatform,
+    TelegramPlatform,
+    feishu_fakes,
+    whole_history,
+)
 from tests.support.ports import free_port
 from tests.support.process import BridgeProcess, wait_for
 
@@ -196,8 +204,7 @@ port = {port}
                 async def web_endings() -> dict[str, list[str]]:
                     found: dict[str, list[str]] = {}
                     for sid, idents in web_sent.items():
-                        async with http.get(f"{base}/api/sessions/{sid}/history") as resp:
-                            messages = (await resp.json())["messages"]
+                        messages = await whole_history(http, base, sid)
                         for ident in idents:
                             found[ident] = []
                         current = None

@@ -636,6 +636,22 @@ call_timeout_seconds = {self.call_timeout:g}
 # ---- the web chat ------------------------------------------------------------------------------------------
 
 
+async def whole_history(http: aiohttp.ClientSession, base: str, sid: str) -> list[dict[str, Any]]:
+    """Every message of web session ``sid``, oldest first: the history API gives the newest page, and the
+    ones before a message on request, until ``has_more`` says none remain."""
+    messages: list[dict[str, Any]] = []
+    params = {"limit": "1000"}
+    for _ in range(10_000):
+        async with http.get(f"{base}/api/sessions/{sid}/history", params=params) as resp:
+            assert resp.status == 200, resp.status
+            page = await resp.json()
+        messages[:0] = page["messages"]
+        if not page["has_more"] or not page["messages"]:
+            return messages
+        params = {"limit": "1000", "before": str(page["messages"][0]["id"])}
+    raise AssertionError(f"the history of {sid} did not end")
+
+
 class WebPlatform(Platform):
     """The web chat through its HTTP API, as the page uses it: a message is posted with a ``client_id`` (the
     page's retry of a post that got no answer sends the same one again, and must never get a second
@@ -716,9 +732,7 @@ class WebPlatform(Platform):
             return
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
             for sid in dict.fromkeys(self.session_of.values()):
-                async with http.get(f"{self.base}/api/sessions/{sid}/history", params={"limit": "1000"}) as resp:
-                    assert resp.status == 200, resp.status
-                    self.history[sid] = (await resp.json())["messages"]
+                self.history[sid] = await whole_history(http, self.base, sid)
                 async with http.get(f"{self.base}/api/sessions/{sid}/stream") as resp:
                     assert resp.status == 200, resp.status
                     async for line in resp.content:  # the opening task_state is the first data line
