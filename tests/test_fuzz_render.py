@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from channels.common.splitter import split_text, utf16_len
@@ -76,6 +76,7 @@ def telegram_parts(source: str) -> list[tuple[str, list[dict[str, Any]]]]:
 
 @FUZZ
 @given(replies)
+@example("\n- <!-- alpha ")  # an HTML block in a list item, which telegramify-markdown drops
 def test_telegram_parts_fit_have_valid_entities_and_lose_no_words(source: str) -> None:
     assume("]:" not in source)
     parts = telegram_parts(source)
