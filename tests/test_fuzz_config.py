@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -104,7 +104,8 @@ def documents(draw: st.DrawFn) -> str:
 
 
 ENV = {"TOKEN": "s3cret-from-env-0123456789", "EMPTY": ""}
-_LINE = re.compile(r"^(?P<path>[^:\s]+): ")
+_LINE = re.compile(r'^(?P<path>(?:[^:\s"]|"(?:[^"\\]|\\.)*")+): ')
+"""A problem line: the key's path (a key TOML must quote is quoted, and may hold a colon), then the problem."""
 
 
 def _roots(document: str) -> set[str]:
@@ -146,6 +147,7 @@ def assert_loads_or_names_the_key(document: str, path: Path) -> None:
 
 @FUZZ
 @given(documents())
+@example('[agent.subagents]\nprofiles = [{":" = "/nonexistent/dir"}]\n')  # a key that must be quoted
 def test_any_document_of_real_keys_loads_or_names_the_bad_key(document: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         assert_loads_or_names_the_key(document, Path(tmp) / "c.toml")

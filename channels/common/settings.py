@@ -19,6 +19,8 @@ never disagree about a file.
 from __future__ import annotations
 
 import ipaddress
+import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -117,10 +119,19 @@ class Section(BaseModel):
 # ---- checks --------------------------------------------------------------------------------------------
 
 
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
 def dotted(loc: Loc) -> str:
+    """A key's path as the config file would write it: ``agent.subagents.profiles[0].name``; a key that TOML
+    must quote is quoted (``profiles[0].":"``), so the path never reads as something else."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        key = part if _BARE_KEY.match(part) else json.dumps(part, ensure_ascii=False)
+        out += f".{key}" if out else key
     return out or "(top level)"
 
 
