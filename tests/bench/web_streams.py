@@ -107,7 +107,7 @@ async def memory(count: int) -> None:
                 await asyncio.sleep(2)  # the reaper ends what it has not seen end yet
                 gc.collect()
                 after = rss_mb()
-                server = chat.runtime.server
+                server = chat.channel.server
                 print(f"1. {count} SSE connections opened and closed in {took:.1f} s "
                       f"({count / took:.0f}/s, client in another process)")
                 print(f"    RSS {before:.0f} MB before, {after:.0f} MB after")
