@@ -130,6 +130,9 @@ class Side:
     async def inject(self, chat: str, target: str) -> None:
         raise NotImplementedError
 
+    async def close(self) -> None:
+        """Anything of its own still open (the fake servers end with the process)."""
+
     def reset(self) -> None:
         raise NotImplementedError
 
@@ -357,6 +360,12 @@ class WebSide(Side):
             if not opened.done():
                 opened.set_result(None)
 
+    async def close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.http.close()
+
     def shown(self, chat: str) -> str:
         return self.texts.get(chat, "")
 
@@ -420,7 +429,11 @@ def serve_platform(platform: str) -> None:
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         print(json.dumps({"control": f"http://127.0.0.1:{port}", **info}), flush=True)
-        await until_stdin_closes()
+        try:
+            await until_stdin_closes()
+        finally:
+            await side.close()
+            await runner.cleanup()
 
     asyncio.run(main())
 
