@@ -79,6 +79,7 @@ from channels.slack.client import SlackApi, error_code
 from channels.slack.context import SlackContext
 from channels.slack.inbound import CHANNEL, BotIdentity, SlackInbound, normalize
 from channels.slack.render import PART_LIMIT, SlackRenderer, message_args
+from channels.slack.sdk_log import sdk_logger
 from channels.slack.settings import EVENTS_PATH, SlackConfig
 from channels.slack.sink import Destination, PromptHandle, SlackOps, SlackPrompts, SlackSink
 from core.channel import ERROR, SinkError
@@ -179,7 +180,7 @@ class SlackChannel:
         host.set_deciders(settings.allow_from)
         self.app = AsyncApp(client=client, signing_secret=signing_secret,
                             request_verification_enabled=settings.mode == "http",
-                            process_before_response=True, logger=logging.getLogger("chatbridge.slack.bolt"))
+                            process_before_response=True, logger=sdk_logger())
         self.app.event("message")(self._on_event)
         self.app.event("app_mention")(self._on_event)
         self.app.action(ACTION_ALLOW)(self._on_press)
