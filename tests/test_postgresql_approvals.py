@@ -304,8 +304,7 @@ async def test_a_feishu_press_over_the_long_connection_of_another_process_is_dec
                 assert "Traceback" not in bridge.log(), bridge.log()
         finally:
             for bridge in bridges:
-                if bridge.proc is not None:
-                    await bridge.stop()
+                await bridge.stop()
             await runner.cleanup()
 
 

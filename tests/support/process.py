@@ -49,8 +49,10 @@ class BridgeProcess:
         await self.proc.wait()
 
     async def stop(self, timeout: float = 20.0) -> int:
-        """SIGTERM, then wait for the orderly shutdown; returns the exit code."""
-        assert self.proc is not None
+        """SIGTERM, then wait for the orderly shutdown; returns the exit code (-1 for a process never started, so
+        a test's clean-up can stop every process it made, whatever failed before it started them all)."""
+        if self.proc is None:
+            return -1
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
