@@ -139,18 +139,20 @@ async def test_a_telegram_press_polled_by_one_process_is_decided_by_the_process_
             await bridge.stop()
 
 
-def feishu_config(directory: Path, fake_openai: FakeOpenAI, fake: FakeFeishu, dsn: str, port: int) -> Path:
+def feishu_config(directory: Path, fake_openai: FakeOpenAI, fake: FakeFeishu, dsn: str, port: int,
+                  origin: str | None = None) -> Path:
+    """A Feishu process in webhook mode or, given ``origin`` (serving the Open API and the long connection's
+    endpoint: Feishu has one domain for both), receiving over the long connection."""
+    receive = ("" if origin else
+               f'mode = "webhook"\nverification_token = "{TOKEN}"\nencrypt_key = "{KEY}"\n')
     return asking(postgresql_config(directory, dsn=dsn, llm=fake_openai.base_url, port=port, store="lease_seconds = 3",
                              extra=f"""
 [channels.feishu]
 enabled = true
 app_id = "{fake.app_id}"
 app_secret = "{fake.app_secret}"
-domain = "{fake.base_url}"
-mode = "webhook"
-verification_token = "{TOKEN}"
-encrypt_key = "{KEY}"
-"""))
+domain = "{origin or fake.base_url}"
+{receive}"""))
 
 
 def feishu_pair(tmp_path: Path, fake_openai: FakeOpenAI, fake: FakeFeishu, dsn: str,
@@ -170,6 +172,23 @@ def approval_card(fake: FakeFeishu) -> Any:
 
 def card_patches(fake: FakeFeishu, message_id: str) -> int:
     return sum(1 for c in fake.calls_to("message.patch") if c.path.endswith(f"/{message_id}"))
+
+
+async def answered_and_shown_once(fake: FakeFeishu, fake_openai: FakeOpenAI, bridges: list[BridgeProcess],
+                                  card_id: str, call_id: str) -> None:
+    """After an allowing press: the tool ran, the answer is shown, the card shows the outcome once with who
+    pressed; then every process stops cleanly."""
+    async def answered() -> bool:
+        return any("It is late." in fake.text_of(m) for m in fake.shown(FEISHU_CHAT))
+    await wait_for(answered, bridges, what="the answer", timeout=60)
+    assert tool_ran(fake_openai, call_id)
+    card = fake.messages[card_id]
+    assert not card_buttons(card.content) and "Allowed by u\\_alice" in fake.text_of(card)  # who pressed
+    await asyncio.sleep(1.0)  # a second update would show by now
+    assert card_patches(fake, card_id) == 1  # the outcome is shown once
+    for bridge in bridges:
+        assert await bridge.stop() == 0
+        assert "Traceback" not in bridge.log(), bridge.log()
 
 
 async def test_a_feishu_press_taken_by_another_process_is_decided_by_the_process_running_the_turn(
@@ -215,35 +234,10 @@ async def test_a_feishu_press_taken_by_another_process_is_decided_by_the_process
             print(f"\na press forwarded to the process running the turn answered in "
                   f"{time.monotonic() - started:.3f}s")
             assert pressed.status == 200 and json.loads(pressed.text)["toast"]["content"] == "Allowed"
-
-            async def answered() -> bool:
-                return any("It is late." in fake.text_of(m) for m in fake.shown(FEISHU_CHAT))
-            await wait_for(answered, bridges, what="the answer", timeout=60)
-            assert tool_ran(fake_openai, "call_F1")
-            card = fake.messages[asked.message_id]
-            assert not card_buttons(card.content) and "Allowed by u\\_alice" in fake.text_of(card)  # who pressed
-            await asyncio.sleep(1.0)  # a second update would show by now
-            assert card_patches(fake, asked.message_id) == 1  # the outcome is shown once
-            for bridge in bridges:
-                assert await bridge.stop() == 0
-                assert "Traceback" not in bridge.log(), bridge.log()
+            await answered_and_shown_once(fake, fake_openai, bridges, asked.message_id, "call_F1")
         finally:
             for bridge in bridges:
                 await bridge.stop()
-
-
-def feishu_websocket_config(directory: Path, fake_openai: FakeOpenAI, fake: FakeFeishu, origin: str, dsn: str,
-                            port: int) -> Path:
-    """A process receiving over the long connection; ``origin`` serves the Open API and the connection's
-    endpoint (Feishu has one domain for both)."""
-    return asking(postgresql_config(directory, dsn=dsn, llm=fake_openai.base_url, port=port, store="lease_seconds = 3",
-                             extra=f"""
-[channels.feishu]
-enabled = true
-app_id = "{fake.app_id}"
-app_secret = "{fake.app_secret}"
-domain = "{origin}"
-"""))
 
 
 async def test_a_feishu_press_over_the_long_connection_of_another_process_is_decided_by_the_one_running_the_turn(
@@ -256,7 +250,7 @@ async def test_a_feishu_press_over_the_long_connection_of_another_process_is_dec
     async with FakeFeishu() as fake, FakeLongConnection(fake.app_id, fake.app_secret) as conn:
         runner, origin = await one_origin({"/open-apis/": fake.base_url, "/callback/": conn.base_url})
         fake.chat(FEISHU_CHAT)
-        a, b = (BridgeProcess(feishu_websocket_config(tmp_path / n, fake_openai, fake, origin, dsn, p),
+        a, b = (BridgeProcess(feishu_config(tmp_path / n, fake_openai, fake, dsn, p, origin),
                               tmp_path / f"{n}.log") for n, p in zip("ab", ports, strict=True))
         bridges = [a, b]
 
@@ -290,18 +284,7 @@ async def test_a_feishu_press_over_the_long_connection_of_another_process_is_dec
 
             pressed = await press(allow, asked.message_id)
             assert pressed["toast"]["content"] == "Allowed"
-
-            async def answered() -> bool:
-                return any("It is late." in fake.text_of(m) for m in fake.shown(FEISHU_CHAT))
-            await wait_for(answered, bridges, what="the answer", timeout=60)
-            assert tool_ran(fake_openai, "call_W1")
-            card = fake.messages[asked.message_id]
-            assert not card_buttons(card.content) and "Allowed by u\\_alice" in fake.text_of(card)
-            await asyncio.sleep(1.0)  # a second update would show by now
-            assert card_patches(fake, asked.message_id) == 1  # the outcome is shown once
-            for bridge in bridges:
-                assert await bridge.stop() == 0
-                assert "Traceback" not in bridge.log(), bridge.log()
+            await answered_and_shown_once(fake, fake_openai, bridges, asked.message_id, "call_W1")
         finally:
             for bridge in bridges:
                 await bridge.stop()
