@@ -53,9 +53,10 @@ _HIDDEN_HTML = re.compile(r"<!--.*?-->|<[^>]*>", re.DOTALL)
 
 
 def keeps_every_word(source: str, shown: str) -> bool:
-    """Whether ``shown`` (a rendering's text and its entities' URLs) has every word Markdown shows of
-    ``source``. Most renderings have every word of the source itself, which is checked first (a set
-    difference, cheap for every final part); only when some are missing is the source parsed."""
+    """Whether ``shown`` (a rendering's text, its links' URLs and code blocks' languages) has every word
+    Markdown shows of ``source``. Most renderings have every word of the source itself, which is checked first
+    (the source's words a subset of the rendering's, cheap for every final part); only when that fails is the
+    source parsed."""
     if set(source.translate(_SPACED).split()).issubset(shown.translate(_SPACED).split()):
         return True
     return all(word in shown for word in _visible_words(source))
