@@ -262,20 +262,25 @@ def long_reply() -> str:
     return text
 
 
-async def test_a_20000_character_reply_arrives_complete_across_closed_cards(feishu_bridge, fake_openai, fake_feishu):
+@pytest.mark.parametrize("arrival", ["streamed", "in_two_bursts"])
+async def test_a_20000_character_reply_arrives_complete_across_closed_cards(
+        feishu_bridge, fake_openai, fake_feishu, arrival):
     reply = long_reply()
-    fake_openai.script(Text(reply, chunk_size=400, delay=0.005))
+    if arrival == "streamed":
+        fake_openai.script(Text(reply, chunk_size=400, delay=0.005))
+    else:  # a part fills up before its streaming card is open: that part is sent as a finished card
+        fake_openai.script(Text(reply, chunk_size=len(reply) // 2 + 1))
     t = await feishu_bridge()
     await t.say("write a lot")
     await t.settle(timeout=30)
     shown = fake_feishu.shown(CHAT)
     assert len(shown) >= 2
-    cards = [fake_feishu.card_of(m) for m in shown]
-    assert all(c is not None for c in cards)
-    assert all(not c.streaming for c in cards if c is not None)
-    for c in cards:
-        assert c is not None and c.sequences == sorted(set(c.sequences))
-    joined = "".join(c.text for c in cards if c is not None)
+    assert all(m.msg_type == "interactive" for m in shown)  # cards only: no part falls back to plain text
+    streamed = [c for c in map(fake_feishu.card_of, shown) if c is not None]  # the CardKit cards among them
+    assert all(not c.streaming for c in streamed)
+    for c in streamed:
+        assert c.sequences == sorted(set(c.sequences))
+    joined = "".join(fake_feishu.text_of(m) for m in shown)
     def squash(s):
         return "".join(s.replace("```python", "").replace("```", "").replace("&#60;", "<").split())
     assert squash(joined) == squash(reply)  # every word, in order, once
