@@ -14,6 +14,7 @@ from core.sqlite_store import SqliteStore
 from core.store import StoreError
 from tests.browser.server import new_session, open_stream, seq_of, start_web_chat
 from tests.fakes.openai_server import Function, HttpError, Text, last_user_text
+from tests.support.platforms import whole_history
 from tests.support.ports import free_port
 
 
@@ -225,6 +226,8 @@ async def test_history_pages_backwards_with_before_and_limit(chat, http, fake_op
         before = body["messages"][0]["id"]
     assert [len(p) for p in pages] == [2, 5, 5]
     assert [m["id"] for p in pages for m in p] == [m["id"] for m in everything]
+    # the suites' reader of a whole conversation (the soak's outgrow one page) pages the same way
+    assert await whole_history(http, chat.base_url, sid, page_size=5) == everything
 
     other = await new_session(http, chat.base_url)
     for query in ({"limit": "0"}, {"limit": "1001"}, {"limit": "ten"}, {"limit": "²"}, {"limit": "9" * 5000},

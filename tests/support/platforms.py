@@ -636,11 +636,12 @@ call_timeout_seconds = {self.call_timeout:g}
 # ---- the web chat ------------------------------------------------------------------------------------------
 
 
-async def whole_history(http: aiohttp.ClientSession, base: str, sid: str) -> list[dict[str, Any]]:
+async def whole_history(http: aiohttp.ClientSession, base: str, sid: str, *,
+                        page_size: int = 1000) -> list[dict[str, Any]]:
     """Every message of web session ``sid``, oldest first: the history API gives the newest page, and the
     ones before a message on request, until ``has_more`` says none remain."""
     messages: list[dict[str, Any]] = []
-    params = {"limit": "1000"}
+    params = {"limit": str(page_size)}
     for _ in range(10_000):
         async with http.get(f"{base}/api/sessions/{sid}/history", params=params) as resp:
             assert resp.status == 200, resp.status
@@ -648,7 +649,7 @@ async def whole_history(http: aiohttp.ClientSession, base: str, sid: str) -> lis
         messages[:0] = page["messages"]
         if not page["has_more"] or not page["messages"]:
             return messages
-        params = {"limit": "1000", "before": str(page["messages"][0]["id"])}
+        params = {"limit": str(page_size), "before": str(page["messages"][0]["id"])}
     raise AssertionError(f"the history of {sid} did not end")
 
 
