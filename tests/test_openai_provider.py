@@ -308,7 +308,7 @@ async def test_hang_times_out_within_request_timeout(fake_openai: FakeOpenAI) ->
                     seen.append(event)
             elapsed = time.monotonic() - started
             assert info.value.kind is ProviderErrorKind.TIMEOUT
-            assert 0.25 <= elapsed < 1.0
+            assert 0.25 <= elapsed < 3.0  # the 0.3 s bound, not the 10 s hang
             assert text_of(seen) == reply.after_text
     finally:
         await provider.aclose()
@@ -325,7 +325,7 @@ async def test_silent_before_headers_times_out(fake_openai: FakeOpenAI) -> None:
         started = time.monotonic()
         error = await failure(provider)
         assert error.kind is ProviderErrorKind.TIMEOUT
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 3.0  # the 0.3 s bound, not the 5 s wait
     finally:
         await provider.aclose()
 
@@ -355,7 +355,7 @@ async def test_cancellation_propagates(fake_openai: FakeOpenAI, provider: OpenAI
                 got_partial.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.wait_for(got_partial.wait(), 1.0)
+    await asyncio.wait_for(got_partial.wait(), 5.0)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -403,12 +403,12 @@ async def test_fake_stop_is_prompt_while_a_reply_is_frozen() -> None:
 
     task = asyncio.create_task(consume())
     try:
-        await asyncio.wait_for(first.wait(), 1.0)
+        await asyncio.wait_for(first.wait(), 5.0)
         started = time.monotonic()
         await fake.stop()
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0  # the held stream let go at once, not after the 30 s
         with pytest.raises(ProviderError):  # the stream ended without a finish_reason
-            await asyncio.wait_for(task, 1.0)
+            await asyncio.wait_for(task, 5.0)
     finally:
         task.cancel()
         await provider.aclose()

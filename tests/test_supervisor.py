@@ -40,7 +40,7 @@ async def test_shutdown_cancels_tasks_and_reports_those_that_refuse_in_time():
     await asyncio.sleep(0)  # both are running
     started = time.monotonic()
     stragglers = await sup.shutdown(0.1)
-    assert time.monotonic() - started < 2  # bounded: did not wait the stubborn task's 5 s
+    assert time.monotonic() - started < 4  # bounded: did not wait the stubborn task's 5 s
     assert stragglers == ["stubborn"]
     late.cancel()
 

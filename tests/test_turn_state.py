@@ -170,7 +170,7 @@ async def test_every_supervised_task_ends_within_the_shutdown_bound(tmp_path, fa
     assert len(h.core.supervisor) >= 4  # two session workers, the title job, a model call, sinks
     started = time.monotonic()
     stragglers = await h.core.shutdown()
-    assert time.monotonic() - started < 2.0 + 0.5
+    assert time.monotonic() - started < 2.0 + 1.5  # the shutdown_timeout once, not twice or the 60 s
     assert stragglers == []
     assert len(h.core.supervisor) == 0
 
