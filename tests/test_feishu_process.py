@@ -5,12 +5,14 @@ its own thread) and over the webhook on the [web] server; ``/healthz`` names the
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.fakes.feishu import FakeFeishu, FakeLongConnection, WebhookSender
 from tests.fakes.feishu.events import Mention, message_event
@@ -116,8 +118,15 @@ async def test_run_answers_over_the_webhook(tmp_path: Path, fake_openai: FakeOpe
             await bridge.stop()
 
 
-async def test_an_approval_card_left_waiting_by_a_crash_shows_the_restart(tmp_path: Path,
-                                                                        fake_openai: FakeOpenAI) -> None:
+def asks(call: Any) -> bool:
+    """The post of an approval card (a card with buttons)."""
+    body = call.body or {}
+    return body.get("msg_type") == "interactive" and bool(card_buttons(json.loads(body.get("content") or "{}")))
+
+
+@pytest.mark.parametrize("killed", ["once_its_card_was_recorded", "while_its_card_was_posted"])
+async def test_an_approval_card_left_waiting_by_a_crash_shows_the_restart(tmp_path: Path, fake_openai: FakeOpenAI,
+                                                                        killed: str) -> None:
     fake_openai.script(ToolCalls([("current_time", "{}")], ids=["call_A"]))
     async with FakeFeishu() as fake:
         fake.chat(CHAT)
@@ -138,6 +147,8 @@ async def test_an_approval_card_left_waiting_by_a_crash_shows_the_restart(tmp_pa
                 body = await healthz(port)
                 return bool(body) and body["channels"].get("feishu") == "webhook"
             await wait_for(serving, bridge)
+            posting = fake.fail("message.reply", when=asks, hang=3.0, apply_first=True) \
+                if killed == "while_its_card_was_posted" else None
             msg = fake.user_message(CHAT, "what time is it?")
             sent = await sender.send(sender.message("@_user_1 what time is it?", chat_id=CHAT,
                                                     message_id=msg.message_id,
@@ -145,11 +156,15 @@ async def test_an_approval_card_left_waiting_by_a_crash_shows_the_restart(tmp_pa
             assert sent.status == 200
 
             async def recorded() -> bool:
+                if posting is not None:  # recorded as being posted; the post's answer still on its way
+                    return posting.hits == 1 and '"current_time"' in open_approvals(tmp_path / "data", "feishu")
                 return request() is not None and "message_id" in open_approvals(tmp_path / "data", "feishu")
             await wait_for(recorded, bridge)
             await bridge.kill()
         finally:
             await bridge.stop()
+        if posting is not None:  # Feishu shows the card; the bridge never learnt its message id
+            assert request() is not None and "message_id" not in open_approvals(tmp_path / "data", "feishu")
         asked = request()
         allow = card_buttons(asked.content)[0][1]
 
@@ -164,3 +179,4 @@ async def test_an_approval_card_left_waiting_by_a_crash_shows_the_restart(tmp_pa
         finally:
             assert await again.stop() == 0
         assert len(fake_openai.requests) == 1  # the tool never ran: nothing asked the model again
+        assert [m.message_id for m in fake.shown(CHAT) if "current_time" in fake.text_of(m)] == [asked.message_id]

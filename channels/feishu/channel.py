@@ -107,6 +107,8 @@ TRY_AGAIN = "Please try again in a moment."
 FRESHNESS = 300.0
 """Seconds a signed webhook request may be old (or early)."""
 WORKING_SIGN_DELAY = 0.25
+UUID_REMEMBERED = 50 * 60
+"""Seconds within which a message's uuid certainly still finds it (Feishu remembers one for an hour)."""
 """Seconds a turn's card (its working sign) waits before it opens, unless text comes first: lark-oapi builds a
 new HTTP client (a TLS context with the CA bundle) for every request, 30-50 ms of CPU in the event loop, which
 the model's request would otherwise wait behind. A quarter of a second later is not a wait anyone sees."""
@@ -561,6 +563,8 @@ class FeishuChannel:
                 record["origin"] = list(e.origin)
             if e.message_id is not None:  # shown: a restart can close it
                 record["message_id"] = e.message_id
+            elif e.dest is not None:  # being posted: a restart finds the card by the post's uuid
+                record.update(key=e.key, chat=e.dest.chat_id, reply_to=e.dest.reply_to, at=round(e.asked_at))
             records.append(record)
         return records
 
@@ -582,13 +586,29 @@ class FeishuChannel:
         await self._open.close_left_over(self._close)
 
     async def _close(self, item: Record) -> None:
-        message_id = str(item["message_id"])
         card = approvals.decided_card(str(item["ref"]), str(item["tool"]), str(item["arguments"]),
                                       item.get("requested_by"), RESTARTED)
         try:
-            await self.calls.call(lambda: self.api.patch_card(message_id, card))
+            message_id = str(item["message_id"]) if "message_id" in item else await self._unsaved_card(item, card)
+            if message_id is not None:
+                await self.calls.call(lambda: self.api.patch_card(message_id, card))
         except PlatformError as exc:
             log.warning("could not close an approval card left by the last run: %s", exc)
+
+    async def _unsaved_card(self, item: Record, card: dict[str, Any]) -> str | None:
+        """The card of a request the last run was posting when it stopped (the post may have reached Feishu
+        without its message id being saved). Sent again with the same uuid: Feishu answers a uuid it saw
+        within the hour with that first message and posts nothing; if the first post never arrived, this
+        posts the closed card itself, so the request is shown ended either way. Past the hour the uuid is
+        forgotten and a second card could appear: such a record is dropped."""
+        if time.time() - float(item["at"]) > UUID_REMEMBERED:
+            log.warning("an approval card of the last run, posted over an hour ago, could not be found to close")
+            return None
+        ops = FeishuOps(self, Destination(str(item["chat"]), item.get("reply_to")))
+        content = json.dumps(card, ensure_ascii=False)
+        key = str(item["key"])
+        return await self.calls.call(lambda: ops.post("interactive", content, key), scopes=ops.scopes,
+                                     idempotent=True)
 
     # ---- webhook -------------------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ import hashlib
 import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -527,7 +528,7 @@ class FeishuPrompts:
         asker = f"subagent {request.label}" if request.label else request.requested_by or self._target.sender_id
         entry = self._channel.pending_approvals.register(
             session_key, request.call_id, request.tool_name, request.arguments_summary, asker,
-            origin=request.origin)
+            origin=request.origin, dest=self._ops.dest)
         card = approvals.approval_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by)
         content = json.dumps(card, ensure_ascii=False)
         await self._channel.save_open_approvals()  # findable by a press that reaches another process
@@ -561,6 +562,9 @@ class PendingApproval:
     outcome: str | None = None
     origin: tuple[str, ...] = ()
     """A subagent's request (``run_subagent``): the child sessions it came through; a decision names them."""
+    dest: Destination | None = None
+    """Where its card is posted (with ``key``, a restart can find a card whose message id was never saved)."""
+    asked_at: float = field(default_factory=time.time)
 
 
 class PendingApprovals:
@@ -572,11 +576,12 @@ class PendingApprovals:
         self._limit = limit
 
     def register(self, session_key: str, call_id: str, tool_name: str, arguments: str,
-                 requested_by: str | None, *, origin: tuple[str, ...] = ()) -> PendingApproval:
+                 requested_by: str | None, *, origin: tuple[str, ...] = (),
+                 dest: Destination | None = None) -> PendingApproval:
         if len(self._by_ref) >= self._limit:  # forget the oldest: a press on it is answered "no longer pending"
             self._by_ref.pop(next(iter(self._by_ref)))
         entry = PendingApproval(secrets.token_hex(6), session_key, call_id, tool_name, arguments, requested_by,
-                                origin=origin)
+                                origin=origin, dest=dest)
         self._by_ref[entry.ref] = entry
         return entry
 

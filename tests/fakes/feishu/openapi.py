@@ -585,13 +585,13 @@ class FakeFeishu:
                     fault.times -= 1
                     fault.hits += 1
             if fault is not None:
-                if fault.hang:
-                    await asyncio.sleep(fault.hang)
-                if fault.apply_first:
+                if fault.apply_first:  # carried out at once, as Feishu does with a request it received
                     try:
                         self._run(call, handler, dict(request.match_info), auth)
                     except ApiError:
                         pass
+                if fault.hang:
+                    await asyncio.sleep(fault.hang)
                 call.status, call.code = fault.status, fault.code
                 if fault.raw_body is not None:
                     return web.Response(status=fault.status, text=fault.raw_body, headers=fault.headers,
