@@ -153,19 +153,28 @@ async def test_the_end_shows_at_once_not_at_the_chats_next_slot(feishu_bridge, f
 LONG = "\n\n".join(f"Paragraph {i}: " + "words of a long first attempt " * 30 for i in range(40))  # two cards
 
 
+@pytest.mark.parametrize("retry_streamed", [False, True])
 @pytest.mark.parametrize("recall", ["taken", "refused"])
 async def test_a_card_left_without_a_part_of_the_answer_is_recalled_or_at_least_no_longer_live(
-        feishu_bridge, fake_openai, fake_feishu, recall):
+        feishu_bridge, fake_openai, fake_feishu, recall, retry_streamed):
     # the first attempt fills a card and opens a second, then goes silent; the retry answers in a few words:
     # the second card holds no part of the final answer and is recalled. Where recalls keep failing (Feishu's
     # 5xx, beyond the call policy's tries) the cards stay, none looking live, and the answer follows them once
+    # (also when the retry's words had streamed into the second card before the end)
     assert len(LONG.encode()) > 30_000
-    fake_openai.script(Hang(5, after_text=LONG), Text("Short answer."))
+    retried = asyncio.Event()
+    fake_openai.script(Hang(5, after_text=LONG),
+                       Text("Short answer.", hold=retried, hold_after=len("Short answer.")))
+    if not retry_streamed:
+        retried.set()
     t = await feishu_bridge(core={"request_timeout": 1.5})
     await t.say("write a lot")
     await t.wait_for(lambda: len(shown(fake_feishu)) == 2)
     if recall == "refused":
         fake_feishu.fail("message.delete", status=503, code=1500, times=1_000_000)
+    if retry_streamed:
+        await t.wait_for(lambda: shown(fake_feishu)[-1] == ("Short answer.", True))
+        retried.set()
     await t.settle()
     if recall == "taken":
         assert shown(fake_feishu) == [("Short answer.", False)]

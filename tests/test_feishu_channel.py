@@ -401,6 +401,7 @@ async def test_a_final_update_failing_for_good_falls_back_once_with_a_note_on_th
     assert len(shown) == 2
     card = fake_feishu.card_of(shown[0])
     assert card is not None and not card.streaming and "continues in the message below" in card.text
+    assert "capital" not in card.text  # the words it streamed are in the post below: not shown twice
     assert shown[1].msg_type == "post" and fake_feishu.text_of(shown[1]) == ANSWER.replace("**", "")
 
 

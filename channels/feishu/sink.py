@@ -30,9 +30,10 @@ after /stop and a model failure: the terminal snapshot carries the notice; also 
 streaming itself, whose "[…]" summary would stay in the chat list otherwise). A card that holds no part of the
 final answer (it showed only "…", tool activity, or text a retried request did not write again) is recalled,
 as a stale preview is. If the
-close fails for good, the shared sink's fallback sends what the ledger says is missing; the card is then
-closed with a short "answer below" note when it can still be edited (``FeishuSink``), or, when nothing is
-missing (a recall that kept failing), only ended as it stands. An aborted sink (core
+close fails for good, the shared sink's fallback sends what the ledger says is missing (the card's part
+included: the card is not in the ledger); the card is then closed showing only a short "answer below" note when
+it can still be edited (``FeishuSink``), so none of its words show twice, or, when nothing is missing (a recall
+that kept failing), only ended as it stands. An aborted sink (core
 gave up waiting for the end, shutdown, the session moved to another process) leaves the card's content as it
 is and ends its streaming in one call of its own, so it never stays looking live.
 
@@ -447,12 +448,13 @@ class CardStream:
         return card.message_id, Part(text=card.content, source=self._source)
 
     async def note_below(self) -> None:
-        """After the final update failed for good: one try to close the card with a pointer to the fallback."""
+        """After the final update failed for good: one try to close the card with a pointer to the fallback.
+        The card's own text goes: it is not in the ledger, so the fallback sends its part in full, and what
+        the card showed would read twice (a retried request's words, or the beginning of the answer)."""
         card = self.card
         if card is None or card.message_id is None or card.ended:
             return
-        base = card.content if card.content != PLACEHOLDER else ""
-        text = f"{base}\n\n{ANSWER_BELOW}".strip()
+        text = ANSWER_BELOW
         seq, op = card.next()
         actions = replace_and_close(text)  # one call that does not depend on the streaming update that just failed
         try:
