@@ -427,9 +427,11 @@ async def test_while_every_request_slot_is_taken_live_updates_are_left_out_and_t
     # the model's pause outlasts the set-up below, and the held requests outlast the waits for it
     t = await feishu_bridge(core={"request_timeout": 30.0}, request_timeout=60.0)
     await t.say("capital of France?")
-    # the card shows all the model said before its pause: no live update is left to start (one that started
-    # just as the held requests below took the slots would wait for a slot, as the close should alone)
-    await t.wait_for(lambda: fake_feishu.cards and next(iter(fake_feishu.cards.values())).text == ANSWER[:30])
+    # the card is in the chat and shows all the model said before its pause: no call is left to make (a card
+    # still to be sent, or a live update that started just as the held requests below took the slots, would
+    # wait for a slot, as the close should alone)
+    await t.wait_for(lambda: fake_feishu.shown(CHAT) and fake_feishu.cards
+                     and next(iter(fake_feishu.cards.values())).text == ANSWER[:30])
     api = t.channel.api
     gate = fake_feishu.hold("reaction.create")
     others = [fake_feishu.user_message(CHAT, f"other {i}") for i in range(MAX_IN_FLIGHT)]
