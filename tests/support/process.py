@@ -64,7 +64,7 @@ class BridgeProcess:
 
 
 async def wait_for(cond: Callable[[], Any], bridges: BridgeProcess | Sequence[BridgeProcess],
-                   timeout: float = 30.0, what: str = "") -> None:
+                   timeout: float = 60.0, what: str = "") -> None:
     """Poll ``cond`` (a function, or a coroutine function) until true (a bound on a hang, never a measure of
     speed); on timeout fail with the tail of each bridge's log."""
     deadline = time.monotonic() + timeout
