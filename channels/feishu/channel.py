@@ -107,11 +107,11 @@ TRY_AGAIN = "Please try again in a moment."
 FRESHNESS = 300.0
 """Seconds a signed webhook request may be old (or early)."""
 WORKING_SIGN_DELAY = 0.25
-UUID_REMEMBERED = 50 * 60
-"""Seconds within which a message's uuid certainly still finds it (Feishu remembers one for an hour)."""
 """Seconds a turn's card (its working sign) waits before it opens, unless text comes first: lark-oapi builds a
 new HTTP client (a TLS context with the CA bundle) for every request, 30-50 ms of CPU in the event loop, which
 the model's request would otherwise wait behind. A quarter of a second later is not a wait anyone sees."""
+UUID_REMEMBERED = 50 * 60
+"""Seconds within which a message's uuid certainly still finds it (Feishu remembers one for an hour)."""
 CHAT_BURST = 2
 """Calls a chat takes at once: its pace (``stream_interval_ms``) is the bridge's own, under what Feishu allows a
 chat (5 sends a second, more updates to a card); the end of a turn uses one call of it (``throttle.ending``), so
