@@ -160,7 +160,7 @@ async def test_an_approval_card_left_waiting_by_a_crash_shows_the_restart(tmp_pa
                 body = await healthz(port)
                 return bool(body) and body["channels"].get("feishu") == "webhook"
             await wait_for(serving, bridge)
-            posting = fake.fail("message.reply", when=asks, hang=3.0, apply_first=True) \
+            posting = fake.fail("message.reply", when=asks, hang=20.0, apply_first=True) \
                 if killed.startswith("while_its_card_was_posted") else None
             msg = fake.user_message(CHAT, "what time is it?")
             sent = await sender.send(sender.message("@_user_1 what time is it?", chat_id=CHAT,

@@ -565,13 +565,16 @@ auth_token = "tok-123"
     base = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as http:
-            for _ in range(200):
+            for _ in range(200):  # the server listens before the web channel has started ("ready")
                 try:
                     async with http.get(f"{base}/healthz") as resp:
-                        assert (await resp.json())["channels"] == {"web": "serving"}
-                        break
+                        if (await resp.json())["channels"] == {"web": "serving"}:
+                            break
                 except aiohttp.ClientConnectionError:
-                    await asyncio.sleep(0.02)
+                    pass
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the web channel did not start serving")
             async with http.post(f"{base}/api/sessions") as resp:
                 assert resp.status == 401
             auth = {"Authorization": "Bearer tok-123"}
