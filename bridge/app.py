@@ -242,17 +242,21 @@ def _too_large() -> web.Response:
 
 
 def build_http_app(channels: list[Channel], mcp: McpManager | None = None, *, metrics: Metrics | None = None,
-                   metrics_token: str = "") -> web.Application:
+                   metrics_token: str = "", started: asyncio.Event | None = None) -> web.Application:
     """The web server's application with ``/healthz`` and ``/metrics``; channels add their routes to it.
 
     Every route takes bodies up to :data:`MAX_BODY` (:func:`body_cap`, the first middleware).
     ``/metrics`` is open to monitors like ``/healthz`` unless ``metrics_token`` is set (the web chat's
-    ``auth_token``): then it needs ``Authorization: Bearer <token>``, which Prometheus can send."""
+    ``auth_token``): then it needs ``Authorization: Bearer <token>``, which Prometheus can send.
+    ``/healthz`` answers 503 ``"starting"`` until ``started`` is set (the server listens before the channels
+    start, so that a webhook's platform can reach it): a load balancer sends no one in before then."""
     app = web.Application(client_max_size=MAX_BODY, middlewares=[body_cap])
 
     async def healthz(_: web.Request) -> web.Response:
         states = {c.name: c.state() for c in channels}
         body: dict[str, object] = {"channels": states}
+        if started is not None and not started.is_set():
+            return web.json_response({"status": "starting", **body}, status=503, headers={"Retry-After": "1"})
         if mcp is not None and mcp.sources():
             # Shown, but never the reason for a 503: an MCP server only adds tools, and while one is away the
             # chat still works (its tools answer that it is restarting). Taking the bridge out of a load
@@ -311,7 +315,9 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
             loop.add_signal_handler(sig, stop.set)
 
     channels: list[Channel] = []
-    app = build_http_app(channels, mcp, metrics=core.metrics, metrics_token=config.web.auth_token)
+    all_started = asyncio.Event()
+    app = build_http_app(channels, mcp, metrics=core.metrics, metrics_token=config.web.auth_token,
+                         started=all_started)
     try:
         channels.extend(build_channels(config, core, app))
     except (StartupError, ChannelStartupError) as exc:
@@ -351,6 +357,7 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
                 return ExitCode.STARTUP
             started.append(channel)
             log.info("channel %s: %s", channel.name, channel.state())
+        all_started.set()
         log.info("chatbridge started (config: %s, data: %s)", config_path or "embedded default", data_dir)
         if on_started is not None:
             on_started()

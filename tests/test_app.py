@@ -40,14 +40,17 @@ port = {port}
                                        on_started=lambda: started.append(True)))
     try:
         async with aiohttp.ClientSession() as http:
-            for _ in range(200):
+            for _ in range(500):
                 try:
                     async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
                         body = await resp.json()
-                        assert resp.status == 200
-                        break
+                        if resp.status == 200:
+                            break
+                        # the server listens before the channels start: until then it says so, never "ok"
+                        assert (resp.status, body["status"]) == (503, "starting")
                 except aiohttp.ClientConnectionError:
-                    await asyncio.sleep(0.02)
+                    pass
+                await asyncio.sleep(0.02)
             else:
                 raise AssertionError("server did not come up")
         assert body == {"status": "ok", "channels": {"web": "serving"}}
@@ -87,6 +90,21 @@ app_token = "xapp-abc"
     assert await run_app(config, config_path=None) == 3
     err = capsys.readouterr().err
     assert "slack" in err and "xoxb-abc" not in err
+
+
+async def test_healthz_answers_503_starting_until_every_channel_has_started():
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from bridge.app import build_http_app
+
+    started = asyncio.Event()
+    async with TestClient(TestServer(build_http_app([], started=started))) as client:
+        resp = await client.get("/healthz")
+        assert (resp.status, resp.headers.get("Retry-After")) == (503, "1")
+        assert await resp.json() == {"status": "starting", "channels": {}}
+        started.set()
+        resp = await client.get("/healthz")
+        assert (resp.status, await resp.json()) == (200, {"status": "ok", "channels": {}})
 
 
 def test_redactor_removes_secrets_from_messages_and_tracebacks():

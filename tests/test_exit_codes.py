@@ -72,7 +72,8 @@ async def test_run_exits_0_when_stopped_by_sigterm_after_a_clean_start(tmp_path,
                         if resp.status == 200:
                             break
                 except aiohttp.ClientConnectionError:
-                    await asyncio.sleep(0.05)
+                    pass
+                await asyncio.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         code, err = await finished(proc)
     finally:

@@ -516,3 +516,46 @@ def test_the_stream_cap_stays_under_the_open_file_limit(caplog):
         assert "open-file limit 256" in caplog.text
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_until_the_durable_cookie_key_is_loaded_the_chat_answers_503_not_a_cookie_that_dies(
+        tmp_path, fake_openai):
+    """The server listens before the web channel starts (webhooks need it): in that moment a login would get a
+    cookie signed with a key about to be replaced, and a good cookie would be refused. The chat says it is
+    starting instead; once the channel has started, a login's cookie is the one that survives restarts."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from bridge.config import load_config
+    from channels.web.factory import create
+    from core.llm.openai_provider import OpenAIProvider
+    from core.runtime import ChatCore
+    from core.sqlite_store import SqliteStore
+
+    cfg_path = tmp_path / "c.toml"
+    cfg_path.write_text(f'[bridge]\ndata_dir = "{tmp_path / "data"}"\n[web]\nauth_token = "{TOKEN}"\n')
+    cfg = load_config(cfg_path, env={})
+    cookies = []
+    for _ in range(2):  # two lives of the process with the same data directory
+        core = ChatCore(store=SqliteStore(tmp_path / "data" / "chat.db"), provider=OpenAIProvider(
+            model="m", base_url=fake_openai.base_url, api_key="k"))
+        await core.start()
+        app = web.Application()
+        channel = create(cfg.web, core.host_for("web"), app)
+        async with TestClient(TestServer(app), cookie_jar=aiohttp.CookieJar(unsafe=True)) as client:
+            for method, path, kw in (("POST", "/login", {"data": {"token": TOKEN}}),
+                                     ("GET", "/", {}),
+                                     ("GET", "/api/sessions", {"headers": {"Authorization": f"Bearer {TOKEN}"}})):
+                resp = await client.request(method, path, allow_redirects=False, **kw)
+                assert (resp.status, resp.headers.get("Retry-After")) == (503, "1"), path
+                assert "starting" in (await resp.json())["error"]
+                assert COOKIE not in resp.cookies
+            assert (await client.get("/static/app.js")).status == 200  # the page's files are no secret
+            await channel.start()
+            resp = await client.post("/login", data={"token": TOKEN}, allow_redirects=False)
+            assert resp.status == 303
+            cookies.append(resp.cookies[COOKIE].value)
+            assert (await client.get("/api/sessions")).status == 200  # the cookie signs the browser in
+        await channel.stop()
+        await core.shutdown()
+        await channel.close()
+    assert cookies[0] == cookies[1]

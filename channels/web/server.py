@@ -156,6 +156,10 @@ class WebServer:
         self.guard = RequestGuard(bind_host=access.bind_host, allowed_hosts=access.allowed_hosts,
                                   trusted_proxies=access.trusted_proxies)
         self.tokens = TokenCheck(access.auth_token, access.cookie_key or secrets.token_bytes(32))
+        # With an access token, the key that signs login cookies is the channel's durable one, loaded at its
+        # start (after the server listens): until then a login would get a cookie signed with the throwaway
+        # key above (void a moment later) and a good cookie would be refused, so the chat answers 503.
+        self.key_loaded = access.cookie_key is not None or not access.auth_token
         self.guesses = guesses if guesses is not None else GuessLimiter()
         self.slots = StreamSlots(access.max_streams, access.max_streams_per_client)
         self.heartbeat = heartbeat
@@ -200,6 +204,8 @@ class WebServer:
             log.info("web chat: refused %s %s: %s", request.method, request.path, refused)
             return _error(403, refused)
         path = request.path
+        if not self.key_loaded and not path.startswith("/static/"):
+            return _error(503, "the web chat is starting; try again in a moment", headers={"Retry-After": "1"})
         if (path == "/" or path.startswith("/api/")) and self.tokens.required:
             denied = self._authenticate(request)
             if denied is not None:
@@ -492,6 +498,7 @@ class WebServer:
     def use_cookie_key(self, key: bytes) -> None:
         """Sign login cookies with ``key`` from now on (the channel's durable key, loaded at start)."""
         self.tokens = TokenCheck(self.access.auth_token, key)
+        self.key_loaded = True
 
     def reap_closed(self) -> int:
         """End the streams whose client has gone; returns how many. Run about once a second."""

@@ -500,6 +500,8 @@ async def healthz_state(http: Any, port: int, platform: str) -> str | None:
             body = await resp.json()
     except aiohttp.ClientError:
         return None
+    if body.get("status") == "starting":  # listening, its channels not yet started
+        return None
     return "ready" if platform == "web" else body.get("channels", {}).get(platform)
 
 
