@@ -405,6 +405,30 @@ async def test_a_final_update_failing_for_good_falls_back_once_with_a_note_on_th
     assert shown[1].msg_type == "post" and fake_feishu.text_of(shown[1]) == ANSWER.replace("**", "")
 
 
+@pytest.mark.parametrize("recall", ["allowed", "refused"])
+async def test_when_the_note_is_refused_too_the_card_is_recalled_so_its_words_show_once(
+        feishu_bridge, fake_openai, fake_feishu, recall):
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, hold=hold, hold_after=30))
+    t = await feishu_bridge()
+    await t.say("capital of France?")
+    await t.wait_for(lambda: fake_feishu.cards and fake_feishu.shown(CHAT)
+                     and next(iter(fake_feishu.cards.values())).text == ANSWER[:30])
+    # the card can no longer be changed at all: neither the final content nor the "answer below" note
+    fake_feishu.fail("element.content", status=400, code=300313, msg="refused", times=100)
+    fake_feishu.fail("card.batch_update", status=400, code=300313, msg="refused", times=100)
+    if recall == "refused":
+        fake_feishu.fail("message.delete", status=400, code=230026, msg="no permission to recall", times=100)
+    hold.set()
+    await t.settle()
+    shown = fake_feishu.shown(CHAT)
+    assert fake_feishu.text_of(shown[-1]) == ANSWER.replace("**", "")  # the whole answer, once, below
+    if recall == "allowed":
+        assert len(shown) == 1  # the card with the answer's first words is gone
+    else:  # nothing more can be done: the card stays as it was, its first words above the answer
+        assert len(shown) == 2 and fake_feishu.card_of(shown[0]).text == ANSWER[:30]
+
+
 async def test_a_card_that_cannot_be_sent_falls_back_to_one_plain_reply(feishu_bridge, fake_openai, fake_feishu):
     fake_openai.script(Text(ANSWER))
     t = await feishu_bridge()

@@ -450,7 +450,9 @@ class CardStream:
     async def note_below(self) -> None:
         """After the final update failed for good: one try to close the card with a pointer to the fallback.
         The card's own text goes: it is not in the ledger, so the fallback sends its part in full, and what
-        the card showed would read twice (a retried request's words, or the beginning of the answer)."""
+        the card showed would read twice (a retried request's words, or the beginning of the answer). Where
+        Feishu refuses that too (the card can no longer be changed), the card's message is recalled; only
+        when the recall is refused as well does the card stay as it stands."""
         card = self.card
         if card is None or card.message_id is None or card.ended:
             return
@@ -460,7 +462,14 @@ class CardStream:
         try:
             await self._ops.api.card_batch(card.card_id, actions, seq, op)
         except PlatformError as exc:
-            log.info("could not close the card with a note: %s", exc)
+            log.info("could not close the card with a note (%s); recalling it", exc)
+            try:
+                await self._ops.delete(card.message_id)
+            except PlatformError as recall:
+                log.warning("could not recall the card either (%s): its words stay above the answer", recall)
+                return
+            self._ops.cards.pop(card.message_id, None)
+            self.card = None
             return
         card.content, card.streaming = text, False
 
