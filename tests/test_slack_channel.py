@@ -948,6 +948,109 @@ async def test_approval_buttons_left_by_a_crash_say_the_restart_denied_them(tmp_
         await t.close()
 
 
+def _asks(call: dict) -> bool:
+    """The post of an approval request (a message with buttons)."""
+    return "chatbridge.approval" in str(call.get("blocks") or "")
+
+
+@pytest.mark.parametrize("where", ["dm", "thread"])
+async def test_approval_buttons_posted_as_the_bridge_died_are_found_and_closed_at_the_next_start(
+        tmp_path, fake_openai, fake_slack, where):
+    # Slack shows the request but the bridge dies before its answer (the message's ts) arrives: the record saved
+    # before the post is all the next start has. It finds the message by what its buttons carry.
+    tool = RecordingTool("lookup", result="42 apples")
+    hold = asyncio.Event()
+    fake_openai.script(ASK, Text("unused", hold=hold))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", core={"tools": registry(tool)},
+                            call_timeout=60.0)
+    channel = "D0ALICE" if where == "dm" else "C0GENERAL"
+    try:
+        posting = fake_slack.fail("chat.postMessage", when=_asks, apply_first=True, hang=60.0)
+        if where == "dm":
+            await t.deliver(fake_slack.user_message("how many apples do I have?"))
+        else:
+            await t.deliver(fake_slack.mention("how many apples do I have?")[0])
+        await t.wait_for(lambda: approval_messages(fake_slack, channel) and posting.times == 0)
+        [msg] = approval_messages(fake_slack, channel)
+        buttons = msg.blocks
+        left_open = None
+        for _ in range(250):
+            left_open = await t.channel.host.get_state(OPEN_STATE)
+            if left_open and '"lookup"' in left_open:
+                break
+            await asyncio.sleep(0.02)
+        assert left_open and '"lookup"' in left_open and msg.ts not in left_open  # recorded, its ts unknown
+    finally:
+        hold.set()
+        await t.close()
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", platform=t.h.platform, start=False)
+    try:
+        msg.blocks = buttons  # as the crash left it
+        await t.channel.host.set_state(OPEN_STATE, left_open)
+        await t.channel.start()
+        await t.wait_for(lambda: not approval_messages(fake_slack, channel))
+        shown = fake_slack.message(channel, msg.ts).shown
+        assert "the bridge restarted" in shown and "lookup" in shown
+        await asyncio.wait_for(t.channel.ready.wait(), 10)
+        assert await t.channel.host.get_state(OPEN_STATE) == "[]"
+    finally:
+        await t.close()
+    assert tool.calls == []
+
+
+async def test_a_request_never_shown_before_the_bridge_died_is_dropped_at_the_next_start(
+        tmp_path, fake_openai, fake_slack):
+    tool = RecordingTool("lookup", result="42 apples")
+    hold = asyncio.Event()
+    fake_openai.script(ASK, Text("unused", hold=hold))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", core={"tools": registry(tool)},
+                            call_timeout=60.0)
+    try:
+        posting = fake_slack.fail("chat.postMessage", when=_asks, hang=60.0)  # never carried out
+        await t.deliver(fake_slack.user_message("how many apples do I have?"))
+        await t.wait_for(lambda: posting.times == 0)
+        left_open = await t.channel.host.get_state(OPEN_STATE)
+        assert left_open and '"lookup"' in left_open
+    finally:
+        hold.set()
+        await t.close()
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", platform=t.h.platform, start=False)
+    try:
+        await t.channel.host.set_state(OPEN_STATE, left_open)
+        updates = fake_slack.count("chat.update")
+        await t.channel.start()
+        await asyncio.wait_for(t.channel.ready.wait(), 10)
+        await t.wait_for(lambda: fake_slack.count("conversations.history") == 1)
+        assert await t.channel.host.get_state(OPEN_STATE) == "[]"
+        assert fake_slack.count("chat.update") == updates and approval_messages(fake_slack, "D0ALICE") == []
+    finally:
+        await t.close()
+
+
+async def test_a_request_whose_answer_was_lost_is_found_and_closed_when_the_reply_ends(
+        tmp_path, fake_openai, fake_slack):
+    tool = RecordingTool("lookup", result="42 apples")
+    fake_openai.script(ASK, Text("You have 42 apples."))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", core={"tools": registry(tool)},
+                            call_timeout=0.5)
+    try:
+        # Slack shows it, the answer comes too late: the post is not repeated (no idempotency key), it is found
+        fake_slack.fail("chat.postMessage", when=_asks, apply_first=True, hang=3.0)
+        await t.deliver(fake_slack.user_message("how many apples do I have?"))
+        await t.wait_for(lambda: approval_messages(fake_slack, "D0ALICE"))
+        [msg] = approval_messages(fake_slack, "D0ALICE")
+        press = fake_slack.press(msg, "Allow")
+        await t.wait_for(lambda: fake_slack.count("conversations.history") == 1)
+        assert (await t.press(press)).acked
+        await t.settle()
+        assert "Allowed" in fake_slack.message("D0ALICE", msg.ts).shown  # the buttons went: the press is shown
+        assert approval_messages(fake_slack, "D0ALICE") == []
+        assert [m for m in fake_slack.messages("D0ALICE") if "lookup" in m.shown] == [msg]  # posted once
+        assert len(tool.calls) == 1
+    finally:
+        await t.close()
+
+
 async def test_a_fallback_that_timed_out_is_repeated_once_not_once_per_background_try(
         tmp_path, fake_openai, fake_slack):
     # Slack carries every post out but answers too late: the client times out, so each may have been shown

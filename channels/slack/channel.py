@@ -99,6 +99,11 @@ _INVALID_AUTH = frozenset({"invalid_auth", "not_authed", "account_inactive", "to
                            "not_allowed_token_type"})
 _USER_ID = re.compile(r"^[UW][A-Z0-9]{2,}$")
 MAX_REMEMBERED = 1024
+LOCATE_SKEW = 600.0
+"""Seconds before our clock's time of a post that its message is looked for from (Slack's clock may differ)."""
+LOCATE_PAGE = 200
+LOCATE_PAGES = 5
+"""A message being looked for is read from at most this many pages of the conversation, newest first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,23 +253,61 @@ class SlackChannel:
 
     # ---- approvals a restart must close (``channels.common.open_approvals``) ----------------------
 
-    async def prompt_posted(self) -> None:
+    async def save_prompts(self) -> None:
         await self._save_open()
 
     async def _save_open(self) -> None:
         await self._open.save()
 
     def _open_records(self) -> list[Record]:
-        return [{"channel": e.dest.channel, "ts": e.ts, "tool": e.tool_name, "arguments": e.arguments}
-                for e in self.prompts_by_call.values() if e.outcome is None and e.ts is not None]
+        # ``ts`` is None while the post is on its way: ``value`` (what its buttons carry) and ``at`` find it
+        return [{"channel": e.dest.channel, "thread_ts": e.dest.thread_ts, "ts": e.ts, "tool": e.tool_name,
+                 "arguments": e.arguments, "value": e.action.encode(), "at": e.posted_at}
+                for e in self.prompts_by_call.values() if e.outcome is None]
 
     async def _close_left_over(self) -> None:
         await self._open.close_left_over(self._close)
 
     async def _close(self, item: Record) -> None:
-        channel, ts, tool, arguments = (str(item["channel"]), str(item["ts"]), str(item["tool"]),
-                                        str(item.get("arguments") or ""))
-        await self._update_approval(channel, ts, tool, decided_blocks(tool, arguments, "ended", line=RESTARTED))
+        channel, tool, arguments = str(item["channel"]), str(item["tool"]), str(item.get("arguments") or "")
+        ts = item.get("ts")
+        if ts is None:  # the bridge stopped while posting it: shown or not, only the conversation can tell
+            thread_ts = item.get("thread_ts")
+            ts = await self.locate_prompt(channel, None if thread_ts is None else str(thread_ts),
+                                          str(item["value"]), float(item["at"]))
+            if ts is None:
+                log.info("an approval request of %s was being posted when the bridge stopped and is not in %s: "
+                         "it was never shown", tool, channel)
+                return
+        await self._update_approval(channel, str(ts), tool,
+                                    decided_blocks(tool, arguments, "ended", line=RESTARTED))
+
+    async def locate_prompt(self, channel: str, thread_ts: str | None, value: str, at: float) -> str | None:
+        """The ts of the approval message whose buttons carry ``value``, posted at about ``at`` in ``channel`` (in
+        the thread ``thread_ts``), read from the conversation (the history scopes the app has for its events);
+        None when it is not there, or cannot be read (logged)."""
+        client = self.api.client
+        method = "conversations.replies" if thread_ts is not None else "conversations.history"
+        # Slack's ts is its own clock: ten minutes either side of ours is room for any skew
+        args: dict[str, Any] = {"channel": channel, "oldest": f"{at - LOCATE_SKEW:.6f}", "limit": LOCATE_PAGE,
+                                "inclusive": True}
+        if thread_ts is not None:
+            args["ts"] = thread_ts
+        for _ in range(LOCATE_PAGES):
+            fn = client.conversations_replies if thread_ts is not None else client.conversations_history
+            try:
+                page = await self.api.call(method, functools.partial(fn, **args), channel=channel, paced=False)
+            except PlatformError as exc:
+                log.warning("could not look for an approval request in %s (%s)", channel, exc)
+                return None
+            for message in page.get("messages") or ():
+                if isinstance(message, dict) and _carries(message, value):
+                    return str(message["ts"])
+            cursor = (page.get("response_metadata") or {}).get("next_cursor")
+            if not page.get("has_more") or not cursor:
+                return None
+            args["cursor"] = cursor
+        return None
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -559,6 +602,13 @@ class SlackChannel:
             await self.host.submit(InboundEnvelope(
                 channel=CHANNEL, chat_id=channel, sender_id=user, content=f"/{command}",
                 event_id=f"command:{body.get('trigger_id') or ''}", channel_context=ctx.wrap()))
+
+
+def _carries(message: dict[str, Any], value: str) -> bool:
+    """Whether ``message`` has an approval button carrying ``value`` (an ``ApprovalAction``'s encoding)."""
+    return any(isinstance(element, dict) and element.get("value") == value
+               for block in message.get("blocks") or () if isinstance(block, dict) and block.get("type") == "actions"
+               for element in block.get("elements") or ())
 
 
 def _thread_key(channel: str, thread_ts: str) -> str:

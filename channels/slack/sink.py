@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -290,6 +291,9 @@ class PromptHandle:
     """"allowed" / "denied" after a press; "ended" when it ended otherwise."""
     label: str | None = None
     """A subagent's request: which one asks."""
+    posted_at: float = 0.0
+    """When its post was sent (``time.time()``): where to look for it in the conversation while ``ts`` is
+    unknown (``SlackChannel.locate_prompt``)."""
 
 
 class SlackPrompts:
@@ -304,15 +308,38 @@ class SlackPrompts:
         d = self._dest
         action = ApprovalAction(session_key, request.call_id, request.requested_by or self._target.sender_id,
                                 tuple(request.origin))
-        handle = PromptHandle(d, action, request.tool_name, request.arguments_summary, label=request.label)
+        handle = PromptHandle(d, action, request.tool_name, request.arguments_summary, label=request.label,
+                              posted_at=time.time())
         self._channel.remember_prompt(action, handle)
+        # recorded before it is shown: if the bridge dies before Slack's answer, the next start finds the message
+        # by its buttons and closes it (chat.postMessage has no idempotency key to ask for it by)
+        await self._channel.save_prompts()
         client = self._channel.api.client
-        response = await self._channel.api.call("chat.postMessage", lambda: client.chat_postMessage(
-            channel=d.channel, thread_ts=d.thread_ts, text=approval_text(request.tool_name),
-            blocks=approval_blocks(action, request.tool_name, request.arguments_summary, request.label)),
-            channel=d.channel, idempotent=False)
+        value = action.encode()
+        tries = 0
+
+        async def post_once() -> Any:
+            # A try after one that failed looks in the conversation first: a post whose answer was lost may
+            # have been shown, and posting it again would show the request twice. So the post is idempotent.
+            nonlocal tries
+            tries += 1
+            if tries > 1:
+                found = await self._channel.locate_prompt(d.channel, d.thread_ts, value, handle.posted_at)
+                if found is not None:
+                    return {"ts": found}
+            return await client.chat_postMessage(
+                channel=d.channel, thread_ts=d.thread_ts, text=approval_text(request.tool_name),
+                blocks=approval_blocks(action, request.tool_name, request.arguments_summary, request.label))
+
+        try:
+            response = await self._channel.api.call("chat.postMessage", post_once, channel=d.channel)
+        except PlatformError as exc:
+            if not exc.outcome_unknown:  # never shown; otherwise the record stays for the next start to look
+                handle.outcome = "ended"
+                await self._channel.save_prompts()
+            raise
         handle.ts = str(response["ts"])
-        await self._channel.prompt_posted()
+        await self._channel.save_prompts()
         return handle
 
     async def ended(self, handle: Any, line: str) -> None:

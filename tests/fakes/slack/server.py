@@ -64,7 +64,7 @@ TIERS: dict[str, int | None] = {
     "auth.test": None, "apps.connections.open": 1, "chat.postMessage": None, "chat.update": 3, "chat.delete": 3,
     "chat.postEphemeral": 4, "chat.startStream": 2, "chat.appendStream": 4, "chat.stopStream": 2,
     "reactions.add": 3, "reactions.remove": 2, "assistant.threads.setStatus": 3, "conversations.replies": 3,
-    "users.info": 4, "files.info": 4,
+    "conversations.history": 3, "users.info": 4, "files.info": 4,
 }
 PER_MINUTE = {1: 1, 2: 20, 3: 50, 4: 100}
 """The floor of each tier ("Tier 3: 50+ per minute")."""
@@ -701,8 +701,19 @@ class FakeSlack(UserActions):
             raise SlackError("thread_not_found")
         root_ts = root.thread_ts or root.ts
         thread = sorted((m for m in self.channels[channel].values()
-                         if not m.deleted and (m.ts == root_ts or m.thread_ts == root_ts)), key=lambda m: m.ts)
+                         if not m.deleted and (m.ts == root_ts or m.thread_ts == root_ts)
+                         and _in_window(m.ts, p)), key=lambda m: m.ts)
         return {"messages": [m.as_event_message() for m in thread], "has_more": False}
+
+    def _m_conversations_history(self, p: dict[str, Any]) -> dict[str, Any]:
+        """The channel's own messages (thread replies are not in it), newest first, ``oldest``/``latest`` and
+        ``limit`` as Slack takes them; one page (no cursor)."""
+        channel = self._channel(p)
+        limit = int(p.get("limit") or 100)
+        top = sorted((m for m in self.channels[channel].values()
+                      if not m.deleted and (m.thread_ts is None or m.thread_ts == m.ts) and _in_window(m.ts, p)),
+                     key=lambda m: m.ts, reverse=True)
+        return {"messages": [m.as_event_message() for m in top[:limit]], "has_more": False}
 
     def _m_files_info(self, p: dict[str, Any]) -> dict[str, Any]:
         found = self.files.get(str(p.get("file") or ""))
@@ -715,3 +726,12 @@ class FakeSlack(UserActions):
         if user is None:
             raise SlackError("user_not_found")
         return {"user": user}
+
+
+def _in_window(ts: str, p: dict[str, Any]) -> bool:
+    """Whether a message's ``ts`` lies within a history call's ``oldest``/``latest`` (``inclusive`` or not)."""
+    at, inclusive = float(ts), str(p.get("inclusive")).lower() in ("1", "true")
+    oldest, latest = p.get("oldest"), p.get("latest")
+    if oldest is not None and (at < float(oldest) or (at == float(oldest) and not inclusive)):
+        return False
+    return latest is None or at < float(latest) or (at == float(latest) and inclusive)
