@@ -1051,6 +1051,32 @@ async def test_a_request_whose_answer_was_lost_is_found_and_closed_when_the_repl
         await t.close()
 
 
+@pytest.mark.parametrize("fault", ["rate_limited", "server_error_once_posted"])
+async def test_an_approval_post_tried_again_is_shown_once(tmp_path, fake_openai, fake_slack, fault):
+    tool = RecordingTool("lookup", result="42 apples")
+    hold = asyncio.Event()
+    fake_openai.script(ASK, Text("unused", hold=hold))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", core={"tools": registry(tool)})
+    try:
+        if fault == "rate_limited":  # refused: nothing was posted, so nothing is looked for
+            fake_slack.fail("chat.postMessage", when=_asks, status=429, retry_after=1)
+        else:  # Slack carried it out and answered 500: the next try finds it instead of posting it again
+            fake_slack.fail("chat.postMessage", when=_asks, status=500, apply_first=True)
+        await t.deliver(fake_slack.user_message("how many apples do I have?"))
+        await t.wait_for(lambda: len([c for c in fake_slack.calls_to("chat.postMessage") if _asks(c.params)])
+                         + fake_slack.count("conversations.history") >= 2)
+        for _ in range(250):  # the request's ts is recorded once the post has an answer
+            if '"ts": "' in (await t.channel.host.get_state(OPEN_STATE) or ""):
+                break
+            await asyncio.sleep(0.02)
+        assert '"ts": "' in (await t.channel.host.get_state(OPEN_STATE) or "")
+        assert len(approval_messages(fake_slack, "D0ALICE")) == 1
+        assert fake_slack.count("conversations.history") == (0 if fault == "rate_limited" else 1)
+    finally:
+        hold.set()
+        await t.close()
+
+
 async def test_a_fallback_that_timed_out_is_repeated_once_not_once_per_background_try(
         tmp_path, fake_openai, fake_slack):
     # Slack carries every post out but answers too late: the client times out, so each may have been shown

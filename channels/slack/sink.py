@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from slack_sdk.errors import SlackApiError
+
 from channels.common.errors import PlatformError
 from channels.common.ledger import Part
 from channels.common.live_sink import LiveSink
@@ -316,20 +318,25 @@ class SlackPrompts:
         await self._channel.save_prompts()
         client = self._channel.api.client
         value = action.encode()
-        tries = 0
+        unsure = False
+        """A try was cut off (timeout, connection) or failed on Slack's side: it may have been carried out."""
 
         async def post_once() -> Any:
-            # A try after one that failed looks in the conversation first: a post whose answer was lost may
-            # have been shown, and posting it again would show the request twice. So the post is idempotent.
-            nonlocal tries
-            tries += 1
-            if tries > 1:
+            # A try after one that may have been carried out looks in the conversation first: posting it again
+            # would show the request twice. So the post is idempotent.
+            nonlocal unsure
+            if unsure:
                 found = await self._channel.locate_prompt(d.channel, d.thread_ts, value, handle.posted_at)
                 if found is not None:
                     return {"ts": found}
-            return await client.chat_postMessage(
-                channel=d.channel, thread_ts=d.thread_ts, text=approval_text(request.tool_name),
-                blocks=approval_blocks(action, request.tool_name, request.arguments_summary, request.label))
+            unsure = True  # until Slack answers
+            try:
+                return await client.chat_postMessage(
+                    channel=d.channel, thread_ts=d.thread_ts, text=approval_text(request.tool_name),
+                    blocks=approval_blocks(action, request.tool_name, request.arguments_summary, request.label))
+            except SlackApiError as exc:
+                unsure = exc.response.status_code >= 500  # refused (an error, a 429): not posted
+                raise
 
         try:
             response = await self._channel.api.call("chat.postMessage", post_once, channel=d.channel)
