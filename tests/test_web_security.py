@@ -467,12 +467,21 @@ async def test_a_garbled_last_event_id_is_unknown_and_resyncs(chat, http, suffix
 # ---- wiring from the config ---------------------------------------------------------------------------
 
 
-async def test_the_config_keys_reach_the_server_and_sign_ins_survive_a_restart(tmp_path, fake_openai):
-    from bridge.config import load_config
-    from channels.web.factory import create
+async def started_core(data_dir, fake_openai):
+    """One life of the process: a started core on ``data_dir`` (SQLite, the fake model)."""
     from core.llm.openai_provider import OpenAIProvider
     from core.runtime import ChatCore
     from core.sqlite_store import SqliteStore
+
+    core = ChatCore(store=SqliteStore(data_dir / "chat.db"), provider=OpenAIProvider(
+        model="m", base_url=fake_openai.base_url, api_key="k"))
+    await core.start()
+    return core
+
+
+async def test_the_config_keys_reach_the_server_and_sign_ins_survive_a_restart(tmp_path, fake_openai):
+    from bridge.config import load_config
+    from channels.web.factory import create
 
     cfg_path = tmp_path / "c.toml"
     cfg_path.write_text(f"""
@@ -488,9 +497,7 @@ max_streams_per_client = 4
     cfg = load_config(cfg_path, env={})
     cookies = []
     for _ in range(2):  # two lives of the process with the same data directory
-        core = ChatCore(store=SqliteStore(tmp_path / "data" / "chat.db"), provider=OpenAIProvider(
-            model="m", base_url=fake_openai.base_url, api_key="k"))
-        await core.start()
+        core = await started_core(tmp_path / "data", fake_openai)
         channel = create(cfg.web, core.host_for("web"), web.Application())
         server = channel.server
         assert server.guard.host_allowed("chat.example.com:443") and not server.guard.host_allowed("evil.example")
@@ -527,18 +534,13 @@ async def test_until_the_durable_cookie_key_is_loaded_the_chat_answers_503_not_a
 
     from bridge.config import load_config
     from channels.web.factory import create
-    from core.llm.openai_provider import OpenAIProvider
-    from core.runtime import ChatCore
-    from core.sqlite_store import SqliteStore
 
     cfg_path = tmp_path / "c.toml"
     cfg_path.write_text(f'[bridge]\ndata_dir = "{tmp_path / "data"}"\n[web]\nauth_token = "{TOKEN}"\n')
     cfg = load_config(cfg_path, env={})
     cookies = []
     for _ in range(2):  # two lives of the process with the same data directory
-        core = ChatCore(store=SqliteStore(tmp_path / "data" / "chat.db"), provider=OpenAIProvider(
-            model="m", base_url=fake_openai.base_url, api_key="k"))
-        await core.start()
+        core = await started_core(tmp_path / "data", fake_openai)
         app = web.Application()
         channel = create(cfg.web, core.host_for("web"), app)
         async with TestClient(TestServer(app), cookie_jar=aiohttp.CookieJar(unsafe=True)) as client:
