@@ -288,15 +288,15 @@ class SlackChannel:
         None when it is not there, or cannot be read (logged)."""
         client = self.api.client
         method = "conversations.replies" if thread_ts is not None else "conversations.history"
+        read = client.conversations_replies if thread_ts is not None else client.conversations_history
         # Slack's ts is its own clock: ten minutes either side of ours is room for any skew
         args: dict[str, Any] = {"channel": channel, "oldest": f"{at - LOCATE_SKEW:.6f}", "limit": LOCATE_PAGE,
                                 "inclusive": True}
         if thread_ts is not None:
             args["ts"] = thread_ts
         for _ in range(LOCATE_PAGES):
-            fn = client.conversations_replies if thread_ts is not None else client.conversations_history
             try:
-                page = await self.api.call(method, functools.partial(fn, **args), channel=channel, paced=False)
+                page = await self.api.call(method, functools.partial(read, **args), channel=channel, paced=False)
             except PlatformError as exc:
                 log.warning("could not look for an approval request in %s (%s)", channel, exc)
                 return None
