@@ -37,6 +37,8 @@ class DeliveryError:
     reason: str
     undelivered: str | None = None
     """What the platform does not show of the terminal text; None = unknown (send it all)."""
+    maybe_shown: bool = False
+    """The final's send of what is not shown timed out: the platform may show it after all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,5 +212,6 @@ class TurnDeliveryService:
             undelivered: str | None = None
             with contextlib.suppress(Exception):
                 undelivered = sink.undelivered(snap)
-            return DeliveryError(f"{type(exc).__name__}: {exc}", undelivered)
+            return DeliveryError(f"{type(exc).__name__}: {exc}", undelivered,
+                                 isinstance(exc, SinkError) and exc.outcome_unknown)
         return None

@@ -32,7 +32,14 @@ from core.cancel_signal import CancelSignal
 from core.committer import TurnCommitter
 from core.context_cache import ContextCache
 from core.controller import TurnController
-from core.delivery import DeliveryError, DeliveryHandle, DeliveryStartError, PlainSender, TurnDeliveryService
+from core.delivery import (
+    DeliveryError,
+    DeliveryHandle,
+    DeliveryStartError,
+    PlainSender,
+    TurnDeliveryService,
+    Unshown,
+)
 from core.envelope import InboundEnvelope, TurnTarget
 from core.events import EventBus, TurnStarted
 from core.failures import TurnFailure, TurnFailureKind, TurnFailurePresenter
@@ -241,6 +248,9 @@ class ConversationExecutor:
             await self._redelivery.mark_delivered(turn_id)
             return
         text = self._fallback_text(outcome, terminal, err)
+        if text and err.maybe_shown:  # the final's send timed out: the chat may show it, a fallback twice
+            self._redelivery.schedule(turn_id, target, Unshown(text, maybe_shown=True))
+            return
         if text:
             log.info("delivery for %s failed (%s); sending one plain fallback", target.session_key, err.reason)
             if self._metrics is not None:

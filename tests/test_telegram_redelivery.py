@@ -98,7 +98,8 @@ async def test_an_answer_refused_until_a_restart_is_shown_once_after_it(tmp_path
 async def test_a_long_answer_taken_in_part_is_completed_later_without_repeating_the_part_shown(
         tmp_path, fake_openai, tg):
     answer = "\n\n".join(f"Part {i} " + "text " * 150 for i in range(3))
-    fake_openai.script(Text(answer, chunk_size=60, delay=0.005))
+    hold = asyncio.Event()
+    fake_openai.script(Text(answer, chunk_size=60, delay=0.005, hold=hold))
     t = await telegram_harness(tmp_path, fake_openai, tg, limit=1000,
                                core={"redelivery_delays": (0.2, 0.4, 0.8, 1.6)})
     try:
@@ -106,6 +107,7 @@ async def test_a_long_answer_taken_in_part_is_completed_later_without_repeating_
         faults = [tg.fail("sendMessage", status=502, description="Bad Gateway", times=1_000_000,
                           when=lambda p: not p["text"].startswith("Part 0"))]
         tg.user_message("go")
+        await t.release_after_typing(hold)
         await t.settle()  # the answer's first message was taken, the rest refused
         assert [x[:6] for x in tg.visible(CHAT)] == ["Part 0"]
         refused = refused_sends(tg)
@@ -125,7 +127,8 @@ async def test_a_fallback_that_timed_out_is_repeated_once_not_once_per_backgroun
     # Telegram carries every send out but answers too late: the client times out, so each may have been
     # shown (there is no idempotency key). The call policy repeats the send once; the background does not
     # send it again, or the chat would show the answer once per try for as long as the outage lasts.
-    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01, hold=hold))
     t = await telegram_harness(tmp_path, fake_openai, tg, call_timeout=0.3,
                                core={"redelivery_delays": (0.05, 0.05, 0.05)})
     try:
@@ -135,10 +138,33 @@ async def test_a_fallback_that_timed_out_is_repeated_once_not_once_per_backgroun
         tg.fail("sendMessage", status=502, description="Bad Gateway", apply_first=True, hang=30.0,
                 times=1_000_000)
         tg.user_message("capital of France?")
+        await t.release_after_typing(hold)
         await t.settle()
         await t.wait_for(lambda: not retrying(), timeout=10)
         assert tg.visible(CHAT) == [SHOWN, SHOWN]  # the one repeat of a send that timed out; never more
         assert tg.count("sendMessage") == 3  # the refused live final, the fallback and its one repeat
+        assert len(await undelivered(t)) == 1  # the next start sends it
+    finally:
+        await t.close()
+
+
+async def test_a_live_final_whose_send_timed_out_is_not_followed_by_a_fallback(tmp_path, fake_openai, tg):
+    # the same late answers, but the send that times out is the live final's (no preview was shown): it may
+    # be shown, twice at worst after its one repeat; a plain fallback after it would show the answer twice more
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01, hold=hold))
+    t = await telegram_harness(tmp_path, fake_openai, tg, call_timeout=0.3,
+                               core={"redelivery_delays": (0.05, 0.05, 0.05)})
+    try:
+        tg.fail("sendChatAction", status=403, description="Forbidden: bot was blocked by the user")  # no preview
+        tg.fail("sendMessage", status=502, description="Bad Gateway", apply_first=True, hang=30.0,
+                times=1_000_000)
+        tg.user_message("capital of France?")
+        await t.release_after_typing(hold)
+        await t.settle()
+        await t.wait_for(lambda: not retrying(), timeout=10)
+        assert tg.visible(CHAT) == [SHOWN, SHOWN]  # the live final and its one repeat; no fallback after them
+        assert tg.count("sendMessage") == 2
         assert len(await undelivered(t)) == 1  # the next start sends it
     finally:
         await t.close()

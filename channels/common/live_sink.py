@@ -309,8 +309,18 @@ class LiveSink:
                 parts = self._final_parts(snapshot)
                 await self.reconciler.apply(parts, final=True)
         except PlatformError as exc:
+            unsure = exc.outcome_unknown and self._unsure_send(parts)
             await self._remove_stale(parts)
-            raise SinkError(str(exc)) from None
+            raise SinkError(str(exc), outcome_unknown=unsure) from None
+
+    def _unsure_send(self, parts: list[Part]) -> bool:
+        """Whether the first part the chat does not show is a new message whose send may have been carried out:
+        sending it again (the fallback) could show it twice."""
+        ledger = self.ledger
+        for i, part in enumerate(parts):
+            if not ledger.shows(i, part):
+                return i >= len(ledger) and self.reconciler.maybe_sent(i)
+        return False
 
     async def abort(self) -> None:
         if self._aborted:

@@ -64,6 +64,12 @@ class Reconciler:
         """Sends not accepted yet, by message index: the key, and the part the last try carried when it may
         have been carried out (None when the platform refused it: nothing was posted)."""
 
+    def maybe_sent(self, index: int) -> bool:
+        """Whether the last try of the send of message ``index``, not accepted, may have been carried out (it
+        was not refused)."""
+        tried = self._tried.get(index)
+        return tried is not None and tried[1] is not None
+
     def pending(self, desired: list[Part], *, final: bool) -> bool:
         """Whether ``apply`` would make any call."""
         entries = self.ledger.entries

@@ -39,6 +39,12 @@ class TelegramHarness:
             await asyncio.sleep(0.005)
         raise AssertionError("condition not reached in time")
 
+    async def release_after_typing(self, hold: asyncio.Event) -> None:
+        """Set ``hold`` (the model's reply held before its first words) once "typing…" was asked for: a
+        turn shows it only when its first words take longer than ``typing_delay``."""
+        await self.wait_for(lambda: self.tg.count("sendChatAction") > 0)
+        hold.set()
+
     async def settle(self, timeout: float = 10.0) -> None:
         """Every queued update fetched and handed over, and the chain idle."""
         await self.wait_for(lambda: self.consumed(), timeout)
