@@ -41,7 +41,7 @@ async def test_a_turn_with_a_model_retry_a_429_and_a_fallback_is_counted(tmp_pat
     # must outlast that, or the held reply times out and is retried (a second retry, another reply)
     t = await telegram_harness(tmp_path, fake_openai, tg, core={"request_timeout": 30.0})
     try:
-        tg.fail("sendChatAction", status=429, description="Too Many Requests: retry after 1", retry_after=1)
+        tg.fail("sendMessage", status=429, description="Too Many Requests: retry after 1", retry_after=1)
         tg.fail("editMessageText", description="Bad Request: message to edit not found",
                 when=lambda p: bool(p.get("entities")))
         tg.user_message("capital of France?")

@@ -40,7 +40,26 @@ async def test_success_shows_the_answer_once_formatted_and_sends_no_fallback(tmp
         assert msg.text == SHOWN
         assert msg.entities == [{"type": "bold", "offset": 25, "length": 5}]
         assert tg.count("sendMessage") == 1  # one live message, no plain fallback
-        assert tg.count("sendChatAction") >= 1  # typing while the model thinks
+        assert tg.count("sendChatAction") == 0  # shown at once: "typing…" would be replaced as it appeared
+    finally:
+        await t.close()
+
+
+async def test_typing_shows_while_the_model_is_slow_to_write_its_first_words(tmp_path, fake_openai, tg):
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01, hold=hold))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.user_message("capital of France?")
+        await t.wait_for(lambda: tg.count("sendChatAction") == 1)
+        asked = next(c for c in tg.calls if c.method == "sendChatAction")
+        assert asked.params["action"] == "typing"
+        await asyncio.sleep(0.3)
+        assert tg.messages(CHAT) == [] and tg.count("sendChatAction") == 1  # once, until there is text
+        hold.set()
+        await t.settle()
+        assert tg.visible(CHAT) == [SHOWN]
+        assert tg.count("sendChatAction") == 1
     finally:
         await t.close()
 
@@ -59,11 +78,13 @@ async def test_an_answer_without_a_word_shows_its_notice_once(tmp_path, fake_ope
 
 
 async def test_open_failure_sends_exactly_one_plain_reply(tmp_path, fake_openai, tg):
-    fake_openai.script(Text(ANSWER))
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, hold=hold))
     t = await telegram_harness(tmp_path, fake_openai, tg)
     try:
         tg.fail("sendChatAction", status=403, description="Forbidden: bot was blocked by the user")
         tg.user_message("capital of France?")
+        await t.release_after_typing(hold)
         await t.settle()
         assert tg.visible(CHAT) == [SHOWN]
         assert tg.count("sendMessage") == 1 and tg.count("editMessageText") == 0
@@ -375,12 +396,14 @@ async def test_the_model_is_asked_while_a_slow_typing_indicator_is_still_on_its_
     # the typing call runs beside the turn instead of in front of it; the answer waits for it to land, so
     # the chat never shows "typing…" after the answer
     release = tg.hold("sendChatAction")
-    fake_openai.script(Text(ANSWER))
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, hold=hold))  # slow to start: "typing…" is asked for
     # opening the live reply may take as long as it likes: the answer must not be a plain one sent because
     # the opening gave up
     t = await telegram_harness(tmp_path, fake_openai, tg, core={"sink_open_timeout": 60.0})
     try:
         tg.user_message("capital of France?")
+        await t.release_after_typing(hold)
         await t.wait_for(lambda: t.h.commits())  # the whole answer was written while the typing call hung
         assert len(fake_openai.requests) == 1 and tg.count("sendChatAction") == 1
         assert tg.messages(CHAT) == []

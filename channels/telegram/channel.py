@@ -105,6 +105,10 @@ class TelegramSettings:
     """Nothing is posted before the answer has this many characters..."""
     first_delay: float = 1.0
     """...or this many seconds have passed since the turn began."""
+    typing_delay: float = 0.25
+    """Seconds a turn waits before it shows "typing…", and not at all if its first words are shown (or the
+    turn ends) sooner: an indicator the answer replaces a moment later is a Bot API call for nothing, and a
+    quarter of a second is not a wait anyone sees."""
     bot_sends_per_second: float = BOT_SENDS_PER_SECOND
     poll_timeout: int = 25
     poll_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -151,7 +155,7 @@ class TelegramChannel:
         sink = LiveSink(TelegramOps(self, dest, draft=draft), self.renderer, self.calls,
                         settings=self.live, prompts=TelegramPrompts(self, target, dest),
                         spawn=self.host.spawn, send_scopes=(self.client.sends,))
-        sink.start_typing()  # the turn's model request does not wait for this round trip
+        sink.start_typing(delay=self.settings.typing_delay)  # the model request does not wait for it
         return sink
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
