@@ -32,7 +32,8 @@ def final_edits(tg: FakeTelegram) -> list:
 
 async def test_success_shows_the_answer_once_formatted_and_sends_no_fallback(tmp_path, fake_openai, tg):
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
-    t = await telegram_harness(tmp_path, fake_openai, tg)
+    # "typing…" waits longer than a quarter of a second here: the answer shows sooner even on a loaded host
+    t = await telegram_harness(tmp_path, fake_openai, tg, typing_delay=2.0)
     try:
         tg.user_message("capital of France?")
         await t.settle()
