@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.fakes.openai_server import Text
 from tests.fakes.telegram import FakeTelegram, Fault
 from tests.fakes.telegram.harness import TelegramHarness, telegram_harness
@@ -123,18 +125,21 @@ async def test_a_long_answer_taken_in_part_is_completed_later_without_repeating_
         await t.close()
 
 
-async def test_a_fallback_that_timed_out_is_repeated_once_not_once_per_background_try(tmp_path, fake_openai, tg):
+@pytest.mark.parametrize("timed_out", ["fallback", "live_final"])
+async def test_a_send_that_timed_out_is_repeated_once_never_again_by_a_fallback_or_a_background_try(
+        tmp_path, fake_openai, tg, timed_out):
     # Telegram carries every send out but answers too late: the client times out, so each may have been
-    # shown (there is no idempotency key). The call policy repeats the send once; the background does not
-    # send it again, or the chat would show the answer once per try for as long as the outage lasts.
+    # shown (there is no idempotency key). The call policy repeats the send once; nothing sends it again —
+    # not the background tries, not a plain fallback after a live final whose send timed out — or the chat
+    # would show the answer once per try for as long as the outage lasts.
     hold = asyncio.Event()
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01, hold=hold))
     t = await telegram_harness(tmp_path, fake_openai, tg, call_timeout=0.3,
                                core={"redelivery_delays": (0.05, 0.05, 0.05)})
     try:
-        # no live updates, and the live final is refused: the plain fallback is the first send that lands
-        tg.fail("sendChatAction", status=403, description="Forbidden: bot was blocked by the user")
-        tg.fail("sendMessage", status=403, description="Forbidden: bot was blocked by the user")
+        tg.fail("sendChatAction", status=403, description="Forbidden: bot was blocked by the user")  # no preview
+        if timed_out == "fallback":  # the live final is refused: the plain fallback is the first send that lands
+            tg.fail("sendMessage", status=403, description="Forbidden: bot was blocked by the user")
         tg.fail("sendMessage", status=502, description="Bad Gateway", apply_first=True, hang=30.0,
                 times=1_000_000)
         tg.user_message("capital of France?")
@@ -142,29 +147,7 @@ async def test_a_fallback_that_timed_out_is_repeated_once_not_once_per_backgroun
         await t.settle()
         await t.wait_for(lambda: not retrying(), timeout=10)
         assert tg.visible(CHAT) == [SHOWN, SHOWN]  # the one repeat of a send that timed out; never more
-        assert tg.count("sendMessage") == 3  # the refused live final, the fallback and its one repeat
-        assert len(await undelivered(t)) == 1  # the next start sends it
-    finally:
-        await t.close()
-
-
-async def test_a_live_final_whose_send_timed_out_is_not_followed_by_a_fallback(tmp_path, fake_openai, tg):
-    # the same late answers, but the send that times out is the live final's (no preview was shown): it may
-    # be shown, twice at worst after its one repeat; a plain fallback after it would show the answer twice more
-    hold = asyncio.Event()
-    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01, hold=hold))
-    t = await telegram_harness(tmp_path, fake_openai, tg, call_timeout=0.3,
-                               core={"redelivery_delays": (0.05, 0.05, 0.05)})
-    try:
-        tg.fail("sendChatAction", status=403, description="Forbidden: bot was blocked by the user")  # no preview
-        tg.fail("sendMessage", status=502, description="Bad Gateway", apply_first=True, hang=30.0,
-                times=1_000_000)
-        tg.user_message("capital of France?")
-        await t.release_after_typing(hold)
-        await t.settle()
-        await t.wait_for(lambda: not retrying(), timeout=10)
-        assert tg.visible(CHAT) == [SHOWN, SHOWN]  # the live final and its one repeat; no fallback after them
-        assert tg.count("sendMessage") == 2
+        assert tg.count("sendMessage") == (3 if timed_out == "fallback" else 2)  # (a refused live final first)
         assert len(await undelivered(t)) == 1  # the next start sends it
     finally:
         await t.close()
