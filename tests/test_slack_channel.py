@@ -44,6 +44,28 @@ async def test_a_dm_is_answered_once_with_the_formatted_answer(tmp_path, fake_op
         await t.close()
 
 
+async def test_the_model_is_asked_while_the_thinking_reaction_is_still_on_its_way(tmp_path, fake_openai, fake_slack):
+    # the reaction's call runs beside the turn instead of in front of it; the answer waits for it to land, and
+    # the reaction is taken down after the answer, never before it is up
+    release = fake_slack.hold("reactions.add")
+    fake_openai.script(Text(ANSWER))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", core={"sink_open_timeout": 60.0})
+    try:
+        await t.deliver(fake_slack.user_message("capital of France?"))
+        await t.wait_for(lambda: t.h.commits())  # the whole answer was written while the reaction call hung
+        assert len(fake_openai.requests) == 1 and fake_slack.count("reactions.add") == 1
+        assert fake_slack.messages("D0ALICE") == []
+        release.set()
+        await t.settle()
+        assert fake_slack.visible("D0ALICE") == [ANSWER]
+        methods = [c.method for c in fake_slack.calls if c.method in ("reactions.add", "chat.postMessage",
+                                                                       "reactions.remove")]
+        assert methods == ["reactions.add", "chat.postMessage", "reactions.remove"]
+        assert not any(m.reactions for m in fake_slack.channels["D0ALICE"].values())
+    finally:
+        await t.close()
+
+
 async def test_an_answer_without_a_word_shows_its_notice_once(tmp_path, fake_openai, fake_slack):
     fake_openai.script(Text(""))
     t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket")
@@ -482,7 +504,8 @@ def final_updates(slack: FakeSlack) -> list:
 
 
 @MODES
-async def test_open_failure_sends_exactly_one_plain_reply(tmp_path, fake_openai, fake_slack, mode):
+async def test_a_refused_thinking_reaction_leaves_one_reply_without_live_updates(tmp_path, fake_openai, fake_slack,
+                                                                                 mode):
     fake_openai.script(Text(ANSWER))
     t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
     try:
@@ -1077,36 +1100,40 @@ async def test_an_approval_post_tried_again_is_shown_once(tmp_path, fake_openai,
         await t.close()
 
 
-async def test_a_fallback_that_timed_out_is_repeated_once_not_once_per_background_try(
-        tmp_path, fake_openai, fake_slack):
+@pytest.mark.parametrize("timed_out", ["fallback", "live_final"])
+async def test_a_post_that_timed_out_is_repeated_once_never_again_by_a_fallback_or_a_background_try(
+        tmp_path, fake_openai, fake_slack, timed_out):
     # Slack carries every post out but answers too late: the client times out, so each may have been shown
-    # (chat.postMessage has no idempotency key). The call policy repeats the post once; the background does
-    # not post it again, or the conversation would show the answer once per try during the outage.
+    # (chat.postMessage has no idempotency key). The call policy repeats the post once; nothing posts it again
+    # — not the background tries, not a plain fallback after a final whose post timed out — or the
+    # conversation would show the answer once per try during the outage.
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
     t = await slack_harness(tmp_path, fake_openai, fake_slack, call_timeout=0.3,
                             core={"redelivery_delays": (0.05, 0.05, 0.05)})
     try:
-        fake_slack.fail("reactions.add", error="channel_not_found")  # no live delivery: the plain reply only
+        fake_slack.fail("reactions.add", error="channel_not_found")  # no live updates: the final only
+        if timed_out == "fallback":  # the final is refused: the plain fallback is the first post that lands
+            fake_slack.fail("chat.postMessage", error="is_archived")
         fake_slack.fail("chat.postMessage", error="internal_error", apply_first=True, hang=30.0, times=1_000_000)
         await t.deliver(fake_slack.user_message("capital of France?"))
         await t.settle()
         await t.wait_for(lambda: not any(x.get_name().startswith("redeliver:") for x in asyncio.all_tasks()),
                          timeout=10)
         assert fake_slack.visible("D0ALICE") == [ANSWER, ANSWER]  # the one repeat of a post that timed out
-        assert fake_slack.count("chat.postMessage") == 2
+        assert fake_slack.count("chat.postMessage") == (3 if timed_out == "fallback" else 2)
     finally:
         await t.close()
 
 
-async def test_a_long_plain_reply_taken_in_part_is_completed_later_without_repeating_the_part_shown(
+async def test_a_long_reply_taken_in_part_is_completed_later_without_repeating_the_part_shown(
         tmp_path, fake_openai, fake_slack):
-    # the plain reply is three messages; Slack takes the first and refuses the rest for a while: the later try
-    # sends only the two that are missing, so the conversation shows each part once, in order
+    # the reply is three messages; Slack takes the first and refuses the rest for a while: the fallback and
+    # the later try send only the two that are missing, so the conversation shows each part once, in order
     answer = "\n\n".join(f"Part {i} " + "text " * 600 for i in range(3))
     fake_openai.script(Text(answer, chunk_size=200))
     t = await slack_harness(tmp_path, fake_openai, fake_slack, core={"redelivery_delays": (0.2, 0.4, 0.8, 1.6)})
     try:
-        fake_slack.fail("reactions.add", error="channel_not_found")  # no live delivery: the plain reply only
+        fake_slack.fail("reactions.add", error="channel_not_found")  # no live updates: the final only
         outage = fake_slack.fail("chat.postMessage", status=503, times=1_000_000,
                                  when=lambda p: not str(p.get("text", "")).startswith("Part 0"))
         await t.deliver(fake_slack.user_message("go"))

@@ -204,11 +204,9 @@ class SlackChannel:
         ops = SlackOps(self, dest, native=native)
         sink = SlackSink(ops, self.renderer, self.calls, settings=self.live,
                          prompts=SlackPrompts(self, target, dest), spawn=self.host.spawn)
-        try:
-            await sink.typing()
-        except PlatformError as exc:
-            if not exc.transient:  # not in the channel, archived, no access: live delivery cannot work here
-                raise
+        # the thinking status (or reaction) is set beside the turn, so the model is asked without waiting for
+        # this round trip; refused (not in the channel, archived, no access), the turn shows only its final
+        sink.start_typing()
         return sink
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:

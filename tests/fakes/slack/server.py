@@ -217,6 +217,7 @@ class FakeSlack(UserActions):
         self.channels: dict[str, dict[str, Message]] = {}
         self.calls: list[Call] = []
         self.faults: list[Fault] = []
+        self.holds: dict[str, asyncio.Event] = {}
         self.rate_rules: list[RateRule] = []
         self.ephemerals: list[Ephemeral] = []
         self.responses: list[dict[str, Any]] = []
@@ -355,6 +356,11 @@ class FakeSlack(UserActions):
     def visible(self, channel: str, *, thread_ts: str | EllipsisType | None = ...) -> list[str]:
         return [m.shown for m in self.messages(channel, thread_ts=thread_ts)]
 
+    def hold(self, method: str) -> asyncio.Event:
+        """Hold every call of ``method`` (recorded on arrival) until the returned event is set; then each is
+        answered as usual."""
+        return self.holds.setdefault(method, asyncio.Event())
+
     def calls_to(self, method: str, *, channel: str | None = None) -> list[Call]:
         return [c for c in self.calls if c.method == method and (channel is None or c.channel == channel)]
 
@@ -412,6 +418,9 @@ class FakeSlack(UserActions):
         if auth_error is not None:
             return self._reply(call, {"ok": False, "error": auth_error})
         handler = getattr(self, "_m_" + method.replace(".", "_"), None)
+        held = self.holds.get(method)
+        if held is not None:
+            await held.wait()
 
         fault = self._fault(method, params, n)
         if fault is not None:
