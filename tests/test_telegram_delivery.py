@@ -451,7 +451,12 @@ async def test_a_burst_of_chats_gets_no_429_from_the_bots_limit_of_new_messages(
     try:
         for chat in chats:
             tg.user_message("hi", chat_id=chat)
-        await t.wait_for(lambda: all(tg.visible(chat) == [answer] for chat in chats), timeout=30)
+        try:
+            await t.wait_for(lambda: all(tg.visible(chat) == [answer] for chat in chats), timeout=30)
+        except AssertionError:  # what each chat shows and what was asked of the fake, to see where it stopped
+            calls = [(c.method, c.params.get("chat_id"), c.status) for c in tg.calls if c.method != "getUpdates"]
+            raise AssertionError(f"shown: {[tg.visible(chat) for chat in chats]}; limited: {tg.limited}; "
+                                 f"model requests: {len(fake_openai.requests)}; calls: {calls}") from None
         await t.settle()
     finally:
         await t.close()
