@@ -78,7 +78,7 @@ async def test_an_answer_without_a_word_shows_its_notice_once(tmp_path, fake_ope
         await t.close()
 
 
-async def test_open_failure_sends_exactly_one_plain_reply(tmp_path, fake_openai, tg):
+async def test_a_refused_typing_indicator_leaves_one_reply_without_live_updates(tmp_path, fake_openai, tg):
     hold = asyncio.Event()
     fake_openai.script(Text(ANSWER, hold=hold))
     t = await telegram_harness(tmp_path, fake_openai, tg)
