@@ -65,6 +65,30 @@ async def test_typing_shows_while_the_model_is_slow_to_write_its_first_words(tmp
         await t.close()
 
 
+async def test_typing_shows_while_the_first_message_waits_for_the_bots_budget(tmp_path, fake_openai, tg):
+    # In a burst, a chat's first words come at once but its first message waits for a slot in the bot's budget
+    # of new messages (seconds, behind hundreds of chats): the chat shows "typing…" meanwhile, and the
+    # message, once its slot comes, after that call.
+    clock = GatedClock()
+    fake_openai.script(Text("Hello."), Text(ANSWER))
+    t = await telegram_harness(tmp_path, fake_openai, tg, clock=clock)
+    try:
+        await _first_send_waits_for_its_slot(t, tg, clock, CHAT)
+        await t.wait_for(lambda: tg.count("sendChatAction") == 1)
+        [asked] = [c for c in tg.calls if c.method == "sendChatAction"]
+        assert asked.params["chat_id"] == CHAT and asked.params["action"] == "typing"
+        assert tg.messages(CHAT) == []
+        clock.gate.set()
+        await t.settle()
+        assert tg.visible(CHAT) == [SHOWN]
+        sent = [(c.method, c.params.get("chat_id")) for c in tg.calls if c.method in ("sendChatAction", "sendMessage")]
+        assert sent.index(("sendChatAction", CHAT)) < sent.index(("sendMessage", CHAT))
+        assert tg.count("sendChatAction") == 1  # the first chat's message left at once: no indicator there
+    finally:
+        clock.gate.set()
+        await t.close()
+
+
 async def test_an_answer_without_a_word_shows_its_notice_once(tmp_path, fake_openai, tg):
     fake_openai.script(Text(""))
     t = await telegram_harness(tmp_path, fake_openai, tg)

@@ -7,7 +7,9 @@ this is the rest of the ``TurnSink`` contract:
   seconds have passed; a typing indicator shows meanwhile (repeated every ``typing_every`` seconds). The
   first one may be sent without the turn waiting for it (``start_typing``): the model request then starts
   at once, and the first text shown and the end both wait for that call to land, so the indicator never
-  comes after text. A chat that refuses it for good (the bot blocked, the chat gone) gets no live updates,
+  comes after text. With a ``delay`` it is made only if nothing is shown by then: a first message still
+  waiting for its slot in a budget every chat shares (a bot's new messages, in a burst) counts as not shown,
+  and leaves once the indicator's call has landed (``before_first_text``). A chat that refuses it for good (the bot blocked, the chat gone) gets no live updates,
   only the final attempt.
 - Latest wins by pulling: ``follow`` runs in the turn's delivery task and takes the newest snapshot when
   the chat's next slot comes (``Throttle.ready_in``), never a backlog. It sleeps until that slot and is
@@ -52,7 +54,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
-from channels.common.calls import Calls
+from channels.common.calls import Calls, outside_bound
 from channels.common.errors import PlatformError
 from channels.common.ledger import Ledger, Part
 from channels.common.ops import (
@@ -141,7 +143,12 @@ class _Paced:
 
     async def send(self, content: Callable[[], Part], key: str) -> str:
         s = self._sink
-        return await s.calls.call(lambda: s.ops.send(content(), key), scopes=s.ops.scopes + s.send_scopes,
+
+        async def leave() -> str:  # the send's slot came: "typing…" lands first (or is not shown at all)
+            await s.before_first_text()
+            return await s.ops.send(content(), key)
+
+        return await s.calls.call(leave, scopes=s.ops.scopes + s.send_scopes,
                                   retry=s.final, idempotent=s.ops.capabilities.idempotent_sends)
 
     async def edit(self, message_id: str, part: Part) -> None:
@@ -257,6 +264,18 @@ class LiveSink:
         if opening is not None:
             await asyncio.wait((opening,))
 
+    async def before_first_text(self) -> None:
+        """Called as a new message is about to leave (its slot came): the opening typing indicator lands first,
+        and is not made at all if its moment has not come yet. Until then it stays due: a first message waiting
+        for its slot in a budget shared by every chat (a bot's new messages, in a burst) shows "typing…"
+        meanwhile. A chat that refused the indicator for good gets no live message, only the final."""
+        if self._opening is None:
+            return
+        async with outside_bound():  # the bridge's own wait, not the platform being slow to answer
+            await self._typing_landed()
+        if self._live_broken and not self.final:
+            raise PlatformError("the chat refused the typing indicator: no live updates", kind="permanent")
+
     async def follow(self, turn: TurnFeed) -> None:
         self._feed = turn
         while not self._aborted and not self._finishing:
@@ -371,7 +390,7 @@ class LiveSink:
     async def _flush(self, snap: TurnSnapshot, *, urgent: bool = False) -> None:
         """Show ``snap`` with one step of platform calls (each taking its own slot; a stream that shows
         approvals shows a change of them at once)."""
-        if self._opening is not None:
+        if self._opening is not None and self.stream is not None:  # a new message waits at its slot instead
             await self._typing_landed()
             if self._live_broken:
                 return
