@@ -9,8 +9,8 @@ this is the rest of the ``TurnSink`` contract:
   at once, and the first text shown and the end both wait for that call to land, so the indicator never
   comes after text. With a ``delay`` it is made only if nothing is shown by then: a first message still
   waiting for its slot in a budget every chat shares (a bot's new messages, in a burst) counts as not shown,
-  and leaves once the indicator's call has landed (``before_first_text``). A chat that refuses it for good (the bot blocked, the chat gone) gets no live updates,
-  only the final attempt.
+  and leaves once the indicator's call has landed (``before_first_text``). A chat that refuses it for good
+  (the bot blocked, the chat gone) gets no live updates, only the final attempt.
 - Latest wins by pulling: ``follow`` runs in the turn's delivery task and takes the newest snapshot when
   the chat's next slot comes (``Throttle.ready_in``), never a backlog. It sleeps until that slot and is
   woken early only by what must be shown at once (new or ended approvals, the end of the turn). A
