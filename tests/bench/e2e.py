@@ -237,8 +237,14 @@ class SlackSide(Side):
         return "".join(m.shown for m in self.fake.channels.get(chat, {}).values() if m.from_bot and not m.deleted)
 
     def counts(self) -> tuple[int, int]:
-        calls = [c for c in self.fake.calls if c.method not in ("apps.connections.open", "auth.test")]
+        calls = self._counted()
         return len(calls), sum(c.status == 429 for c in calls)
+
+    def by_method(self) -> dict[str, int]:
+        return dict(collections.Counter(c.method for c in self._counted()))
+
+    def _counted(self) -> list[Any]:
+        return [c for c in self.fake.calls if c.method not in ("apps.connections.open", "auth.test")]
 
 
 class FeishuSide(Side):
@@ -307,8 +313,23 @@ class FeishuSide(Side):
                            if not fake.messages[m].deleted)
 
     def counts(self) -> tuple[int, int]:
-        calls = [c for c in self.fake.calls_to() if c.route not in ("token", "bot.info")]
+        calls = self._counted()
         return len(calls), sum(c.status == 429 or c.code == 230020 for c in calls)
+
+    def by_method(self) -> dict[str, int]:
+        return dict(collections.Counter(c.route for c in self._counted()))
+
+    def _counted(self) -> list[Any]:
+        return [c for c in self.fake.calls_to() if c.route not in ("token", "bot.info")]
+
+    def limited_by(self) -> dict[str, int]:
+        from tests.fakes.feishu.openapi import SENDS
+
+        def budget(call: Any) -> str:
+            return "chat" if call.code == 230020 else "app" if call.route in SENDS else "card"
+
+        return dict(collections.Counter(f"{c.route} per {budget(c)}" for c in self.fake.calls_to()
+                                        if c.status == 429 or c.code == 230020))
 
 
 class WebSide(Side):
