@@ -328,7 +328,7 @@ class FeishuSide(Side):
         def budget(call: Any) -> str:
             return "chat" if call.code == 230020 else "app" if call.route in SENDS else "card"
 
-        return dict(collections.Counter(f"{c.route} per {budget(c)}" for c in self.fake.calls_to()
+        return dict(collections.Counter(f"{c.route} per {budget(c)}" for c in self._counted()
                                         if c.status == 429 or c.code == 230020))
 
 
