@@ -103,6 +103,23 @@ async def test_a_429_pause_blocks_the_scope_until_retry_after_however_long():
     assert clock.t >= 330.0 and th.paused_for([A]) == 0.0
 
 
+async def test_take_now_takes_a_free_slot_or_nothing():
+    clock = ManualClock()
+    th = Throttle(clock=clock)
+    tier = Scope("thinking", 3.0)
+    assert th.take_now([tier, A])
+    assert not th.take_now([tier])  # the next slot is 3 s away: nothing taken, nothing waited
+    assert th.ready_in([tier]) == 3.0 and th.ready_in([B]) == 0.0
+    clock.t = 3.0
+    assert th.take_now([tier])
+    await th.reserve([tier])  # a caller that queues comes after the slot taken
+    assert clock.t == 6.0
+    clock.t = 20.0
+    th.pause(A.key, 30.0)
+    assert not th.take_now([tier, A])  # a 429 pause on any of the scopes: nothing taken in the others either
+    assert th.take_now([tier])
+
+
 async def test_paused_total_counts_overlapping_pauses_once():
     clock = ManualClock()
     th = Throttle(clock=clock)

@@ -694,6 +694,75 @@ async def test_thinking_shows_as_a_thread_status_or_a_reaction_and_is_cleared(tm
         await t.close()
 
 
+async def test_a_quick_answer_shows_no_thinking_reaction_and_a_slow_one_shows_it_until_done(
+        tmp_path, fake_openai, fake_slack):
+    hold = asyncio.Event()
+    # a generous delay, so the quick answer is shown sooner even on a loaded host
+    fake_openai.script(Text(ANSWER), Text(ANSWER, hold=hold, hold_after=0))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", thinking_delay=1.0)
+    try:
+        await t.deliver(fake_slack.user_message("capital of France?"))
+        await t.settle()
+        assert fake_slack.visible("D0ALICE") == [ANSWER]
+        assert fake_slack.count("reactions.add") == 0  # shown at once: a reaction would come and go for nothing
+        asked = fake_slack.user_message("and again?")
+        await t.deliver(asked)
+        await t.wait_for(lambda: fake_slack.count("reactions.add") == 1)  # nothing to show a second in
+        assert fake_slack.message("D0ALICE", asked["event"]["ts"]).reactions == {"hourglass_flowing_sand": ["U0BOT"]}
+        hold.set()
+        await t.settle()
+        assert fake_slack.visible("D0ALICE") == [ANSWER, ANSWER]
+        assert not fake_slack.message("D0ALICE", asked["event"]["ts"]).reactions  # taken down when done
+    finally:
+        hold.set()
+        await t.close()
+
+
+async def test_a_rate_limited_thinking_reaction_holds_up_no_reply(tmp_path, fake_openai, fake_slack):
+    # reactions.add has a limit of its own (Tier 3, per workspace): its 429 pauses that method, not the
+    # workspace's message writes, or every conversation's reply would freeze for the reaction's Retry-After
+    fake_slack.rate_limit("reactions.add", per="workspace", limit=1, window=600.0, retry_after=60)
+    fake_openai.script(Text(ANSWER), Text(ANSWER), Text(ANSWER))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket")
+    try:
+        await t.deliver(fake_slack.user_message("one"))
+        await t.settle()
+        await t.deliver(fake_slack.user_message("two", channel="D0BOB", user="U0BOB"))
+        await t.wait_for(lambda: fake_slack.visible("D0BOB") == [ANSWER])  # not a minute later
+        assert [c.status for c in fake_slack.calls_to("reactions.add")] == [200, 429]
+        await t.settle()
+        await t.deliver(fake_slack.user_message("three"))
+        await t.wait_for(lambda: fake_slack.visible("D0ALICE") == [ANSWER, ANSWER])
+        await t.settle()
+        assert fake_slack.count("reactions.add") == 2  # paused: the third turn did not try
+        assert not any(m.reactions for ch in ("D0ALICE", "D0BOB") for m in fake_slack.channels[ch].values())
+    finally:
+        await t.close()
+
+
+async def test_thinking_indicators_stay_within_the_workspaces_budget(tmp_path, fake_openai, fake_slack):
+    # each indicator is two calls of a tiered method; when several conversations wait at once only as many
+    # show one as the workspace's budget has room for, and every answer still shows
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, hold=hold, hold_after=0), Text(ANSWER, hold=hold, hold_after=0))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", thinking_delay=0.05,
+                            thinking_interval=600.0)
+    try:
+        await asyncio.gather(t.deliver(fake_slack.user_message("one")),
+                             t.deliver(fake_slack.user_message("two", channel="D0BOB", user="U0BOB")))
+        await t.wait_for(lambda: len(fake_openai.requests) == 2)
+        await asyncio.sleep(0.3)  # both past their delay
+        assert fake_slack.count("reactions.add") == 1
+        hold.set()
+        await t.settle()
+        assert fake_slack.visible("D0ALICE") == [ANSWER] and fake_slack.visible("D0BOB") == [ANSWER]
+        assert fake_slack.count("reactions.remove") == 1
+        assert not any(m.reactions for ch in ("D0ALICE", "D0BOB") for m in fake_slack.channels[ch].values())
+    finally:
+        hold.set()
+        await t.close()
+
+
 async def test_replies_in_two_channels_share_the_workspace_update_budget(tmp_path, fake_openai, fake_slack):
     # chat.update is limited per workspace (Tier 3), not per conversation: two replies streaming at once in two
     # DMs must together stay under it. Here the fake refuses two updates within 0.2 s anywhere in the

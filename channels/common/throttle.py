@@ -4,7 +4,8 @@ A scope is a budget a platform enforces: one chat (Telegram: about one message p
 one workspace or app, or one method tier of a workspace (Slack). A call names every scope it counts
 against; ``reserve`` books the earliest slot free in all of them at once and waits for it, so concurrent
 callers never exceed any scope's pace and queue in order. ``pause`` (a 429's retry_after) blocks every
-slot of a scope until it has passed, however long.
+slot of a scope until it has passed, however long. ``take_now`` takes a slot only if one is free at once,
+for a call worth making then or not at all (a cosmetic indicator when the budget is spent).
 
 Slots are kept by when callers actually leave, not only by when they booked: a saturated host holds its event
 loop up for seconds at a time, and every caller whose slot passed meanwhile would wake at once and reach the
@@ -162,6 +163,17 @@ class Throttle:
                     pace.next_slot += late - self.catch_up
             if self.paused_for(scopes) <= 0:
                 return
+
+    def take_now(self, scopes: Sequence[Scope]) -> bool:
+        """Take a slot in every scope if one is free now (no pause, nobody booked ahead) and say so; take
+        nothing and say False otherwise."""
+        if self.ready_in(scopes) > 0:
+            return False
+        now = self.clock.now()
+        for scope in scopes:
+            pace = self._pace(scope.key)
+            pace.next_slot = max(pace.next_slot, now) + scope.interval
+        return True
 
     async def _until(self, start: float, booked: Sequence[tuple[_Pace, float, float, float]]) -> float:
         """Wait for the slot booked at ``start``, later by as much as its scopes' schedules have moved since it

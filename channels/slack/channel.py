@@ -106,6 +106,12 @@ LOCATE_PAGES = 5
 """A message being looked for is read from at most this many pages of the conversation, newest first."""
 
 
+THINKING_PER_MINUTE = 20
+"""Thinking indicators a workspace shows a minute at most: each is two calls of a tiered method (a reaction
+added and removed, or a thread status set and cleared), and Slack's floor for ``reactions.remove`` is Tier 2
+(20 a minute per workspace). When many conversations wait at once, the rest go without one."""
+
+
 @dataclass(frozen=True, slots=True)
 class SlackSettings:
     """What the channel runs with: the operator's ``[channels.slack]`` (defaults from its model) and the pacing
@@ -119,6 +125,11 @@ class SlackSettings:
     workspace_interval: float = 60.0 / _OPERATOR.workspace_updates_per_minute
     first_chars: int = 24
     first_delay: float = 1.0
+    thinking_delay: float = 0.25
+    """Seconds a turn waits before it shows that it is thinking, and not at all if its first words are shown (or
+    the turn ends) sooner: an indicator the answer replaces a moment later is two Web API calls for nothing."""
+    thinking_interval: float = 60.0 / THINKING_PER_MINUTE
+    """The least time between two thinking indicators in the workspace (see ``THINKING_PER_MINUTE``)."""
     submit_timeout: float = 2.5
     """Bound on storing one event, inside Slack's 3-second ack window."""
     connect_timeout: float = 10.0
@@ -164,7 +175,8 @@ class SlackChannel:
         if self.calls.observe is None:
             self.calls.observe = host.count_call  # every Web API attempt shows in /metrics
         self.api = SlackApi(client, self.calls, chat_interval=settings.chat_interval,
-                            workspace_interval=settings.workspace_interval)
+                            workspace_interval=settings.workspace_interval,
+                            thinking_interval=settings.thinking_interval)
         self.renderer = SlackRenderer()
         self.live = LiveSettings(first_chars=settings.first_chars, first_delay=settings.first_delay)
         self.allow = AllowList(settings.allow_from)
@@ -205,8 +217,9 @@ class SlackChannel:
         sink = SlackSink(ops, self.renderer, self.calls, settings=self.live,
                          prompts=SlackPrompts(self, target, dest), spawn=self.host.spawn)
         # the thinking status (or reaction) is set beside the turn, so the model is asked without waiting for
-        # this round trip; refused (not in the channel, archived, no access), the turn shows only its final
-        sink.start_typing()
+        # this round trip, and only if nothing is shown within thinking_delay; refused (not in the channel,
+        # archived, no access), the turn shows only its final
+        sink.start_typing(delay=self.settings.thinking_delay)
         return sink
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:

@@ -9,8 +9,11 @@ call policy is the only retry layer, and it repeats a send whose outcome is unkn
 Throttle scopes (``channels.common.throttle``): every call of a turn counts against its Slack channel (about
 one message or update per second each) and against the workspace (``chat.update`` is Tier 3, about 50 a
 minute for the whole app, which binds as soon as several replies stream at once). A 429 on
-``chat.postMessage`` (limited per channel) pauses the channel; on any other method (limited per workspace
-and method tier) it pauses the workspace, and so every channel of it.
+``chat.postMessage`` (limited per channel) pauses the channel; on another message write (``MESSAGE_WRITES``)
+it pauses the workspace, and so every channel of it. Every other method has a limit of its own (its tier,
+per workspace): its 429 pauses that method only (``method_scope``), so a refused thinking reaction or status
+never holds up the replies themselves. The thinking indicator has a budget of its own as well
+(``thinking_scope``): it is shown only when that budget has room at once (see ``channels.slack.sink``).
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ class SlackCallError(PlatformError):
         self.slack_error = slack_error
 
 
+MESSAGE_WRITES = frozenset({"chat.postMessage", "chat.update", "chat.delete", "chat.startStream",
+                            "chat.appendStream", "chat.stopStream"})
+"""The methods that write a reply, counted against its channel's and the workspace's budgets."""
+
 CHAT_BURST = 2
 """Calls a channel takes at once: its pace (``update_interval_ms``) is the bridge's own, Slack limits updates per
 workspace and allows chat.postMessage short bursts over one a second; the end of a turn uses one call of it
@@ -65,11 +72,12 @@ workspace and allows chat.postMessage short bursts over one a second; the end of
 
 class SlackApi:
     def __init__(self, client: AsyncWebClient, calls: Calls, *, chat_interval: float,
-                 workspace_interval: float) -> None:
+                 workspace_interval: float, thinking_interval: float = 0.0) -> None:
         self.client = client
         self.calls = calls
         self.chat_interval = chat_interval
         self.workspace_interval = workspace_interval
+        self.thinking_interval = thinking_interval
         self.team_id = ""
         """Set once ``auth.test`` answered: names the workspace scope."""
 
@@ -79,14 +87,25 @@ class SlackApi:
     def workspace_scope(self) -> Scope:
         return Scope(f"workspace:{self.team_id or 'default'}", self.workspace_interval)
 
+    def method_scope(self, method: str) -> Scope:
+        """A method outside ``MESSAGE_WRITES``: only its own 429 pauses count (Slack's tier of that method)."""
+        return Scope(f"{method}:{self.team_id or 'default'}")
+
+    def thinking_scope(self) -> Scope:
+        """The thinking indicators' budget for the whole workspace: one per ``thinking_interval``."""
+        return Scope(f"thinking:{self.team_id or 'default'}", self.thinking_interval)
+
     def scopes(self, channel: str) -> tuple[Scope, ...]:
         """The channel first: a 429 without a scope of its own pauses it."""
         return self.chat_scope(channel), self.workspace_scope()
 
     async def call(self, method: str, fn: Callable[[], Awaitable[T]], *, channel: str | None = None,
                    paced: bool = True, retry: bool = True, idempotent: bool = True) -> T:
-        """One Web API method under the call policy, paced in ``channel``'s scopes when given."""
+        """One Web API method under the call policy, paced in ``channel``'s scopes when given (and, for a
+        method that is not a message write, under its own 429 pauses)."""
         scopes = self.scopes(channel) if channel is not None else ()
+        if scopes and method not in MESSAGE_WRITES:
+            scopes = (*scopes, self.method_scope(method))
         return await self.calls.call(lambda: self.once(method, fn), scopes=scopes, paced=paced, retry=retry,
                                      idempotent=idempotent)
 
@@ -112,8 +131,10 @@ class SlackApi:
                 retry_after = float(headers.get("retry-after") or 1)
             except (TypeError, ValueError):
                 retry_after = 1.0
-            # chat.postMessage is limited per channel (the call's first scope); the rest per workspace tier
-            scope = None if method == "chat.postMessage" else self.workspace_scope().key
+            # chat.postMessage is limited per channel (the call's first scope); the other message writes count
+            # against the workspace's budget; every other method has a tier of its own
+            scope = (None if method == "chat.postMessage" else self.workspace_scope().key
+                     if method in MESSAGE_WRITES else self.method_scope(method).key)
             return SlackCallError(f"{method}: 429 retry after {retry_after:g}s", kind="rate_limited",
                                   retry_after=retry_after, scope=scope, slack_error=code or "ratelimited")
         kind: ErrorKind

@@ -19,8 +19,11 @@ message is an ordinary message of the thread, so the sink's ledger takes it over
 A workspace that refuses ``chat.startStream`` (the method, a scope or the feature is missing) makes the
 channel stream by updates from then on.
 
-"Thinking": while nothing is shown, ``assistant.threads.setStatus`` in a thread (Slack's AI-app status) or,
-where Slack refuses it, a reaction on the user's message; both are cleared when the turn ends.
+"Thinking": when nothing is shown a quarter of a second into the turn (``SlackSettings.thinking_delay``),
+``assistant.threads.setStatus`` in a thread (Slack's AI-app status) or, where Slack refuses it, a reaction on
+the user's message; either is cleared when the turn ends. Both methods have tight limits of their own for the
+whole workspace, so an indicator is shown only when the workspace's thinking budget has room at that moment
+(``SlackApi.thinking_scope``) and its method is not paused by a 429; otherwise the turn goes without one.
 """
 
 from __future__ import annotations
@@ -121,8 +124,15 @@ class SlackOps:
         if self._thinking is not None:
             return  # the status or reaction stays up until the end
         d = self._dest
-        client = self._api.client
-        if d.thread_ts and not self._channel.status_refused:
+        api = self._api
+        client = api.client
+        status = bool(d.thread_ts) and not self._channel.status_refused
+        # its methods (to show it and to clear it) must not be paused by a 429 either
+        methods = ("assistant.threads.setStatus",) if status else ("reactions.add", "reactions.remove")
+        if not api.calls.throttle.take_now((api.thinking_scope(), *map(api.method_scope, methods))):
+            log.debug("no room for a thinking indicator in the workspace now: this turn goes without one")
+            return
+        if status:
             try:
                 await self._api.once("assistant.threads.setStatus", lambda: client.assistant_threads_setStatus(
                     channel_id=d.channel, thread_ts=str(d.thread_ts), status=THINKING_STATUS))
@@ -134,6 +144,9 @@ class SlackOps:
                 # only AI-app threads have a status: a reaction says the same everywhere else
                 log.info("no assistant thread status here (%s); showing a reaction instead", exc)
                 self._channel.status_refused = True
+                if api.calls.throttle.paused_for((api.method_scope("reactions.add"),
+                                                  api.method_scope("reactions.remove"))) > 0:
+                    return
         try:
             await self._api.once("reactions.add", lambda: client.reactions_add(
                 channel=d.channel, timestamp=d.ctx.ts, name=THINKING_REACTION))

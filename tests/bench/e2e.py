@@ -222,6 +222,10 @@ class SlackSide(Side):
         # workspace's budget (raised here from Slack's floor, see SLACK_UPDATES_PER_MINUTE)
         self.fake.rate_limit("chat.postMessage", per="channel", limit=1, window=1.0)
         self.fake.rate_limit("chat.update", per="workspace", limit=SLACK_UPDATES_PER_MINUTE, window=60.0)
+        # the thinking indicator's methods at Slack's floors for their tiers (per workspace)
+        for method, per_minute in (("reactions.add", 50), ("reactions.remove", 20),
+                                   ("assistant.threads.setStatus", 50)):
+            self.fake.rate_limit(method, per="workspace", limit=per_minute, window=60.0, retry_after=30)
         return {"url": self.fake.base_url, "bot_token": self.fake.bot_token, "app_token": self.fake.app_token}
 
     async def inject(self, chat: str, target: str) -> None:
