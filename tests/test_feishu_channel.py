@@ -633,6 +633,32 @@ async def test_requests_in_flight_are_capped_and_waiting_a_turn_does_not_time_a_
     assert fake_feishu.max_in_flight <= 2
 
 
+async def test_sends_that_reach_feishu_late_and_together_stay_within_the_apps_limit(fake_feishu):
+    """A send reaches Feishu some time after it leaves: lark-oapi builds a client for it, the loop gets round to
+    it. Under load those delays bunch sends that left at the pace. Here Feishu takes none in until the test
+    lets them all in together: a hundred sends to a hundred chats still never make one second of Feishu's see
+    more than its 50, and each is sent once."""
+    from channels.feishu.api import FeishuApi
+    fake_feishu.enforce_limits(app_sends=50)
+    asked = []
+    for i in range(100):
+        fake_feishu.chat(f"oc_late{i}", "p2p")
+        asked.append(fake_feishu.user_message(f"oc_late{i}", "hi"))
+    api = FeishuApi(fake_feishu.app_id, fake_feishu.app_secret, fake_feishu.base_url, timeout=10,
+                    max_in_flight=64)
+    await api.token()
+    gate = fake_feishu.hold("message.reply")
+    sends = asyncio.gather(*(api.send(m.chat_id, "text", json.dumps({"text": "hello"}), f"late-{i}",
+                                      reply_to=m.message_id) for i, m in enumerate(asked)),
+                           return_exceptions=True)
+    await asyncio.sleep(0.3)
+    gate.set()
+    results = await asyncio.wait_for(sends, 20)
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    replies = fake_feishu.calls_to("message.reply")
+    assert len(replies) == 100 and all(c.status == 200 for c in replies)
+
+
 async def test_a_send_takes_its_budget_slot_only_when_it_goes_out_not_while_it_queues(fake_feishu):
     """Sends queued for a request slot would otherwise each hold a slot of the app's budget taken long before they
     go out, and reach Feishu in a burst over its limit once the slots free up."""

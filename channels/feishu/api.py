@@ -28,6 +28,11 @@ against the call's bound (``channels.common.calls.outside_bound``). The CPU, not
 requests a second (about 30 on one core at that cost per request). ``busy`` says every slot is taken (the
 sink then leaves out live updates that would only queue); ``waiting`` counts the requests queued for one.
 
+The app's sends (creates and replies) also pass an ``ArrivalBudget`` of Feishu's limit (``APP_SEND_LIMIT``, 50
+a second): each of them waits for the answer to a request and the building of its client, so under load sends
+that left at the channel's pace reach Feishu in bunches; the budget keeps every second Feishu counts within
+its limit however they bunch (``channels.common.arrivals``).
+
 Each of those clients is left behind in a reference cycle (with its TLS context, its response and its socket),
 which only the garbage collector frees; ``chatbridge run`` makes the collector's young passes rare
 (``bridge.gc_tuning``), so they piled up (over a hundred MiB under load). Every ``COLLECT_EVERY`` (32)
@@ -75,6 +80,7 @@ from lark_oapi.api.im.v1 import (
     UpdateMessageRequestBody,
 )
 
+from channels.common.arrivals import ArrivalBudget
 from channels.common.calls import outside_bound
 from channels.common.download import stream_url
 from channels.common.errors import PlatformError
@@ -96,6 +102,8 @@ TOKEN_EARLY = 600.0
 """Seconds before its expiry a tenant token is replaced (as lark-oapi's own cache does)."""
 MAX_IN_FLIGHT = 32
 COLLECT_EVERY = 32
+APP_SEND_LIMIT = 50
+"""Feishu's limit on the messages an app sends (creates and replies), in any second."""
 
 
 class FeishuApi:
@@ -103,6 +111,8 @@ class FeishuApi:
                  max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.app_id = app_id
         self._in_flight = asyncio.Semaphore(max_in_flight)
+        self.sends = ArrivalBudget(APP_SEND_LIMIT)
+        """The app's sends as Feishu counts them (see the module docstring)."""
         self.waiting = 0
         """Requests waiting for a slot."""
         self._requests = 0
@@ -150,10 +160,12 @@ class FeishuApi:
 
     # ---- one call ------------------------------------------------------------------------------
 
-    async def _send(self, what: str, fn: Callable[[], Awaitable[R]], pace: Pace | None = None) -> R:
+    async def _send(self, what: str, fn: Callable[[], Awaitable[R]], pace: Pace | None = None,
+                    budget: ArrivalBudget | None = None) -> R:
         """One request, its failures as PlatformError (the response must have code 0). ``pace`` is waited for
         once the request has its slot, right before it goes out: a budget taken earlier, while the request
-        still queued for a slot, would let the queue's requests reach the platform in a burst over it."""
+        still queued for a slot, would let the queue's requests reach the platform in a burst over it. Then
+        ``budget`` (the app's sends as Feishu counts them) is taken, and given back with the answer."""
         if self._in_flight.locked():
             self.waiting += 1
             try:
@@ -163,9 +175,15 @@ class FeishuApi:
                 self.waiting -= 1
         else:
             await self._in_flight.acquire()
+        counted = False
         try:
             if pace is not None:
                 await pace()
+            if budget is not None:
+                if not budget.try_enter():
+                    async with outside_bound():  # the bridge's own queue, as the pace is
+                        await budget.enter()
+                counted = True
             resp: Any = await fn()
         except httpx.TimeoutException:
             raise PlatformError(f"{what}: no answer in time", kind="transient", outcome_unknown=True) from None
@@ -175,6 +193,8 @@ class FeishuApi:
             # a gateway's HTML error page, a dropped connection: the request may have been carried out
             raise PlatformError(f"{what}: {type(exc).__name__}", kind="transient", outcome_unknown=True) from None
         finally:
+            if counted and budget is not None:
+                budget.leave()
             self._in_flight.release()
             self._requests += 1
             if self._requests % COLLECT_EVERY == 0:
@@ -184,13 +204,14 @@ class FeishuApi:
             return resp  # type: ignore[no-any-return]
         raise _error(what, code, resp)
 
-    async def call(self, what: str, fn: Callable[[lark.RequestOption], Awaitable[R]], pace: Pace | None = None) -> R:
+    async def call(self, what: str, fn: Callable[[lark.RequestOption], Awaitable[R]], pace: Pace | None = None,
+                   budget: ArrivalBudget | None = None) -> R:
         """An authenticated call; a token error refreshes the token once."""
         for attempt in range(2):
             token = await self.token()
             option = lark.RequestOption.builder().tenant_access_token(token).build()
             try:
-                return await self._send(what, lambda o=option: fn(o), pace)  # type: ignore[misc]
+                return await self._send(what, lambda o=option: fn(o), pace, budget)  # type: ignore[misc]
             except _TokenError:
                 self.drop_token(token)
                 if attempt:
@@ -218,12 +239,14 @@ class FeishuApi:
             if in_thread:
                 body = body.reply_in_thread(True)
             reply = ReplyMessageRequest.builder().message_id(reply_to).request_body(body.build()).build()
-            resp: Any = await self.call("message.reply", lambda o: self.client.im.v1.message.areply(reply, o), pace)
+            resp: Any = await self.call("message.reply", lambda o: self.client.im.v1.message.areply(reply, o), pace,
+                                        self.sends)
         else:
             cbody = (CreateMessageRequestBody.builder().receive_id(chat_id).msg_type(msg_type).content(content)
                      .uuid(uuid[:50]).build())
             create = CreateMessageRequest.builder().receive_id_type("chat_id").request_body(cbody).build()
-            resp = await self.call("message.create", lambda o: self.client.im.v1.message.acreate(create, o), pace)
+            resp = await self.call("message.create", lambda o: self.client.im.v1.message.acreate(create, o), pace,
+                                   self.sends)
         return str(resp.data.message_id)
 
     async def update(self, message_id: str, msg_type: str, content: str) -> None:
