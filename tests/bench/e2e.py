@@ -752,10 +752,12 @@ class MinimalFeishu(Minimal):
             UpdateMessageRequestBody,
         )
 
+        from channels.common.arrivals import ArrivalBudget
         from channels.common.throttle import Scope
         from channels.feishu.channel import CHAT_BURST
 
         app_sends = (Scope("app:send", 1 / 50),)
+        arrivals = ArrivalBudget(50)  # and never more than 50 reaching Feishu in a second, as the channel
         client = (lark.Client.builder().app_id(self.fake["app_id"]).app_secret(self.fake["app_secret"])
                   .domain(self.fake["url"]).log_level(lark.LogLevel.ERROR).build())
 
@@ -776,10 +778,18 @@ class MinimalFeishu(Minimal):
                 nonlocal sent
                 content = json.dumps({"text": whole})
                 if sent is None:
-                    await self.throttle.reserve(app_sends)  # Feishu's 50 sends a second per app, as the channel
                     body = ReplyMessageRequestBody.builder().msg_type("text").content(content).build()
                     reply = ReplyMessageRequest.builder().message_id(message_id).request_body(body).build()
-                    sent = (await call(lambda: client.im.v1.message.areply(reply))).data.message_id
+
+                    async def send() -> Any:
+                        await self.throttle.reserve(app_sends)  # Feishu's 50 sends a second per app, as the channel
+                        await arrivals.enter()
+                        try:
+                            return await client.im.v1.message.areply(reply)
+                        finally:
+                            arrivals.leave()
+
+                    sent = (await call(send)).data.message_id
                 else:
                     body = UpdateMessageRequestBody.builder().msg_type("text").content(content).build()
                     update = UpdateMessageRequest.builder().message_id(sent).request_body(body).build()
