@@ -651,7 +651,10 @@ async def test_sends_that_reach_feishu_late_and_together_stay_within_the_apps_li
     sends = asyncio.gather(*(api.send(m.chat_id, "text", json.dumps({"text": "hello"}), f"late-{i}",
                                       reply_to=m.message_id) for i, m in enumerate(asked)),
                            return_exceptions=True)
-    await asyncio.sleep(0.3)
+    for _ in range(1000):  # every send the bridge lets go is waiting at Feishu's door (at most 10 s)
+        if fake_feishu.in_flight >= 50:
+            break
+        await asyncio.sleep(0.01)
     gate.set()
     results = await asyncio.wait_for(sends, 20)
     assert [r for r in results if isinstance(r, BaseException)] == []

@@ -699,7 +699,7 @@ async def test_a_quick_answer_shows_no_thinking_reaction_and_a_slow_one_shows_it
     hold = asyncio.Event()
     # a generous delay, so the quick answer is shown sooner even on a loaded host
     fake_openai.script(Text(ANSWER), Text(ANSWER, hold=hold, hold_after=0))
-    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", thinking_delay=1.0)
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", thinking_delay=2.0)
     try:
         await t.deliver(fake_slack.user_message("capital of France?"))
         await t.settle()
@@ -707,7 +707,7 @@ async def test_a_quick_answer_shows_no_thinking_reaction_and_a_slow_one_shows_it
         assert fake_slack.count("reactions.add") == 0  # shown at once: a reaction would come and go for nothing
         asked = fake_slack.user_message("and again?")
         await t.deliver(asked)
-        await t.wait_for(lambda: fake_slack.count("reactions.add") == 1)  # nothing to show a second in
+        await t.wait_for(lambda: fake_slack.count("reactions.add") == 1)  # nothing to show two seconds in
         assert fake_slack.message("D0ALICE", asked["event"]["ts"]).reactions == {"hourglass_flowing_sand": ["U0BOT"]}
         hold.set()
         await t.settle()
@@ -750,8 +750,8 @@ async def test_thinking_indicators_stay_within_the_workspaces_budget(tmp_path, f
     try:
         await asyncio.gather(t.deliver(fake_slack.user_message("one")),
                              t.deliver(fake_slack.user_message("two", channel="D0BOB", user="U0BOB")))
-        await t.wait_for(lambda: len(fake_openai.requests) == 2)
-        await asyncio.sleep(0.3)  # both past their delay
+        await t.wait_for(lambda: len(fake_openai.requests) == 2 and fake_slack.count("reactions.add") >= 1)
+        await asyncio.sleep(0.3)  # both well past their delay
         assert fake_slack.count("reactions.add") == 1
         hold.set()
         await t.settle()
