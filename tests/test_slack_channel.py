@@ -783,6 +783,37 @@ async def test_replies_in_two_channels_share_the_workspace_update_budget(tmp_pat
         await t.close()
 
 
+async def test_updates_that_reach_slack_late_and_together_stay_within_the_workspaces_limit(
+        tmp_path, fake_openai, fake_slack):
+    # the workspace paces updates at Slack's limit itself, by when they leave; Slack counts them as they arrive.
+    # Here Slack takes no update in until the test lets them all in together (as a busy bridge or network bunches
+    # them): the updates as Slack counts them stay within its limit, so no 429 pauses every conversation
+    fake_slack.rate_limit("chat.update", per="workspace", limit=3, window=1.0)
+    chats = ["D0ALICE", "D0BOB", "D0U2", "D0U3", "D0U4"]
+    for i, chat in enumerate(chats[2:], 2):
+        fake_slack.add_user(f"U0U{i}", f"user{i}", f"User {i}")
+        fake_slack.add_channel(chat, "im")
+    text = " ".join(f"word{i}" for i in range(300))
+    fake_openai.script(*(Text(text, chunk_size=15, delay=0.02) for _ in chats))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket", workspace_interval=1 / 3,
+                            workspace_updates=(3, 1.0))
+    held = fake_slack.hold("chat.update")
+    try:
+        users = ["U0ALICE", "U0BOB", "U0U2", "U0U3", "U0U4"]
+        await asyncio.gather(*(t.deliver(fake_slack.user_message("go", channel=c, user=u))
+                               for c, u in zip(chats, users, strict=True)))
+        await t.wait_for(lambda: fake_slack.count("chat.update") >= 3)
+        await asyncio.sleep(0.7)  # at the workspace's pace, more would have left meanwhile
+        held.set()
+        await t.settle(30)
+        updates = fake_slack.calls_to("chat.update")
+        assert [c for c in updates if c.status != 200] == []
+        assert all(fake_slack.visible(c) == [text] for c in chats)
+    finally:
+        held.set()
+        await t.close()
+
+
 async def test_the_end_of_a_reply_shows_at_once_not_at_the_conversations_next_slot(tmp_path, fake_openai, fake_slack):
     # live updates keep the conversation's pace (one call per 30 s here); the end takes one call ahead of it,
     # so the whole answer shows as soon as it is written, not an interval later

@@ -123,6 +123,8 @@ class SlackSettings:
     stream_transport: Literal["auto", "update", "native"] = _OPERATOR.stream_transport
     chat_interval: float = _OPERATOR.update_interval_ms / 1000
     workspace_interval: float = 60.0 / _OPERATOR.workspace_updates_per_minute
+    workspace_updates: tuple[int, float] | None = (_OPERATOR.workspace_updates_per_minute, 60.0)
+    """Slack's limit on ``chat.update`` for the workspace as it counts them: (calls, in seconds)."""
     first_chars: int = 24
     first_delay: float = 1.0
     thinking_delay: float = 0.25
@@ -141,7 +143,8 @@ class SlackSettings:
     def of(cls, config: SlackConfig) -> SlackSettings:
         return cls(mode=config.mode, allow_from=tuple(config.allow_from), group_policy=config.group_policy,
                    stream_transport=config.stream_transport, chat_interval=config.update_interval_ms / 1000,
-                   workspace_interval=60.0 / config.workspace_updates_per_minute)
+                   workspace_interval=60.0 / config.workspace_updates_per_minute,
+                   workspace_updates=(config.workspace_updates_per_minute, 60.0))
 
 
 class AllowList:
@@ -176,7 +179,7 @@ class SlackChannel:
             self.calls.observe = host.count_call  # every Web API attempt shows in /metrics
         self.api = SlackApi(client, self.calls, chat_interval=settings.chat_interval,
                             workspace_interval=settings.workspace_interval,
-                            thinking_interval=settings.thinking_interval)
+                            thinking_interval=settings.thinking_interval, updates=settings.workspace_updates)
         self.renderer = SlackRenderer()
         self.live = LiveSettings(first_chars=settings.first_chars, first_delay=settings.first_delay)
         self.allow = AllowList(settings.allow_from)

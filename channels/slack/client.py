@@ -14,6 +14,11 @@ it pauses the workspace, and so every channel of it. Every other method has a li
 per workspace): its 429 pauses that method only (``method_scope``), so a refused thinking reaction or status
 never holds up the replies themselves. The thinking indicator has a budget of its own as well
 (``thinking_scope``): it is shown only when that budget has room at once (see ``channels.slack.sink``).
+
+The workspace's pace spaces updates by when they leave; Slack counts them when they arrive, and a busy bridge
+or network can bunch them on the way, so a pace at the limit itself would draw a 429 (and a pause of every
+conversation's replies) now and then. ``chat.update`` also passes an ``ArrivalBudget`` of the workspace's
+limit (``updates``: ``workspace_updates_per_minute`` in any 60 s), which bounds every minute Slack counts.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import aiohttp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.common.calls import Calls
+from channels.common.arrivals import ArrivalBudget
+from channels.common.calls import Calls, outside_bound
 from channels.common.errors import ErrorKind, PlatformError
 from channels.common.throttle import Scope
 
@@ -72,12 +78,15 @@ workspace and allows chat.postMessage short bursts over one a second; the end of
 
 class SlackApi:
     def __init__(self, client: AsyncWebClient, calls: Calls, *, chat_interval: float,
-                 workspace_interval: float, thinking_interval: float = 0.0) -> None:
+                 workspace_interval: float, thinking_interval: float = 0.0,
+                 updates: tuple[int, float] | None = None) -> None:
+        """``updates``: Slack's limit on ``chat.update`` for the workspace, (calls, in seconds); None: none kept."""
         self.client = client
         self.calls = calls
         self.chat_interval = chat_interval
         self.workspace_interval = workspace_interval
         self.thinking_interval = thinking_interval
+        self.updates = ArrivalBudget(*updates) if updates is not None else None
         self.team_id = ""
         """Set once ``auth.test`` answered: names the workspace scope."""
 
@@ -110,7 +119,20 @@ class SlackApi:
                                      idempotent=idempotent)
 
     async def once(self, method: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """One attempt of one Web API method (``fn`` makes the slack_sdk call)."""
+        """One attempt of one Web API method (``fn`` makes the slack_sdk call); an update first takes room in
+        the workspace's ``updates`` budget (a wait of the bridge's own, outside the attempt's bound)."""
+        budget = self.updates if method == "chat.update" else None
+        if budget is None:
+            return await self._attempt(method, fn)
+        if not budget.try_enter():
+            async with outside_bound():
+                await budget.enter()
+        try:
+            return await self._attempt(method, fn)
+        finally:
+            budget.leave()
+
+    async def _attempt(self, method: str, fn: Callable[[], Awaitable[T]]) -> T:
         try:
             return await fn()
         except SlackApiError as exc:

@@ -30,8 +30,10 @@ from tests.support.harness import Harness, make_harness
 Mode = Literal["socket", "http"]
 TEST_SETTINGS = SlackSettings(chat_interval=0.1, workspace_interval=0.0, first_chars=24, first_delay=0.2,
                               connect_timeout=3.0, ping_interval=10.0, health_every=0.1, backoff=(0.05, 0.1),
-                              stream_transport="update", thinking_delay=0.0, thinking_interval=0.0)
-"""The thinking indicator at once and without a workspace budget (tests of both pass them explicitly)."""
+                              stream_transport="update", thinking_delay=0.0, thinking_interval=0.0,
+                              workspace_updates=None)
+"""The thinking indicator at once and without a workspace budget, no budget of updates as Slack counts them
+(tests of these pass them explicitly)."""
 
 
 @dataclass
