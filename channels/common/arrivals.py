@@ -20,8 +20,11 @@ Callers wait in the order they came. No library keeps a window over answers rath
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
+from collections.abc import AsyncIterator
 
+from channels.common.calls import outside_bound
 from channels.common.throttle import Clock
 
 
@@ -61,6 +64,18 @@ class ArrivalBudget:
                     self._left.clear()
                     await self._left.wait()
             self._in_flight += 1
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Room for one request while it runs: taken at once if there is some, else waited for (the bridge's own
+        queue, outside the bound of the call attempt it runs in), and given back when the request is over."""
+        if not self.try_enter():
+            async with outside_bound():
+                await self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
 
     def leave(self) -> None:
         """The request taken with ``enter`` was answered (or failed, or was given up)."""

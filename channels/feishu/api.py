@@ -44,6 +44,7 @@ requests the young and middle generations are collected, which frees them for ab
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -175,16 +176,11 @@ class FeishuApi:
                 self.waiting -= 1
         else:
             await self._in_flight.acquire()
-        counted = False
         try:
             if pace is not None:
                 await pace()
-            if budget is not None:
-                if not budget.try_enter():
-                    async with outside_bound():  # the bridge's own queue, as the pace is
-                        await budget.enter()
-                counted = True
-            resp: Any = await fn()
+            async with budget.slot() if budget is not None else contextlib.nullcontext():
+                resp: Any = await fn()
         except httpx.TimeoutException:
             raise PlatformError(f"{what}: no answer in time", kind="transient", outcome_unknown=True) from None
         except httpx.ConnectError as exc:
@@ -193,8 +189,6 @@ class FeishuApi:
             # a gateway's HTML error page, a dropped connection: the request may have been carried out
             raise PlatformError(f"{what}: {type(exc).__name__}", kind="transient", outcome_unknown=True) from None
         finally:
-            if counted and budget is not None:
-                budget.leave()
             self._in_flight.release()
             self._requests += 1
             if self._requests % COLLECT_EVERY == 0:

@@ -32,7 +32,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.common.arrivals import ArrivalBudget
-from channels.common.calls import Calls, outside_bound
+from channels.common.calls import Calls
 from channels.common.errors import ErrorKind, PlatformError
 from channels.common.throttle import Scope
 
@@ -121,16 +121,10 @@ class SlackApi:
     async def once(self, method: str, fn: Callable[[], Awaitable[T]]) -> T:
         """One attempt of one Web API method (``fn`` makes the slack_sdk call); an update first takes room in
         the workspace's ``updates`` budget (a wait of the bridge's own, outside the attempt's bound)."""
-        budget = self.updates if method == "chat.update" else None
-        if budget is None:
+        if method != "chat.update" or self.updates is None:
             return await self._attempt(method, fn)
-        if not budget.try_enter():
-            async with outside_bound():
-                await budget.enter()
-        try:
+        async with self.updates.slot():
             return await self._attempt(method, fn)
-        finally:
-            budget.leave()
 
     async def _attempt(self, method: str, fn: Callable[[], Awaitable[T]]) -> T:
         try:

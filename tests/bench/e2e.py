@@ -783,11 +783,8 @@ class MinimalFeishu(Minimal):
 
                     async def send() -> Any:
                         await self.throttle.reserve(app_sends)  # Feishu's 50 sends a second per app, as the channel
-                        await arrivals.enter()
-                        try:
+                        async with arrivals.slot():
                             return await client.im.v1.message.areply(reply)
-                        finally:
-                            arrivals.leave()
 
                     sent = (await call(send)).data.message_id
                 else:
