@@ -16,7 +16,10 @@
 A turn whose process lost the session to another one (``CancelSignal.abandon`` when the lease was lost, or
 a commit that finds the turn closed by the new holder) ends before step 4 or at it: it commits nothing,
 sends no terminal message and no fallback, and its live view stops where it is. The new holder closes it
-with its interrupted notice (``core.failover``): the chat sees one terminal outcome.
+with its interrupted notice (``core.failover``): the chat sees one terminal outcome. When both
+processes read a message as waiting (the old holder's lease ran out while its step 1 was on its way), the
+first write to land serves it and the other's step 1 finds it no longer waiting (``InboundServedError``):
+that turn ends there, showing nothing; the first one's turn, or the notice closing it, answers the message.
 """
 
 from __future__ import annotations
@@ -51,13 +54,14 @@ from core.redelivery import Redelivery
 from core.runner import Cancelled, Completed, Failed, Stale, TurnRunner, TurnRunOutcome
 from core.settings import CoreSettings
 from core.snapshot import TurnSnapshot
-from core.store import Store, TurnState
+from core.store import InboundServedError, Store, TurnState
 from core.title import TitleService
 from core.turn_log import turn_scope
 
 log = logging.getLogger(__name__)
 
 ABANDONED = "abandoned (the session moved to another process)"
+SERVED_ELSEWHERE = "skipped (the message was served by another process)"
 """How a turn ends in its log line when its process lost the session's lease (``CancelSignal.abandon``)."""
 
 
@@ -113,6 +117,11 @@ class ConversationExecutor:
                 begin_turn=(turn_id, target.model_dump_json()),  # the reply target survives a crash
                 serves=inbound)  # from here on the turn record stands for the message
             base_generation, base_state_version = record.generation, record.state_version
+        except InboundServedError:
+            # another process's turn stands for it (see the module docstring): its one answer comes from there
+            context.clear()
+            log.warning("a message in %s was served by another process; nothing to do here", key)
+            return SERVED_ELSEWHERE
         except Exception as exc:
             context.clear()
             log.error("persisting the user message in %s failed: %s", key, exc)

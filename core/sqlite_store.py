@@ -37,6 +37,7 @@ from core.store import (
     AttachmentRecord,
     CommitResult,
     InboundRecord,
+    InboundServedError,
     SessionRecord,
     StaleStateError,
     StoreError,
@@ -182,12 +183,15 @@ class SqliteStore:
         """Persist one message (state_version +1, no revision bump); returns it and the session after it.
 
         ``begin_turn=(turn_id, target_json)`` records a running turn and ``serves`` marks that inbound
-        message served, in the same statement."""
+        message served, in the same statement; InboundServedError when it is no longer waiting."""
         now = self._clock()
         ids = (uuid.uuid4().hex,)
-        header = _header(await self._session_write("append_message", SessionWrite(
+        found = await self._session_write("append_message", SessionWrite(
             key, now, DEFAULT_TITLE, rows.message_values((message,), ids), add_version=1, begin_turn=begin_turn,
-            inbound_done=f"[{int(serves)}]" if serves is not None else None)))
+            inbound_done=f"[{int(serves)}]" if serves is not None else None, expect_waiting=serves))
+        if not found:  # its only expectation: the message it serves still waits
+            raise InboundServedError(f"inbound message {serves} of {key} is no longer waiting")
+        header = _header(found)
         session = rows.session_from_row(header[SESSION_AT:MESSAGE_AT])
         [persisted] = rows.new_messages(key, header[NEXT_SEQ] - 1, (message,), ids, now)
         return persisted, session

@@ -32,6 +32,12 @@ class TurnEndedError(StoreError):
     and closed the turn as interrupted (``close_interrupted_turns``); that process owns its outcome."""
 
 
+class InboundServedError(StoreError):
+    """A write that serves an inbound message found it no longer waiting: it was served already (a process
+    whose lease ran out while its write was on its way, and the one that took the session over, both read it
+    as waiting; the first write to land serves it) or dropped. The write wrote nothing."""
+
+
 class UnknownMessageError(LookupError):
     """A history page was asked for relative to a message id that is not in that session (bad input, not a
     storage failure)."""
@@ -153,7 +159,8 @@ class Store(Protocol):
         A session numbers its messages 1, 2, 3, ... without gaps (``core.context_cache`` relies on it).
 
         In the same transaction, ``begin_turn=(turn_id, target_json)`` records a running turn and
-        ``serves`` marks that inbound message (``admit_inbound``) served."""
+        ``serves`` marks that inbound message (``admit_inbound``) served. Raises InboundServedError (and
+        writes nothing) when that message is no longer waiting: a message is served once."""
         ...
 
     async def commit_turn(

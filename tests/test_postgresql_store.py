@@ -1,6 +1,7 @@
 """What only the PostgreSQL store needs testing for, beyond the shared contract (tests/test_store_contract.py):
 a write whose caller is cancelled while it waits on the server still lands, and closing waits for it, as
-the SQLite store's writes do (core ends its tasks before it closes the store)."""
+the SQLite store's writes do (core ends its tasks before it closes the store); and two processes that both
+read a message as waiting serve it once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from core.store import StoreError
+from core.store import InboundServedError, StoreError
 from tests.support.postgres import PostgresCluster
 from tests.support.store import user
 
@@ -127,3 +128,44 @@ async def test_messages_waiting_from_before_the_leases_migration_name_their_sess
         assert [r.payload for r in await store.waiting_inbound()] == [envelope.model_dump_json()]
     finally:
         await store.close()
+
+
+async def test_two_processes_that_both_read_a_message_as_waiting_serve_it_once(postgres: PostgresCluster) -> None:
+    """A holder whose lease ran out while its first write of a turn was on its way (held up here by a lock on
+    the sessions, as a slow server would), and the process that took the session over meanwhile and read
+    the message as still waiting: the write that lands first serves it, the other writes nothing."""
+    import asyncpg
+
+    from core.postgresql.store import PostgresqlStore
+
+    dsn = postgres.fresh_dsn()
+    stores = [PostgresqlStore(dsn, pool_size=2), PostgresqlStore(dsn, pool_size=2)]
+    for store in stores:
+        await store.open()
+    other = await asyncpg.connect(dsn)
+    try:
+        await stores[0].get_or_create_session(KEY)
+        seq = await stores[0].admit_inbound("web", "c-1", "{}", ttl_seconds=100, key=KEY)
+        assert seq is not None
+        async with other.transaction():
+            await other.execute("LOCK TABLE sessions IN EXCLUSIVE MODE")
+            writes = []
+            for n, store in enumerate(stores):
+                assert [r.seq for r in await store.waiting_inbound(key=KEY)] == [seq]  # both see it waiting
+                writes.append(asyncio.create_task(
+                    store.append_message(KEY, user("hello"), begin_turn=(f"t{n}", "{}"), serves=seq)))
+                deadline = time.monotonic() + 10
+                while await other.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted") < n + 1:
+                    assert time.monotonic() < deadline, "the write never reached the server"
+                    await asyncio.sleep(0.02)
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        assert not isinstance(results[0], BaseException), results[0]  # the first in line served it
+        assert isinstance(results[1], InboundServedError), results[1]
+        _, history = await stores[1].history(KEY)
+        assert [m.content for m in history] == ["hello"]
+        assert [t.turn_id for t in await stores[1].close_interrupted_turns()] == ["t0"]
+        assert await stores[1].waiting_inbound(key=KEY) == []
+    finally:
+        await other.close()
+        for store in stores:
+            await store.close()

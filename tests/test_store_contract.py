@@ -21,7 +21,15 @@ import pytest
 from core.agent.subagents import CHILD_GLOB, CHILD_MARK
 from core.messages import AttachmentRef, MessageSource, NewMessage, ToolCall
 from core.sqlite_store import SqliteStore
-from core.store import AttachmentRecord, StaleStateError, Store, StoreError, TurnEndedError, UnknownMessageError
+from core.store import (
+    AttachmentRecord,
+    InboundServedError,
+    StaleStateError,
+    Store,
+    StoreError,
+    TurnEndedError,
+    UnknownMessageError,
+)
 from tests.support.store import FakeClock, user
 
 KEY = "telegram:chat:1"
@@ -381,6 +389,23 @@ async def test_a_failed_write_serves_nothing(store: Store) -> None:
         await store.append_message(KEY, user("second"), begin_turn=("t1", "{}"), serves=seq)
     assert [r.seq for r in await store.waiting_inbound()] == [seq]
     assert [m.content for m in (await store.history(KEY))[1]] == ["first"]
+
+
+async def test_a_message_is_served_once(store: Store) -> None:
+    """A write serving a message no longer waiting (served, or dropped) writes nothing: no user message, no
+    turn record (two processes that both read it as waiting: tests/test_postgresql_store.py)."""
+    served = await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100, key=KEY)
+    dropped = await store.admit_inbound("web", None, "{}", ttl_seconds=100, key=KEY)
+    assert served is not None and dropped is not None
+    await store.append_message(KEY, user("once"), begin_turn=("t1", "{}"), serves=served)
+    with pytest.raises(InboundServedError):
+        await store.append_message(KEY, user("once"), begin_turn=("t2", "{}"), serves=served)
+    await store.forget_inbound(dropped)
+    with pytest.raises(InboundServedError):
+        await store.append_message(KEY, user("dropped"), begin_turn=("t3", "{}"), serves=dropped)
+    assert [m.content for m in (await store.history(KEY))[1]] == ["once"]
+    assert [t.turn_id for t in await store.close_interrupted_turns()] == ["t1"]
+    assert await store.event_seen("web", "c-1")
 
 
 # --------------------------------------------------------------------------------------------- turns, traces

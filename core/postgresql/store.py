@@ -38,6 +38,7 @@ from core.store import (
     AttachmentRecord,
     CommitResult,
     InboundRecord,
+    InboundServedError,
     SessionRecord,
     StaleStateError,
     StoreError,
@@ -49,6 +50,9 @@ from core.store import (
 )
 
 CONNECT_TIMEOUT = 10.0
+
+
+_STILL_WAITING = "SELECT 1 FROM inbound WHERE seq = $1 AND envelope IS NOT NULL FOR UPDATE"
 
 
 async def database_schema_version(dsn: str) -> int:
@@ -221,11 +225,14 @@ class PostgresqlStore:
         """Persist one message (state_version +1, no revision bump); returns it and the session after it.
 
         ``begin_turn=(turn_id, target_json)`` records a running turn and ``serves`` marks that inbound
-        message served, in the same transaction."""
+        message served, in the same transaction; InboundServedError when it is no longer waiting."""
         now = self._clock()
         ids = (uuid.uuid4().hex,)
         async with self._transaction("append_message") as conn:
             current = await _locked_session(conn, key, now)
+            # locked, and read again once a write serving it first has committed: served once, by one process
+            if serves is not None and await conn.fetchval(_STILL_WAITING, serves) is None:
+                raise InboundServedError(f"inbound message {serves} of {key} is no longer waiting")
             after = await SessionWrite(
                 add_version=1, messages=rows.message_values(key, current.next_seq, (message,), ids, now),
                 begin_turn=begin_turn, serves=(serves,) if serves is not None else ()).run(conn, key, now)

@@ -126,6 +126,8 @@ class SessionWrite:
     """(turn_id, trace records as ``core.sqlite.rows.traces_json``)."""
     inbound_done: str | None = None
     """JSON array of inbound seqs this write serves."""
+    expect_waiting: int | None = None
+    """An inbound seq that must still be waiting (served by no earlier write)."""
     appended: bool = False
     """Report the messages stored since the previous revision (a commit)."""
 
@@ -136,13 +138,13 @@ class SessionWrite:
                 self.add_generation, self.fresh_context, self.expect_generation, self.expect_state_version,
                 begin[0] if begin else None, begin[1] if begin else None, end[0] if end else None,
                 end[1] if end else None, trace[0] if trace else None, trace[1] if trace else None,
-                self.inbound_done, self.appended)
+                self.inbound_done, self.expect_waiting, self.appended)
 
 
 _P = ("w", "key", "default_title", "now", "add_seq", "add_version", "add_revision", "add_generation", "fresh_context",
       "expect_generation", "expect_state_version", "begin_turn", "turn_target", "end_turn", "turn_state", "traced_turn",
-      "traces", "inbound_done", "appended")
-_NOTHING = (None, None, "", 0.0, 0, 0, 0, 0, False, -1, None, None, None, None, None, None, None, None, False)
+      "traces", "inbound_done", "expect_waiting", "appended")
+_NOTHING = (None, None, "", 0.0, 0, 0, 0, 0, False, -1, None, None, None, None, None, None, None, None, None, False)
 """A padding ``p`` row: expects generation -1, which no session has, so it writes nothing."""
 _NO_MESSAGE = (-1, 0, *(None for _ in MESSAGE_FIELDS))
 """A padding message row: it belongs to no write (``w`` -1)."""
@@ -189,11 +191,14 @@ def _session_writes_sql(k_rows: int, m_rows: int) -> str:
         "context_start_seq": "CASE WHEN cur.fresh_context THEN cur.next_seq - 1 ELSE cur.context_start_seq END",
         "next_seq": "cur.next_seq + cur.add_seq", "created_at": "cur.created_at", "updated_at": "cur.now",
     }
-    # ... and the turn it closes, when recorded, still runs (a turn record is closed once)
+    # ... and the turn it closes, when recorded, still runs (a turn record is closed once), and the message
+    # it must serve still waits (a message is served once)
     holds = ("(cur.expect_generation IS NULL OR cur.generation = cur.expect_generation)"
              " AND (cur.expect_state_version IS NULL OR cur.state_version = cur.expect_state_version)"
              " AND (cur.end_turn IS NULL OR NOT EXISTS"
-             " (SELECT 1 FROM turns WHERE turn_id = cur.end_turn AND state <> 'running'))")
+             " (SELECT 1 FROM turns WHERE turn_id = cur.end_turn AND state <> 'running'))"
+             " AND (cur.expect_waiting IS NULL OR EXISTS"
+             " (SELECT 1 FROM inbound WHERE seq = cur.expect_waiting AND envelope IS NOT NULL))")
     no_session = ", ".join("NULL" for _ in SESSION_COLUMNS[1:])
     no_turn = ", ".join("NULL" for _ in _TURN_COLUMNS)
     sql = [
