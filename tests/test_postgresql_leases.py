@@ -137,6 +137,32 @@ async def test_a_renewal_the_database_does_not_answer_loses_the_lease_at_its_dea
         await leases.close()
 
 
+async def test_a_lease_given_back_and_taken_again_while_a_renewal_is_on_its_way_is_not_lost(dsn: str) -> None:
+    """A worker gives its idle conversation's lease back and takes it again for the next message while the
+    heartbeat's renewal waits on the server (here: on a row lock of another lease, which it updates first);
+    the renewal then finds the old row gone. The lease taken again still holds: nothing is abandoned."""
+    first, again = "web:a-first", "web:b-again"  # the renewal's index scan reaches ``first`` first
+    leases = await opened(dsn)
+    blocker = await asyncpg.connect(dsn)
+    try:
+        assert await leases.acquire(first) and await leases.acquire(again)
+        async with blocker.transaction():
+            await blocker.execute("SELECT 1 FROM leases WHERE name = $1 FOR UPDATE", first)
+            renewal = asyncio.create_task(leases.renew())
+            deadline = asyncio.get_running_loop().time() + 10
+            while not await blocker.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"):
+                assert asyncio.get_running_loop().time() < deadline, "the renewal never reached the server"
+                await asyncio.sleep(0.02)
+            await leases.release(again)
+            assert await leases.acquire(again)
+        assert await renewal == []
+        assert leases.holds(first) and leases.holds(again)
+        assert await leases.renew() == []  # and it is renewed from now on
+    finally:
+        await blocker.close()
+        await leases.close()
+
+
 @pytest.fixture
 async def trio(dsn: str) -> AsyncIterator[list[tuple[Processes, PostgresqlLeases]]]:
     made = []

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -52,6 +53,14 @@ WHERE ($1::text IS NULL OR w.k !~ $1)
 LIMIT $2"""
 
 
+@dataclass(slots=True, eq=False)
+class _Grant:
+    """One grant of a lease by ``acquire``, renewed in place; given back and taken again, it is a new one."""
+
+    deadline: float
+    """On this process's monotonic clock, taken before the statement that granted or last renewed it."""
+
+
 class PostgresqlLeases:
     """``SessionLeases`` on the shared database (see the module docstring)."""
 
@@ -65,8 +74,8 @@ class PostgresqlLeases:
         self._child_suffix = f"({glob_to_regex(exclude_glob[1:])[1:-1]})+$" \
             if exclude_glob is not None and exclude_glob.startswith("*") else None
         self.owner = uuid.uuid4().hex
-        self._held: dict[str, float] = {}
-        """key -> monotonic deadline: past it, the lease may belong to someone else."""
+        self._held: dict[str, _Grant] = {}
+        """key -> its grant: past the grant's deadline, the lease may belong to someone else."""
         self._pool: asyncpg.Pool | None = None
 
     def __repr__(self) -> str:  # the connection string may hold a password
@@ -111,7 +120,7 @@ class PostgresqlLeases:
         if granted is None:
             self._held.pop(key, None)
             return False
-        self._held[key] = deadline
+        self._held[key] = _Grant(deadline)
         return True
 
     async def release(self, key: str) -> None:
@@ -127,18 +136,22 @@ class PostgresqlLeases:
                 key, self.owner))
 
     def holds(self, key: str) -> bool:
-        deadline = self._held.get(key)
-        return deadline is not None and time.monotonic() < deadline
+        grant = self._held.get(key)
+        return grant is not None and time.monotonic() < grant.deadline
 
     def remaining(self) -> float:
         if not self._held:
             return self._ttl
-        return max(0.0, min(self._held.values()) - time.monotonic())
+        return max(0.0, min(g.deadline for g in self._held.values()) - time.monotonic())
 
     async def renew(self) -> list[str]:
         if not self._held:
             return []
-        keys = list(self._held)
+        # what a renewal finds speaks only for the grants it was sent for: a lease given back and taken again
+        # meanwhile (an idle conversation's next message) is a new grant, which the row it missed says
+        # nothing about
+        sent = dict(self._held)
+        keys = list(sent)
         deadline = time.monotonic() + self._ttl
         try:
             # a slow answer is still good until the first lease's deadline, and worthless after it
@@ -148,15 +161,15 @@ class PostgresqlLeases:
         except (StoreError, TimeoutError) as exc:
             log.warning("renewing the session leases failed: %s", exc or "no answer in time")
             now = time.monotonic()
-            lost = [k for k in keys if self._held.get(k, now) <= now]
+            lost = [k for k, grant in sent.items() if self._held.get(k) is grant and grant.deadline <= now]
         else:
             renewed = {str(r[0]) for r in found}
             for key in renewed:
-                if key in self._held:
-                    self._held[key] = deadline
-            lost = [k for k in keys if k not in renewed]
+                if self._held.get(key) is sent[key]:
+                    sent[key].deadline = deadline
+            lost = [k for k, grant in sent.items() if k not in renewed and self._held.get(k) is grant]
         for key in lost:
-            self._held.pop(key, None)
+            del self._held[key]
         return lost
 
     async def orphans(self, *, limit: int) -> list[str]:
