@@ -148,7 +148,8 @@ async def test_two_processes_that_both_read_a_message_as_waiting_serve_it_once(p
         seq = await stores[0].admit_inbound("web", "c-1", "{}", ttl_seconds=100, key=KEY)
         assert seq is not None
         async with other.transaction():
-            await other.execute("LOCK TABLE sessions IN EXCLUSIVE MODE")
+            # the session's row: its waiters go on in the order they came (a table lock would let them race)
+            await other.execute("SELECT 1 FROM sessions WHERE key = $1 FOR UPDATE", KEY)
             writes = []
             for n, store in enumerate(stores):
                 assert [r.seq for r in await store.waiting_inbound(key=KEY)] == [seq]  # both see it waiting
