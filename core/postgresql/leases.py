@@ -159,7 +159,7 @@ class PostgresqlLeases:
                 with store_errors("renew leases"):
                     found = await self._connected().fetch(_RENEW, self.owner, keys, self._ttl)
         except (StoreError, TimeoutError) as exc:
-            log.warning("renewing the session leases failed: %s", exc or "no answer in time")
+            log.warning("renewing the session leases failed: %s", str(exc) or "no answer in time")
             now = time.monotonic()
             lost = [k for k, grant in sent.items() if self._held.get(k) is grant and grant.deadline <= now]
         else:
