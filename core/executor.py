@@ -88,14 +88,16 @@ class ConversationExecutor:
         self._on_turn_end = metrics.turn_ended if metrics is not None else None
 
     async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache, *,
-                      inbound: int | None = None) -> None:
-        """Run one turn. ``context`` is the session worker's cache of its context between turns; ``inbound``
-        is the message's stored inbound record (``Store.admit_inbound``), served by step 1.
+                      inbound: int | None = None) -> str:
+        """Run one turn; returns how it ended (its log line's words, e.g. ``SERVED_ELSEWHERE``). ``context``
+        is the session worker's cache of its context between turns; ``inbound`` is the message's stored
+        inbound record (``Store.admit_inbound``), served by step 1.
 
         Everything logged for the turn (in tasks it spawns too) carries its id; it ends with one INFO line."""
         turn_id = uuid.uuid4().hex
         with turn_scope(turn_id, envelope.key(), self._on_turn_end) as result:
             result.outcome = await self._execute(envelope, cancel, context, turn_id, inbound)
+        return result.outcome
 
     async def _execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache,
                        turn_id: str, inbound: int | None) -> str:

@@ -28,7 +28,10 @@ once (so whichever process receives the next message serves it), then reads the 
 message is stored before the lease is asked for, a message is never left waiting with nobody to serve it;
 one read from the store and also queued here is served once (by its inbound seq). A worker whose lease was
 lost (``SessionLeases.renew``) abandons its running turn (``CancelSignal.abandon``: it commits and delivers
-nothing more, the next holder closes it with its notice) and starts nothing more.
+nothing more, the next holder closes it with its notice) and starts nothing more. When that turn's first
+write was already on its way, it may land after the new holder's takeover looked and before the new holder
+serves the same message: the store serves a message once (``InboundServedError``), and the new holder, finding
+it served, takes the session over again there, closing that turn with its notice in the message's place.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Protocol
 from core.cancel_signal import CancelSignal
 from core.context_cache import ContextCache
 from core.envelope import InboundEnvelope
-from core.executor import ConversationExecutor
+from core.executor import SERVED_ELSEWHERE, ConversationExecutor
 from core.leases import LocalLeases, SessionLeases
 from core.settings import CoreSettings
 from core.store import Store
@@ -435,13 +438,22 @@ class SessionManager:
             session.taken.add(inbound)
         session.cancel = CancelSignal()
         try:
-            await self._executor.execute(envelope, session.cancel, session.context, inbound=inbound)
+            ended = await self._executor.execute(envelope, session.cancel, session.context, inbound=inbound)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("turn in %s failed unexpectedly", session.key)
+            return
         finally:
             session.cancel = None
+        if ended == SERVED_ELSEWHERE and self._takeover is not None and self._leases.holds(session.key):
+            # served by the turn of the process this one took the session over from, which wrote it after
+            # this one's takeover looked: that turn was left running there, so it is closed now, with its
+            # notice, in the message's place (not once this process lets the session go)
+            try:
+                await self._takeover.take(session.key)
+            except Exception:
+                log.exception("taking over %s failed", session.key)
 
     async def _run_job(self, session: _ActiveSession, job: _Job) -> None:
         taken = [admitted for place in job.taken if (admitted := await place.admitted()) is not None]

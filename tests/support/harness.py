@@ -10,6 +10,7 @@ from typing import Any
 
 from core.events import CoreEvent, TurnCommitted
 from core.leadership import Leadership
+from core.leases import SessionLeases
 from core.llm.openai_provider import OpenAIProvider
 from core.media.transcribe import Transcriber
 from core.runtime import ChatCore
@@ -77,17 +78,19 @@ class Harness:
 async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None = None,
                        tools: ToolRegistry | None = None, start: bool = True,
                        platform: FakePlatform | None = None, transcriber: Transcriber | None = None,
-                       leadership: Leadership | None = None, **settings: Any) -> Harness:
+                       leadership: Leadership | None = None, leases: SessionLeases | None = None,
+                       **settings: Any) -> Harness:
     """``start=False``: the caller registers more channels, then starts the core (which reports turns a
     previous process left running through them). ``platform``: the chats of an earlier harness, for a
-    restart on the same database. Attachments are stored in ``tmp_path / "media"``."""
+    restart on the same database. Attachments are stored in ``tmp_path / "media"``. ``leases``: shared ones,
+    for several cores on one PostgreSQL database (each its own process in production)."""
     s = dataclasses.replace(FAST, **settings)
     db_path = None if store is not None else tmp_path / "chat.db"
     store = store or SqliteStore(tmp_path / "chat.db")
     provider = OpenAIProvider(model="fake-model", base_url=fake.base_url, api_key=API_KEY,
                               request_timeout=s.request_timeout)
     core = ChatCore(store=store, provider=provider, settings=s, tools=tools, media_dir=tmp_path / "media",
-                    transcriber=transcriber, leadership=leadership)
+                    transcriber=transcriber, leadership=leadership, leases=leases)
     channel = TestChannel(platform=platform)
     core.add_channel(channel)
     if start:
