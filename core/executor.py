@@ -61,8 +61,9 @@ from core.turn_log import turn_scope
 log = logging.getLogger(__name__)
 
 ABANDONED = "abandoned (the session moved to another process)"
-SERVED_ELSEWHERE = "skipped (the message was served by another process)"
 """How a turn ends in its log line when its process lost the session's lease (``CancelSignal.abandon``)."""
+SERVED_ELSEWHERE = "skipped (the message was served by another process)"
+"""How a turn ends in its log line when its message was no longer waiting (``InboundServedError``)."""
 
 
 class ConversationExecutor:
