@@ -9,10 +9,12 @@ to the message sent after it, not whenever the conversation next changes hands."
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 from core.failures import TurnFailurePresenter
 from core.postgresql.leases import PostgresqlLeases
@@ -38,11 +40,13 @@ async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
 
 
 async def test_a_message_both_holders_read_as_waiting_is_served_once_and_its_notice_comes_in_its_place(
-        tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster) -> None:
+        tmp_path: Path, fake_openai: FakeOpenAI, postgres: PostgresCluster,
+        caplog: pytest.LogCaptureFixture) -> None:
     async def answer(body: dict) -> Reply:
         return Text(f"answer to {asked(body)}")
 
     fake_openai.default = Function(answer)
+    caplog.set_level(logging.WARNING, logger="core.session")
     dsn = postgres.fresh_dsn()
     platform = FakePlatform()
     old, new = [await make_harness(tmp_path / name, fake_openai, store=PostgresqlStore(dsn), platform=platform,
@@ -62,8 +66,8 @@ async def test_a_message_both_holders_read_as_waiting_is_served_once_and_its_not
         await lease_lock.start()
         await leases.execute("SELECT 1 FROM leases WHERE name = $1 FOR UPDATE", key)
 
-        async def lost() -> bool:
-            return not old.core.leases.holds(key)
+        async def lost() -> bool:  # (its turn is abandoned then: it will ask the model nothing)
+            return f"lost the lease of {key}" in caplog.text
         await until(lost, "the old holder learns it lost the lease")
         await lease_lock.commit()
 

@@ -132,7 +132,7 @@ async def test_messages_waiting_from_before_the_leases_migration_name_their_sess
 
 async def test_two_processes_that_both_read_a_message_as_waiting_serve_it_once(postgres: PostgresCluster) -> None:
     """A holder whose lease ran out while its first write of a turn was on its way (held up here by a lock on
-    the sessions, as a slow server would), and the process that took the session over meanwhile and read
+    the session's row, as a slow server would), and the process that took the session over meanwhile and read
     the message as still waiting: the write that lands first serves it, the other writes nothing."""
     import asyncpg
 
