@@ -25,7 +25,8 @@
   A forwarded ``/new`` is durable: it is stored with the session's messages first (``waiting`` hands it
   back as a job in its place, taking the messages before it), and the signal only makes the holder stop
   the reply being written and read the store. A holder that dies as the signal is sent leaves the stored
-  ``/new`` to the process that takes the session over, which applies it in order.
+  ``/new`` to the process that takes the session over, which applies it in order. It is carried out once:
+  ``Store.new_context`` takes it only while it still waits (``InboundServedError``), like a message.
 - **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, a turn left running — its own or a
   subagent's) and no live lease are woken here; whichever process gets the lease takes them over. That is what
   moves a dead holder's sessions; at start-up it runs at once, instead of the recovery of every session a

@@ -29,7 +29,7 @@ from core.failover import SessionFailover
 from core.failures import TurnFailurePresenter
 from core.session import Admitted, Job, SessionManager
 from core.settings import CoreSettings
-from core.store import Store
+from core.store import InboundServedError, Store
 from core.supervisor import ShuttingDownError, SupervisorClosedError, TaskSupervisor
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class AdmissionError(RuntimeError):
 class IngressRouter:
     def __init__(self, *, store: Store, sessions: SessionManager, plain: PlainSender,
                  presenter: TurnFailurePresenter, supervisor: TaskSupervisor, settings: CoreSettings,
-                 new_context: Callable[[str, Sequence[int], float], Awaitable[None]],
+                 new_context: Callable[[str, Sequence[int], float, int | None], Awaitable[None]],
                  compact: Callable[[str], Awaitable[str]] | None = None,
                  failover: SessionFailover | None = None) -> None:
         self._store = store
@@ -82,7 +82,8 @@ class IngressRouter:
         self._supervisor = supervisor
         self._settings = settings
         self._new_context = new_context
-        """``/new``: (session key, the waiting inbound messages it ends, when ``/new`` was received)."""
+        """``/new``: (session key, the waiting inbound messages it ends, when ``/new`` was received, the
+        stored ``/new`` it carries out or None); raises InboundServedError when that was carried out already."""
         self._compact = compact
         self._failover = failover
         self._closed = False
@@ -206,8 +207,12 @@ class IngressRouter:
 
     async def _new_conversation(self, envelope: InboundEnvelope, dropped: Sequence[Admitted], *,
                                 record: int | None = None) -> None:
-        drop = [inbound for _, inbound in dropped] + ([record] if record is not None else [])
-        await self._new_context(envelope.key(), drop, envelope.received_at)
+        try:
+            await self._new_context(envelope.key(), [inbound for _, inbound in dropped], envelope.received_at,
+                                     record)
+        except InboundServedError:  # a stored /new both holders read as waiting (core.executor): told once
+            log.warning("a /new in %s was carried out by another process; nothing to do here", envelope.key())
+            return
         await self._plain.send(envelope.target(), self._presenter.new_context(unanswered=len(dropped)))
 
     async def _command(self, command: str, envelope: InboundEnvelope) -> None:

@@ -371,8 +371,9 @@ class ChatCore:
         self.events.publish(SessionTitleChanged(key, title))
         return title
 
-    async def _new_context(self, key: str, drop_inbound: Sequence[int], sent_at: float) -> None:
-        await self.store.new_context(key, drop_inbound=drop_inbound)
+    async def _new_context(self, key: str, drop_inbound: Sequence[int], sent_at: float,
+                           serves: int | None) -> None:
+        await self.store.new_context(key, drop_inbound=drop_inbound, serves=serves)
         if self.media is not None:  # uploads never sent before /new; attachments of messages stay
             await self.media.forget_unclaimed(key, before=sent_at)
 

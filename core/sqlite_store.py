@@ -156,12 +156,17 @@ class SqliteStore:
                                   {"key": key, "default_title": DEFAULT_TITLE, "now": self._clock()})
         return int(row[0])
 
-    async def new_context(self, key: str, *, drop_inbound: Sequence[int] = ()) -> SessionRecord:
+    async def new_context(self, key: str, *, drop_inbound: Sequence[int] = (),
+                          serves: int | None = None) -> SessionRecord:
         """Start a fresh model context: older messages stay in history; generation and state_version bump.
-        Inbound messages in ``drop_inbound`` are marked served in the same statement."""
+        Inbound messages in ``drop_inbound`` and ``serves`` are marked served in the same statement;
+        InboundServedError when ``serves`` is no longer waiting."""
+        done = [*drop_inbound, *([serves] if serves is not None else [])]
         found = await self._session_write("new_context", SessionWrite(
             key, self._clock(), DEFAULT_TITLE, add_version=1, add_generation=1, fresh_context=True,
-            inbound_done=json.dumps(list(drop_inbound)) if drop_inbound else None))
+            inbound_done=json.dumps(done) if done else None, expect_waiting=serves))
+        if not found:  # its only expectation: the command it carries out still waits
+            raise InboundServedError(f"inbound command {serves} of {key} is no longer waiting")
         return rows.session_from_row(_header(found)[SESSION_AT:MESSAGE_AT])
 
     async def rename(self, key: str, title: str) -> None:

@@ -140,10 +140,13 @@ class Store(Protocol):
 
     async def bump_generation(self, key: str) -> int: ...
 
-    async def new_context(self, key: str, *, drop_inbound: Sequence[int] = ()) -> SessionRecord:
+    async def new_context(self, key: str, *, drop_inbound: Sequence[int] = (),
+                          serves: int | None = None) -> SessionRecord:
         """Start a fresh model context: older messages stay in history; generation and state_version bump.
         The inbound messages ``drop_inbound`` (waiting in this session) are marked served in the same
-        transaction: they belong to the conversation that ended and are never answered."""
+        transaction: they belong to the conversation that ended and are never answered. ``serves`` is the
+        stored command this carries out (a forwarded ``/new``), marked served too; InboundServedError (and
+        nothing written) when it is no longer waiting: a command is carried out once."""
         ...
 
     async def rename(self, key: str, title: str) -> None:

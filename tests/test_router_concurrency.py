@@ -173,3 +173,20 @@ async def test_idle_session_workers_are_reaped(tmp_path, fake_openai):
     await h.settle()
     assert h.platform.visible("a") == ["ok", "ok"]
     await h.core.shutdown()
+
+
+async def test_a_stored_new_that_two_processes_read_as_waiting_is_announced_once(tmp_path, fake_openai):
+    """A ``/new`` another process stored for this session (``SessionFailover.forward_new``), carried out by two
+    holders that both read it as waiting (the first one's lease ran out meanwhile): the second finds it
+    carried out and tells the chat nothing."""
+    h = await make_harness(tmp_path, fake_openai)
+    envelope = h.channel.envelope("/new")
+    seq = await h.store.admit_inbound(envelope.channel, None, '{"command": "new"}', ttl_seconds=100,
+                                      key=envelope.key())
+    assert seq is not None
+    for _ in range(2):  # each process's job for the same stored record
+        job = h.core.stored_job("new", envelope, seq)
+        assert job is not None
+        await job([])
+    assert h.platform.plain("c1") == [h.core.presenter.new_context()]
+    assert (await h.store.get_or_create_session(envelope.key())).generation == 1

@@ -382,6 +382,19 @@ async def test_new_context_drops_the_waiting_messages_it_is_given(store: Store) 
     assert await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100) is None
 
 
+async def test_a_stored_new_is_carried_out_once(store: Store) -> None:
+    """A forwarded ``/new`` stored with the session's messages, read as waiting by two processes: the first
+    ``new_context`` carrying it out serves it (and the messages it drops), the second writes nothing."""
+    dropped = await store.admit_inbound("web", None, "{}", ttl_seconds=100, key=KEY)
+    command = await store.admit_inbound("web", None, '{"command": "new"}', ttl_seconds=100, key=KEY)
+    assert dropped is not None and command is not None
+    first = await store.new_context(KEY, drop_inbound=[dropped], serves=command)
+    with pytest.raises(InboundServedError):
+        await store.new_context(KEY, drop_inbound=[dropped], serves=command)
+    assert (await store.get_or_create_session(KEY)).generation == first.generation
+    assert await store.waiting_inbound(key=KEY) == []
+
+
 async def test_a_failed_write_serves_nothing(store: Store) -> None:
     seq = await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100)
     await store.append_message(KEY, user("first"), begin_turn=("t1", "{}"))

@@ -189,14 +189,19 @@ class PostgresqlStore:
         return int(found[0][0])
 
     @lands
-    async def new_context(self, key: str, *, drop_inbound: Sequence[int] = ()) -> SessionRecord:
+    async def new_context(self, key: str, *, drop_inbound: Sequence[int] = (),
+                          serves: int | None = None) -> SessionRecord:
         """Start a fresh model context: older messages stay in history; generation and state_version bump.
-        Inbound messages in ``drop_inbound`` are marked served in the same transaction."""
+        Inbound messages in ``drop_inbound`` and ``serves`` are marked served in the same transaction;
+        InboundServedError when ``serves`` is no longer waiting."""
         now = self._clock()
         async with self._transaction("new_context") as conn:
             current = await _locked_session(conn, key, now)
+            if serves is not None and await conn.fetchval(_STILL_WAITING, serves) is None:
+                raise InboundServedError(f"inbound command {serves} of {key} is no longer waiting")
             after = await SessionWrite(add_version=1, add_generation=1, context_start_seq=current.next_seq - 1,
-                                       serves=drop_inbound).run(conn, key, now)
+                                       serves=[*drop_inbound, *([serves] if serves is not None else [])]
+                                       ).run(conn, key, now)
         return rows.session_from_row(after)
 
     @lands
