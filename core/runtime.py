@@ -257,7 +257,8 @@ class ChatCore:
 
     async def too_old(self, envelope: InboundEnvelope, seq: int, age: float) -> None:
         """A stored message too old to answer after a restart: one notice instead."""
-        await self.store.finish_inbound([seq])  # before the notice: never two notices for one message
+        if not await self.store.finish_inbound([seq]):  # before the notice, and only by its finisher: once
+            return  # another process read it as waiting too, and finished it first
         notice = self.presenter.too_old_after_restart(age)
         await self._committer.commit_notice(envelope.key(), None, notice)  # in history too, as above
         await self._plain.send(envelope.target(), notice)

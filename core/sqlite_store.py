@@ -309,9 +309,11 @@ class SqliteStore:
                                  " ORDER BY seq", {"key": key, "after": after_seq})
         return [InboundRecord(seq=r[0], payload=r[1], admitted_at=r[2]) for r in found]
 
-    async def finish_inbound(self, seqs: Sequence[int]) -> None:
-        if seqs:
-            await self._write("finish_inbound", writes.FINISH_INBOUND, (json.dumps(list(seqs)),))
+    async def finish_inbound(self, seqs: Sequence[int]) -> list[int]:
+        if not seqs:
+            return []
+        finished = await self._write("finish_inbound", writes.FINISH_INBOUND, (json.dumps(list(seqs)),))
+        return sorted(int(r[0]) for r in finished)
 
     async def forget_inbound(self, seq: int) -> None:
         await self._write("forget_inbound", writes.FORGET_INBOUND, (seq,))

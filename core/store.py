@@ -225,8 +225,10 @@ class Store(Protocol):
         only those admitted for that session, and only those with a seq above ``after_seq``."""
         ...
 
-    async def finish_inbound(self, seqs: Sequence[int]) -> None:
-        """Mark inbound messages served without a turn (e.g. answered with a notice); dedupe marks stay."""
+    async def finish_inbound(self, seqs: Sequence[int]) -> list[int]:
+        """Mark inbound messages served without a turn (e.g. answered with a notice); dedupe marks stay.
+        Returns those that were still waiting: a notice answering one is sent by the caller that finished
+        it, so once, whichever processes read it as waiting."""
         ...
 
     async def forget_inbound(self, seq: int) -> None:

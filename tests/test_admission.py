@@ -107,6 +107,20 @@ async def test_a_message_too_old_after_a_restart_gets_a_notice_instead(tmp_path,
     await h2.core.shutdown()
 
 
+async def test_a_too_old_message_two_processes_read_as_waiting_gets_one_notice(tmp_path, fake_openai):
+    """Each holder that reads it as waiting (the first one's lease ran out meanwhile) decides it is too old;
+    only the one that finishes it tells the chat."""
+    h = await make_harness(tmp_path, fake_openai)
+    old = h.channel.envelope("stale question", received_at=time.time() - 3 * 3600)
+    seq = await h.store.admit_inbound("test", None, old.model_dump_json(), ttl_seconds=3600, key=old.key())
+    assert seq is not None
+    for _ in range(2):
+        await h.core.too_old(old, seq, 3 * 3600)
+    [notice] = h.platform.visible("c1")
+    assert "3 hours old" in notice
+    assert [m.content for m in (await h.store.history(old.key()))[1]] == [notice]
+
+
 async def test_busy_marks_nothing_so_the_same_event_is_accepted_later(tmp_path, fake_openai):
     hold = asyncio.Event()
     fake_openai.script(Text("slow", hold=hold))

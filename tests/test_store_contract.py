@@ -382,6 +382,16 @@ async def test_new_context_drops_the_waiting_messages_it_is_given(store: Store) 
     assert await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100) is None
 
 
+async def test_finishing_messages_says_which_were_still_waiting(store: Store) -> None:
+    """Two processes finishing the same message (each to answer it with a notice): the first finishes it."""
+    marked = await store.admit_inbound("web", "c-1", "{}", ttl_seconds=100, key=KEY)
+    plain = await store.admit_inbound("web", None, "{}", ttl_seconds=100, key=KEY)
+    assert marked is not None and plain is not None
+    assert await store.finish_inbound([marked, plain]) == sorted([marked, plain])
+    assert await store.finish_inbound([marked, plain]) == []
+    assert await store.waiting_inbound(key=KEY) == [] and await store.event_seen("web", "c-1")
+
+
 async def test_a_stored_new_is_carried_out_once(store: Store) -> None:
     """A forwarded ``/new`` stored with the session's messages, read as waiting by two processes: the first
     ``new_context`` carrying it out serves it (and the messages it drops), the second writes nothing."""

@@ -365,11 +365,15 @@ class PostgresqlStore:
         return [InboundRecord(seq=r[0], payload=r[1], admitted_at=r[2]) for r in found]
 
     @lands
-    async def finish_inbound(self, seqs: Sequence[int]) -> None:
-        if seqs:
-            async with self._transaction("finish_inbound") as conn:
-                await conn.execute("DELETE FROM inbound WHERE seq = ANY($1::bigint[]) AND event_id IS NULL", list(seqs))
-                await conn.execute("UPDATE inbound SET envelope = NULL WHERE seq = ANY($1::bigint[])", list(seqs))
+    async def finish_inbound(self, seqs: Sequence[int]) -> list[int]:
+        if not seqs:
+            return []
+        async with self._transaction("finish_inbound") as conn:
+            gone = await conn.fetch("DELETE FROM inbound WHERE seq = ANY($1::bigint[]) AND event_id IS NULL"
+                                    " AND envelope IS NOT NULL RETURNING seq", list(seqs))
+            kept = await conn.fetch("UPDATE inbound SET envelope = NULL WHERE seq = ANY($1::bigint[])"
+                                    " AND envelope IS NOT NULL RETURNING seq", list(seqs))
+        return sorted(int(r[0]) for r in (*gone, *kept))
 
     @lands
     async def forget_inbound(self, seq: int) -> None:

@@ -325,7 +325,8 @@ UPDATE sessions SET title = :title, updated_at = :now
 WHERE key = :key AND title_is_default = 1 AND generation = :expect_generation
 RETURNING 1"""
 
-FINISH_INBOUND = "UPDATE inbound SET envelope = NULL WHERE seq IN (SELECT value FROM json_each(?))"
+FINISH_INBOUND = ("UPDATE inbound SET envelope = NULL WHERE seq IN (SELECT value FROM json_each(?))"
+                  " AND envelope IS NOT NULL RETURNING seq")
 
 FORGET_INBOUND = "DELETE FROM inbound WHERE seq = ?"
 
