@@ -7,7 +7,8 @@ of wire-shaped chunks that suspends once a chunk, as a socket read does — agai
 the e2e benchmark's floor (``tests/bench/e2e.py``: look up the content, keep it) and by a bare loop. Each
 pipeline runs ``--turns`` turns of ``--chunks`` chunks, ``--at-once`` of them streaming at the same time (a
 thousand, as the e2e benchmark at 1,000 chats), the three alternating; the best of ``--repeats`` rounds is
-printed (the least disturbed by the rest of the machine), per chunk and per turn.
+printed (the least disturbed by the rest of the machine), per chunk and per turn. The garbage collector runs
+with the settings ``chatbridge run`` gives it once it is up (``bridge.gc_tuning``), as the path does there.
 
     .venv/bin/python -m tests.bench.token_path                                       # 1,000 turns at once
     .venv/bin/python -m tests.bench.token_path --at-once 1 --turns 100 --repeats 10  # one turn at a time
@@ -23,6 +24,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
+from bridge.gc_tuning import tune_gc
 from core.agent.approvals import ApprovalBroker
 from core.agent.loop import AgentLoop
 from core.controller import TurnController
@@ -126,6 +128,7 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
     provider._client = SourceClient(chunks)  # type: ignore[assignment]
     supervisor = TaskSupervisor("bench")
     pipelines = {"bare loop": bare, "floor": floor, "core": product_turn(provider, supervisor)}
+    tune_gc()  # as chatbridge run does once it is up
     best = {name: float("inf") for name in pipelines}
     for _ in range(args.repeats):
         for name, run in pipelines.items():
