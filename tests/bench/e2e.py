@@ -698,7 +698,12 @@ class MinimalSlack(Minimal):
         from channels.common.throttle import Scope
         from channels.slack.client import CHAT_BURST
 
-        web = AsyncWebClient(token=self.fake["bot_token"], base_url=self.fake["url"])
+        import aiohttp
+
+        # one session for every call, as the product's client has (without one, slack_sdk opens a session
+        # and a connection for each call)
+        self.web_session = aiohttp.ClientSession()
+        web = AsyncWebClient(token=self.fake["bot_token"], base_url=self.fake["url"], session=self.web_session)
         workspace = Scope("workspace", 60.0 / SLACK_UPDATES_PER_MINUTE)
 
         async def call(channel: str, method: str, **kw: Any) -> Any:
@@ -738,6 +743,7 @@ class MinimalSlack(Minimal):
 
     async def close(self) -> None:
         await self.socket.close()
+        await self.web_session.close()
         await super().close()
 
 
