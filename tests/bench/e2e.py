@@ -689,6 +689,7 @@ class MinimalTelegram(Minimal):
 
 class MinimalSlack(Minimal):
     async def run(self) -> str:
+        import aiohttp
         from slack_sdk.errors import SlackApiError
         from slack_sdk.socket_mode.aiohttp import SocketModeClient
         from slack_sdk.socket_mode.request import SocketModeRequest
@@ -697,8 +698,6 @@ class MinimalSlack(Minimal):
 
         from channels.common.throttle import Scope
         from channels.slack.client import CHAT_BURST
-
-        import aiohttp
 
         # one session for every call, as the product's client has (without one, slack_sdk opens a session
         # and a connection for each call)
