@@ -1,8 +1,8 @@
 """Benchmark: the end-to-end benchmark's model fake alone, so that its figures say whether the rig or the
 pipeline measured is the limit.
 
-The fake (``tests.bench.streaming.serve_llm``: the project's fake OpenAI-compatible server, real HTTP and SSE,
-one or several processes serving one port) streams ``--chunks`` chunks one every ``--chunk-ms`` ms to
+The fake (``tests.bench.streaming.serve_llm``: ``tests.bench.ticking_model``, OpenAI-compatible, real HTTP and
+SSE, one or several processes serving one port) streams ``--chunks`` chunks one every ``--chunk-ms`` ms to
 ``--streams`` clients at once; the clients (this process, plain aiohttp, no SDK) count the chunks. Printed for
 each number of processes: the chunks a second delivered against the demand, a stream's duration (p50, p99)
 against an unloaded one's, and the fake's own CPU per chunk (its processes' user + system time from
