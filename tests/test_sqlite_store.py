@@ -266,6 +266,32 @@ async def test_concurrent_writes_share_statements_and_still_fail_alone(db_path: 
     assert {t.turn_id for t in await store.close_interrupted_turns()} == {f"t{i}" for i in range(1, 6)}
 
 
+async def test_a_burst_of_new_conversations_is_stored_in_one_statement(
+        db_path: pathlib.Path, store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two hundred messages arriving at once (a burst of chats) queue behind a busy writer and land together:
+    one statement, one commit, so their turns start together instead of in waves."""
+    statements: list[str] = []
+    execute_fetchall = aiosqlite.Connection.execute_fetchall
+
+    async def counted(self: aiosqlite.Connection, sql: str, parameters: object = None) -> object:
+        statements.append(sql)
+        return await execute_fetchall(self, sql, parameters)  # type: ignore[arg-type]
+
+    async with aiosqlite.connect(db_path, isolation_level=None) as other:
+        await other.execute("BEGIN IMMEDIATE")
+        first = asyncio.create_task(store.append_message("s0", user("first")))
+        await asyncio.sleep(0.05)  # the first write waits for the lock; the burst queues behind it
+        monkeypatch.setattr(aiosqlite.Connection, "execute_fetchall", counted)
+        burst = [asyncio.create_task(store.append_message(f"s{i}", user(f"m{i}"), begin_turn=(f"t{i}", "{}")))
+                 for i in range(1, 201)]
+        await asyncio.sleep(0)
+        await other.execute("COMMIT")
+    await first
+    await asyncio.gather(*burst)
+    assert len(statements) == 1
+    assert db.rows(db_path, "SELECT count(*) FROM messages") == [(201,)]
+
+
 async def test_writes_queued_when_the_store_closes_get_a_store_error(db_path: pathlib.Path) -> None:
     store = SqliteStore(db_path)
     await store.open()
