@@ -15,16 +15,24 @@ SPAWN = TaskSupervisor("test").spawn
 async def test_items_of_one_producer_keep_their_order_and_producers_interleave_by_arrival():
     seen: list[str] = []
     queue: MergeQueue[str] = MergeQueue(seen.append, SPAWN)
+    gates = {name: [asyncio.Event() for _ in range(3)] for name in "ab"}
 
-    async def producer(name: str, delays: list[float]) -> None:
-        for i, delay in enumerate(delays):
-            await asyncio.sleep(delay)
+    async def producer(name: str) -> None:
+        for i, gate in enumerate(gates[name]):
+            await gate.wait()  # the test decides when each item arrives (no timing involved)
             queue.push(f"{name}{i}")
 
-    queue.add_producer("a", producer("a", [0.0, 0.03, 0.0]))
-    queue.add_producer("b", producer("b", [0.01, 0.0, 0.05]))
+    queue.add_producer("a", producer("a"))
+    queue.add_producer("b", producer("b"))
+    arrivals = ["a0", "b0", "b1", "a1", "a2", "b2"]
+    for n, item in enumerate(arrivals, 1):
+        gates[item[0]][int(item[1])].set()
+        for _ in range(100):  # let the producer's task push it
+            if len(seen) == n:
+                break
+            await asyncio.sleep(0)
     await queue.join()
-    assert seen == ["a0", "b0", "b1", "a1", "a2", "b2"]
+    assert seen == arrivals
 
 
 async def test_a_push_made_while_an_item_is_handled_waits_behind_it():
