@@ -107,8 +107,8 @@ class TickingModel:
                                                  "finish_reason": finish}]
             return b"data: " + json.dumps({**base, "choices": choices, **extra}).encode() + b"\n\n"
 
-        encoded: dict[str, bytes] = {}
-        frames = [encoded.setdefault(p, frame({"content": p})) for p in self.pieces]
+        encoded = {piece: frame({"content": piece}) for piece in set(self.pieces)}  # the pieces repeat
+        frames = [encoded[piece] for piece in self.pieces]
         end = frame({}, "stop")
         if (body.get("stream_options") or {}).get("include_usage"):
             prompt = sum(len(str(m.get("content") or "")) for m in body.get("messages") or []) // 4 + 1
