@@ -34,7 +34,7 @@ def serve_llm(chunks: int, chunk_ms: float, processes: int = 1, port: int = 0, t
 
     With ``processes`` > 1 that many processes serve the one port (SO_REUSEPORT: the kernel spreads the
     connections among them), so the model's side is not what limits a benchmark: one process streams about
-    70,000 chunks a second on this machine (``tests.bench.model_fake``). ``port``: join the processes already
+    80,000 chunks a second on this machine (``tests.bench.model_fake``). ``port``: join the processes already
     serving it (how the others are started)."""
     from tests.bench.ticking_model import TickingModel
 
