@@ -6,22 +6,22 @@ before each chunk and encodes each chunk anew: 30–50 µs of CPU a chunk (``tes
 streams of one chunk every 10 ms (100,000 chunks a second) that is more than the benchmark machine has, so the
 model fell behind and the pipelines measured met a different model depending on when they asked: a pipeline
 whose requests came in one burst got every stream at once, late and in lumps of many chunks a read; one whose
-requests came over a second met a model already busy and got its chunks one at a time. How many chunks a
-socket read carries sets most of a pipeline's CPU a turn, so that difference, not the pipelines, decided the
-comparison.
+requests came over a second met a model already busy and got its chunks one at a time. The comparison was
+then partly of the rig's timing, not of the pipelines alone.
 
 Here a request only registers its stream; one task a process wakes every ``delay`` and writes each stream
 the chunks that are due by then (chunk ``i`` at ``start + i * delay``, as the protocol fake's sleeps would
-have it), through aiohttp's public ``StreamResponse.write``, encoded once per request. Chunks a late tick
-finds due go out together, so a stream keeps its schedule as long as the machine allows. The wire format is
-the protocol fake's: a role chunk, the content chunks, a finish chunk, the usage chunk when the request asks
-for it, ``[DONE]``. Written for the benchmarks alone (no fault injection, one reply): no library serves
-thousands of SSE streams from one clock.
+have it), through aiohttp's public ``StreamResponse.write``, each distinct chunk encoded once a request.
+Chunks a late tick finds due go out together, so a stream keeps its schedule as long as the machine allows.
+The wire format is the protocol fake's: a role chunk, the content chunks, a finish chunk, the usage chunk
+when the request asks for it, ``[DONE]``. Written for the benchmarks alone (no fault injection, one reply):
+no library serves thousands of SSE streams from one clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -74,6 +74,8 @@ class TickingModel:
     async def stop(self) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
         for stream in self._streams:
             if not stream.done.done():
                 stream.done.set_result(None)
