@@ -5,7 +5,7 @@ only the tail; what the chat ends up showing is the final rendering."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from channels.common.calls import CallPolicy, Calls
 from channels.common.errors import PlatformError
@@ -118,6 +118,39 @@ async def test_a_long_reply_freezes_finished_messages_and_ends_as_its_final_spli
                          None)
         if successor is not None:
             assert not [call for call in chat.calls[successor:] if call[:2] == ("edit", mid)]
+
+
+class Contended(Throttle):
+    """A budget every chat shares and other chats keep spending: its next slot is always 5 ms away, and
+    another chat takes it, until ``free``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looks = 0
+        self.free = False
+
+    def ready_in(self, scopes: Sequence[Scope]) -> float:
+        self.looks += 1
+        return 0.0 if self.free else 0.005
+
+
+async def test_a_live_update_that_keeps_finding_its_slot_taken_looks_less_often_and_still_shows():
+    chat = Chat()
+    throttle = Contended()
+    sink = LiveSink(chat, PlainRenderer(), Calls(throttle, CallPolicy(timeout=None)), settings=NO_GATE)
+    c = TurnController("t", "s")
+    following = asyncio.create_task(sink.follow(c))
+    c.apply(PartialText("delta", "An answer"))
+    await asyncio.sleep(0.6)
+    # a look for every slot would be ~120 in 0.6 s; doubling each doze from 5 ms, 8 reach 0.64 s
+    assert 3 <= throttle.looks <= 12
+    assert chat.shown == {}
+    throttle.free = True
+    await until(lambda: chat.shown == {"1": "An answer"})  # within the longest doze so far (0.32 s)
+    final = c.finish("completed")
+    await asyncio.wait_for(following, 1)
+    await sink.finish(final)
+    assert list(chat.shown.values()) == ["An answer"]
 
 
 # ---- abort: core gave up waiting; the chat stays as it is ----------------------------------------------
