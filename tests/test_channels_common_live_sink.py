@@ -120,37 +120,45 @@ async def test_a_long_reply_freezes_finished_messages_and_ends_as_its_final_spli
             assert not [call for call in chat.calls[successor:] if call[:2] == ("edit", mid)]
 
 
-class Contended(Throttle):
-    """A budget every chat shares and other chats keep spending: its next slot is always 5 ms away, and
-    another chat takes it, until ``free``."""
+class Looked(Throttle):
+    """A throttle that counts every look at it (``ready_in``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.looks = 0
-        self.free = False
 
     def ready_in(self, scopes: Sequence[Scope]) -> float:
         self.looks += 1
-        return 0.0 if self.free else 0.005
+        return super().ready_in(scopes)
 
 
-async def test_a_live_update_that_keeps_finding_its_slot_taken_looks_less_often_and_still_shows():
-    chat = Chat()
-    throttle = Contended()
-    sink = LiveSink(chat, PlainRenderer(), Calls(throttle, CallPolicy(timeout=None)), settings=NO_GATE)
-    c = TurnController("t", "s")
-    following = asyncio.create_task(sink.follow(c))
-    c.apply(PartialText("delta", "An answer"))
-    await asyncio.sleep(0.6)
-    # a look for every slot would be ~120 in 0.6 s; doubling each doze from 5 ms, 8 reach 0.64 s
-    assert 3 <= throttle.looks <= 12
-    assert chat.shown == {}
-    throttle.free = True
-    await until(lambda: chat.shown == {"1": "An answer"})  # within the longest doze so far (0.32 s)
-    final = c.finish("completed")
-    await asyncio.wait_for(following, 1)
-    await sink.finish(final)
-    assert list(chat.shown.values()) == ["An answer"]
+async def test_chats_sharing_a_budget_take_its_slots_without_all_waking_for_each_slot():
+    """Twenty chats stream at once through one budget of a call per 20 ms (Slack's workspace): about one
+    live update looks at the budget per slot, and the slots are used rather than left to pass."""
+    throttle = Looked()
+    chats = [Chat() for _ in range(20)]
+    for chat in chats:
+        chat.scopes = (Scope("workspace", 0.02),)
+    sinks = [LiveSink(chat, PlainRenderer(), Calls(throttle, CallPolicy(timeout=None)), settings=NO_GATE)
+             for chat in chats]
+    turns = [TurnController(f"t{i}", f"s{i}") for i in range(20)]
+    following = [asyncio.create_task(sink.follow(turn)) for sink, turn in zip(sinks, turns, strict=True)]
+    started = asyncio.get_running_loop().time()
+    for n in range(60):  # every chat has news every 10 ms for 0.6 s: 30 slots
+        for turn in turns:
+            turn.apply(PartialText("delta", f"w{n} "))
+        await asyncio.sleep(0.01)
+    elapsed = asyncio.get_running_loop().time() - started
+    slots = elapsed / 0.02
+    updates = sum(len(chat.calls) for chat in chats)
+    # every chat looking for every slot would be ~20 looks a slot (~680 here, counted)
+    assert throttle.looks <= 8 * slots, (throttle.looks, slots)
+    assert updates >= slots / 3, (updates, slots)
+    for sink, turn, task in zip(sinks, turns, following, strict=True):
+        final = turn.finish("completed")
+        await asyncio.wait_for(task, 1)
+        await sink.finish(final)
+    assert all(list(chat.shown.values()) == ["".join(f"w{n} " for n in range(60))] for chat in chats)
 
 
 # ---- abort: core gave up waiting; the chat stays as it is ----------------------------------------------

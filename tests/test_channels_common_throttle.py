@@ -180,3 +180,16 @@ async def test_a_caller_that_gives_up_waiting_gives_its_slot_back():
     with contextlib.suppress(asyncio.CancelledError):
         await waiting
     assert th.ready_in([A]) == 1.0
+
+
+def test_callers_waiting_without_a_booking_learn_how_long_those_ahead_of_them_would_take():
+    throttle = Throttle()
+    workspace, chat = Scope("workspace", 0.01), Scope("chat:1", 1.0)
+    with throttle.waiting((chat, workspace)) as first:
+        assert first == 0.0  # nobody ahead
+        with throttle.waiting((Scope("chat:2", 1.0), workspace)) as second:
+            assert second == 0.01  # one caller ahead in the workspace's budget, none in its own chat
+            with throttle.waiting((chat, workspace)) as third:
+                assert third == 1.0  # the chat's own slot for the one ahead in that chat: the longest
+    with throttle.waiting((chat, workspace)) as again:
+        assert again == 0.0  # every caller that left is no longer counted

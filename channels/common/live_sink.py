@@ -13,9 +13,11 @@ this is the rest of the ``TurnSink`` contract:
   (the bot blocked, the chat gone) gets no live updates, only the final attempt.
 - Latest wins by pulling: ``follow`` runs in the turn's delivery task and takes the newest snapshot when
   the chat's next slot comes (``Throttle.ready_in``), never a backlog. It sleeps until that slot and is
-  woken early only by what must be shown at once (new or ended approvals, the end of the turn); a slot it
-  woke for and found taken by another chat doubles its next sleep (``MISSED_SLOTS_MAX``). A streamed
-  token therefore costs the sink nothing: rendering and splitting happen per platform call.
+  woken early only by what must be shown at once (new or ended approvals, the end of the turn). Where many
+  chats wait for one budget's slots (Slack's workspace), each sleeps on past the next slot by a random share
+  of the time the others waiting ahead would take (``Throttle.waiting``): about one of them looks per slot,
+  instead of all of them waking for each slot and all but one finding it taken. A streamed token therefore
+  costs the sink nothing: rendering and splitting happen per platform call.
 - A new message's content is decided when its slot comes (``_at_slot``), not when it was booked: it may wait
   long in a budget shared by every chat (a bot's new messages), so it carries the newest snapshot then, and
   the final's rendering when the turn ended meanwhile (``finish`` then has nothing left to do).
@@ -51,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
@@ -78,13 +81,6 @@ from core.snapshot import ApprovalRequest, TurnSnapshot
 log = logging.getLogger(__name__)
 
 Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]
-
-MISSED_SLOTS_MAX = 1.0
-"""Seconds a live update dozes at most between looks at a budget it keeps finding spent. A budget every chat
-shares (Slack's workspace) gives its next slot to one of the chats that wait for it; the others would each wake
-for every slot (at 1,000 chats on Slack, 16 wake-ups a turn that showed nothing). Each slot found taken
-doubles the doze, from the wait the throttle named up to this; a slot taken resets it. The end of a turn and
-approvals do not wait on it: they wake the doze at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +205,6 @@ class LiveSink:
         self._plain_final = False
         self._shown = False
         self._live_broken = False
-        self._missed = 0.0
-        """The least a live update dozes for its next slot: each slot it woke for and found taken doubles it."""
         # the unfinished tail of the reply starts at ``_base`` in the text (with the fence ``_reopen``); the
         # ``_frozen`` messages before it are finished. ``_base_text`` is the text it was found in.
         self._incremental = True
@@ -309,10 +303,9 @@ class LiveSink:
             urgent = self._shows_approvals and snap.approvals is not self._pushed_approvals
             wait = 0.0 if urgent else self.calls.throttle.ready_in(self.ops.scopes)
             if wait > 0:
-                await self._doze(turn, max(wait, self._missed), any_change=False)
-                self._missed = min(max(2 * self._missed, wait), MISSED_SLOTS_MAX)
+                with self.calls.throttle.waiting(self.ops.scopes) as ahead:
+                    await self._doze(turn, wait + random.uniform(0.0, ahead), any_change=False)
                 continue
-            self._missed = 0.0
             await self._flush(snap, urgent=urgent)
 
     async def finish(self, snapshot: TurnSnapshot) -> None:

@@ -87,6 +87,8 @@ class Throttle:
         self.catch_up = catch_up
         self._paces: dict[str, _Pace] = {}
         self._max_scopes = max_scopes
+        self._waiting: dict[str, int] = {}
+        """Callers inside ``waiting``, by scope."""
 
     def _pace(self, key: str) -> _Pace:
         pace = self._paces.get(key)
@@ -163,6 +165,26 @@ class Throttle:
                     pace.next_slot += late - self.catch_up
             if self.paused_for(scopes) <= 0:
                 return
+
+    @contextlib.contextmanager
+    def waiting(self, scopes: Sequence[Scope]) -> Iterator[float]:
+        """Count a caller among those waiting for a free slot in ``scopes`` without booking one (a live update)
+        while inside. Yields how long the callers already waiting would take to be served one a slot, the longest
+        over ``scopes``: a caller that spreads its next look at random over that span after the next slot finds,
+        on average, one free slot a look, where every waiting caller would otherwise wake for every slot and all
+        but one find it taken (a thousand chats sharing a Slack workspace's budget)."""
+        ahead = max((self._waiting.get(s.key, 0) * s.interval for s in scopes), default=0.0)
+        for scope in scopes:
+            self._waiting[scope.key] = self._waiting.get(scope.key, 0) + 1
+        try:
+            yield ahead
+        finally:
+            for scope in scopes:
+                left = self._waiting[scope.key] - 1
+                if left:
+                    self._waiting[scope.key] = left
+                else:
+                    del self._waiting[scope.key]
 
     def take_now(self, scopes: Sequence[Scope]) -> bool:
         """Take a slot in every scope if one is free now (no pause, nobody booked ahead) and say so; take
