@@ -5,7 +5,10 @@ one workspace or app, or one method tier of a workspace (Slack). A call names ev
 against; ``reserve`` books the earliest slot free in all of them at once and waits for it, so concurrent
 callers never exceed any scope's pace and queue in order. ``pause`` (a 429's retry_after) blocks every
 slot of a scope until it has passed, however long. ``take_now`` takes a slot only if one is free at once,
-for a call worth making then or not at all (a cosmetic indicator when the budget is spent).
+for a call worth making then or not at all (a cosmetic indicator when the budget is spent). ``waiting`` counts
+the callers that wait for a free slot without booking one (live updates, which show the newest text when a
+slot comes, and give way to the ends of turns that book theirs), so each can spread its next look over the
+time those already waiting would take.
 
 Slots are kept by when callers actually leave, not only by when they booked: a saturated host holds its event
 loop up for seconds at a time, and every caller whose slot passed meanwhile would wake at once and reach the
