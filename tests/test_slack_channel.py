@@ -44,6 +44,63 @@ async def test_a_dm_is_answered_once_with_the_formatted_answer(tmp_path, fake_op
         await t.close()
 
 
+@MODES
+async def test_a_message_after_the_start_is_answered_when_slack_refuses_auth_test(tmp_path, fake_openai, fake_slack,
+                                                                                  mode):
+    # the channel asked auth.test once before receiving; bolt's own authorization asked again for the first
+    # event, and a refusal there acknowledged the event with an error text and dropped it: no answer, ever
+    fake_openai.script(Text(ANSWER))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
+    try:
+        fake_slack.fail("auth.test", status=429, error="ratelimited", retry_after=30)
+        assert (await t.deliver(fake_slack.user_message("capital of France?"))).acked
+        await t.settle()
+        assert fake_slack.visible("D0ALICE") == [ANSWER]
+        assert fake_slack.count("auth.test") == 1  # the channel's own, before it received anything
+    finally:
+        await t.close()
+
+
+@MODES
+async def test_a_burst_of_messages_after_the_start_asks_slack_who_the_bot_is_once(tmp_path, fake_openai, fake_slack,
+                                                                                  mode):
+    chats = [f"D0U{i}" for i in range(10)]
+    for i, chat in enumerate(chats):
+        fake_slack.add_user(f"U0U{i}", f"user{i}", f"User {i}")
+        fake_slack.add_channel(chat, "im")
+    fake_openai.script(*(Text(ANSWER) for _ in chats))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode)
+    try:
+        await asyncio.gather(*(t.deliver(fake_slack.user_message("go", channel=chat, user=f"U0U{i}"))
+                               for i, chat in enumerate(chats)))
+        await t.settle()
+        assert all(fake_slack.visible(chat) == [ANSWER] for chat in chats)
+        assert fake_slack.count("auth.test") == 1  # was one more for every event that came before bolt's answer
+    finally:
+        await t.close()
+
+
+async def test_an_event_before_the_bot_knows_who_it_is_is_left_for_slack_to_send_again(tmp_path, fake_openai,
+                                                                                        fake_slack):
+    fake_openai.script(Text(ANSWER))
+    answer = fake_slack.hold("auth.test")
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "http", start=False)
+    try:
+        await t.channel.start()
+        await t.wait_for(lambda: fake_slack.count("auth.test") == 1)
+        body = fake_slack.user_message("capital of France?")
+        assert not (await t.deliver(body)).acked  # 500: Slack sends it again
+        answer.set()
+        await asyncio.wait_for(t.channel.ready.wait(), 5)
+        assert (await t.deliver(body, retry_num=1)).acked
+        await t.settle()
+        assert fake_slack.visible("D0ALICE") == [ANSWER]
+        assert fake_slack.count("auth.test") == 1
+    finally:
+        answer.set()
+        await t.close()
+
+
 async def test_the_model_is_asked_while_the_thinking_reaction_is_still_on_its_way(tmp_path, fake_openai, fake_slack):
     # the reaction's call runs beside the turn instead of in front of it; the answer waits for it to land, and
     # the reaction is taken down after the answer, never before it is up

@@ -16,6 +16,16 @@ turn itself runs afterwards. A message core could not store (shutting down, a fa
 listener fail, which answers 500 / leaves the envelope unacked, so Slack delivers it again. Button presses
 and slash commands are acked first thing, and their platform calls run as supervised tasks.
 
+Authorizing: bolt authorizes every request before its listener runs. Its single-workspace authorization
+calls ``auth.test`` on the first request and keeps the answer, but every request that arrives before that
+answer calls it again (a burst after a start: one call per event), and one that Slack refuses (a 429, any
+``ok: false``) makes bolt acknowledge the event with an error text and drop it: the message was lost. So the
+app is given an ``authorize`` function instead, answering from the identity the channel's own ``auth.test``
+found before receiving began (``_identify``), with no call of its own; a request before that (HTTP mode, just
+after a start) fails with 500, so Slack delivers it again. Bolt copies the client it is given for each
+request and takes that request's token from the authorization, so it gets ours without the token (given
+both, it would log that it ignores the token).
+
 Several processes on one database need no leader here. In Socket Mode each process opens its own
 connection, and Slack hands every event (and every button press or slash command) to one of an app's open
 connections, at most 10 of them, sending it again when it is not acknowledged; in HTTP mode the load
@@ -56,6 +66,7 @@ from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -198,7 +209,11 @@ class SlackChannel:
         self._task: asyncio.Task[None] | None = None
         self._open = OpenApprovals(host, self._open_records)
         host.set_deciders(settings.allow_from)
-        self.app = AsyncApp(client=client, signing_secret=signing_secret,
+
+        async def authorize(enterprise_id: str | None, user_id: str | None) -> AuthorizeResult:
+            return self._authorization(enterprise_id, user_id)  # bolt passes arguments by these names
+
+        self.app = AsyncApp(client=_without_token(client), authorize=authorize, signing_secret=signing_secret,
                             request_verification_enabled=settings.mode == "http",
                             process_before_response=True, logger=sdk_logger())
         self.app.event("message")(self._on_event)
@@ -335,6 +350,14 @@ class SlackChannel:
         self._receiving = True
         self._state = "starting"
         self._task = self.host.spawn("slack:receive", self._receive())
+
+    def _authorization(self, enterprise_id: str | None, user_id: str | None) -> AuthorizeResult:
+        """Bolt's authorization of one request (see the module docstring): the bot as ``auth.test`` named it."""
+        me = self.me
+        if me is None:
+            raise RuntimeError("Slack request before auth.test answered; Slack will deliver it again")
+        return AuthorizeResult(enterprise_id=enterprise_id, team_id=me.team_id, bot_user_id=me.user_id,
+                               bot_id=me.bot_id, bot_token=self.api.client.token, user_id=user_id)
 
     async def _identify(self) -> None:
         client = self.api.client
@@ -627,3 +650,10 @@ def _carries(message: dict[str, Any], value: str) -> bool:
 
 def _thread_key(channel: str, thread_ts: str) -> str:
     return f"thread:{channel}:{thread_ts}"
+
+
+def _without_token(client: AsyncWebClient) -> AsyncWebClient:
+    """``client`` as bolt gets it: the same address, session, timeout and (no) retries, without the token, which
+    bolt takes from each request's authorization (see the module docstring)."""
+    return AsyncWebClient(base_url=client.base_url, session=client.session, timeout=client.timeout,
+                          retry_handlers=list(client.retry_handlers), logger=client.logger)
