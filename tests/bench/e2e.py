@@ -346,6 +346,8 @@ class WebSide(Side):
                                           timeout=aiohttp.ClientTimeout(total=None))
         self.tasks: set[asyncio.Task[None]] = set()
         self.calls = 0
+        self.events = 0
+        """``turn`` events the conversations received: the web chat's live updates (its edits)."""
         self.texts: dict[str, str] = {}
         return {}
 
@@ -377,6 +379,7 @@ class WebSide(Side):
                             data = line[6:]
                     if name != "turn" or not data:
                         continue
+                    self.events += 1
                     body = json.loads(data)
                     text = body["replace"] if "replace" in body else text + body.get("append", "")
                     self.texts[chat] = text
@@ -396,11 +399,16 @@ class WebSide(Side):
 
     def reset(self) -> None:
         self.calls = 0
+        self.events = 0
         for task in self.tasks:  # the conversations of the pipeline measured before
             task.cancel()
 
     def counts(self) -> tuple[int, int]:
         return self.calls, 0
+
+    def by_method(self) -> dict[str, int]:
+        """Besides the posts: the ``turn`` events received, which are not calls (the pages read them)."""
+        return {"messages posted": self.calls, "turn events received": self.events}
 
 
 SIDES: dict[str, type[Side]] = {"telegram": TelegramSide, "slack": SlackSide, "feishu": FeishuSide,
