@@ -211,7 +211,9 @@ class SlackChannel:
         host.set_deciders(settings.allow_from)
 
         async def authorize(enterprise_id: str | None, user_id: str | None) -> AuthorizeResult:
-            return self._authorization(enterprise_id, user_id)  # bolt passes arguments by these names
+            # a plain function: bolt passes arguments by the names it reads off the signature, and would take a
+            # bound method's ``self`` for one of them
+            return self._authorization(enterprise_id, user_id)
 
         self.app = AsyncApp(client=_without_token(client), authorize=authorize, signing_secret=signing_secret,
                             request_verification_enabled=settings.mode == "http",
