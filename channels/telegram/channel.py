@@ -10,7 +10,12 @@ re-delivered update harmless. The updates of one polled batch are handed over ch
 (each chat's in order), so a burst is stored together; the batch is acknowledged up to its first update
 core did not take. An update our own code fails on unexpectedly (a shape it does not expect, a
 bug) is logged and skipped — acknowledged like a handled one — so one bad update neither ends the receiving
-of those after it nor comes back forever. A callback query (a press
+of those after it nor comes back forever. An update aiogram cannot read whole (a field of a kind newer than
+it) is read without that field, and one whose message cannot be read at all is skipped the same way
+(``channels.telegram.updates``): it neither holds up the batch it came in nor is refused to a webhook. A
+webhook request that comes before the set-up knows who the bot is gets 503, so Telegram sends it again. A
+store that fails for a moment does not end the polling: an offset that could not be read is read again, one
+that could not be saved is saved with the next batch. A callback query (a press
 on an approval button) goes to ``ApprovalButtons`` instead (see ``channels.telegram.approvals``).
 
 Several processes on one database: Telegram hands a bot's updates to one ``getUpdates`` caller at a time,
@@ -69,6 +74,7 @@ from channels.telegram.approvals import ApprovalButtons
 from channels.telegram.client import TelegramClient
 from channels.telegram.settings import WEBHOOK_PATH, TelegramConfig
 from channels.telegram.sink import Destination, TelegramOps, TelegramPrompts, entities
+from channels.telegram.updates import NotAnUpdate, read_update
 from core.channel import ERROR, SinkError
 from core.envelope import MediaItem, TurnTarget
 from core.host import AdmissionError, ChannelHost, ShuttingDownError
@@ -283,12 +289,18 @@ class TelegramChannel:
     # ---- receiving -----------------------------------------------------------------------------
 
     async def _poll(self) -> None:
-        stored = await self.host.get_state(OFFSET_KEY)
-        offset = int(stored) if stored else None
+        stored: str | None = None
+        """The offset as the store last took it."""
+        offset: int | None = None
+        loaded = False
         failures = 0
         timeout = self.settings.poll_timeout
         while self._receiving:
             try:
+                if not loaded:
+                    stored = await self.host.get_state(OFFSET_KEY)
+                    offset = int(stored) if stored else None
+                    loaded = True
                 updates = await self.client.call(
                     GetUpdates(offset=offset, timeout=timeout,
                                allowed_updates=list(ALLOWED_UPDATES)),
@@ -298,6 +310,13 @@ class TelegramChannel:
                 failures += 1
                 self._state = ERROR if failures > 2 else "polling"
                 log.warning("Telegram getUpdates failed (%s); retrying in %.0fs", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            except Exception as exc:  # the store, reading where to fetch from: polling goes on once it answers
+                delay = self.settings.poll_backoff[min(failures, len(self.settings.poll_backoff) - 1)]
+                failures += 1
+                self._state = ERROR
+                log.error("could not read the Telegram update offset (%s); retrying in %.0fs", exc, delay)
                 await asyncio.sleep(delay)
                 continue
             failures = 0
@@ -310,9 +329,15 @@ class TelegramChannel:
                 offset = confirmed[-1].update_id + 1
             if offset is not None and str(offset) != stored:
                 # persisted once per batch, after every update before it was stored: a crash before this
-                # re-fetches the batch, and core's dedupe drops what it stored already
-                stored = str(offset)
-                await self.host.set_state(OFFSET_KEY, stored)
+                # re-fetches the batch, and core's dedupe drops what it stored already. A write that fails
+                # changes nothing else: the next getUpdates confirms the batch all the same, and the offset
+                # is written with the next batch (a restart before then fetches this one again, as above)
+                try:
+                    await self.host.set_state(OFFSET_KEY, str(offset))
+                    stored = str(offset)
+                except Exception as exc:
+                    log.warning("could not save the Telegram update offset (%s); saving it with the next batch",
+                                exc)
             if outcome == "closing":
                 return
             if outcome == "refused":
@@ -368,8 +393,10 @@ class TelegramChannel:
             await self.approval_buttons.on_press(update.callback_query)  # always answers the query
             return True
         message = update.message
-        if message is None or self.me is None:
+        if message is None:
             return True  # edited messages and other update kinds are ignored (see adapter)
+        if self.me is None:
+            return False  # not receiving yet (the webhook answers 503 before set-up is done)
         envelope = normalize(message, self.me, allow=self.allow, group_policy=self.settings.group_policy)
         if envelope is None:
             return True
@@ -384,14 +411,17 @@ class TelegramChannel:
         given = request.headers.get(SECRET_HEADER, "")
         if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
             return web.Response(status=401)
-        if not self._receiving:
-            return web.Response(status=503)  # Telegram delivers it again later
+        if not self._receiving or not self.ready.is_set():
+            return web.Response(status=503)  # stopping, or not yet knowing who the bot is: delivered again later
         try:
             data: Any = await request.json()
-            update = Update.model_validate(data, context={"bot": self.bot})
         except web.HTTPRequestEntityTooLarge:
             return web.Response(status=413)  # over the server's body limit: nothing was read into core
-        except Exception:
+        except ValueError:
+            return web.Response(status=400)
+        try:
+            update = read_update(data, self.bot)  # without any field aiogram cannot read (channels.telegram.updates)
+        except NotAnUpdate:
             return web.Response(status=400)
         if update.callback_query is not None:  # a button press: answered in its own task
             try:

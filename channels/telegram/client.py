@@ -11,13 +11,15 @@ New messages go out on a connection pool of their own (``sender``): the bot's bu
 Telegram receives them, so a send must leave at the slot it booked. On the pool every other call uses, a
 send whose slot has come would wait behind edits booked after it whenever that pool is full (a thousand
 chats streaming at once), and sends held back that way arrive together, past the budget. The bot token, which is
-part of every Bot API URL, is scrubbed from every error text before it can reach a log or an exception.
+part of every Bot API URL, is scrubbed from every error text before it can reach a log or an exception. An
+answer aiogram cannot read is reported by what went wrong, never by its content (users' messages); a
+``getUpdates`` answer aiogram refuses for one update is read update by update (``channels.telegram.updates``).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from aiogram import Bot
 from aiogram.client.session.aiohttp import AiohttpSession
@@ -32,11 +34,12 @@ from aiogram.exceptions import (
     TelegramServerError,
     TelegramUnauthorizedError,
 )
-from aiogram.methods import Response, SendMessage, TelegramMethod
+from aiogram.methods import GetUpdates, Response, SendMessage, TelegramMethod
 
 from channels.common.calls import Calls
 from channels.common.errors import PlatformError
 from channels.common.throttle import Scope
+from channels.telegram.updates import read_updates
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +113,14 @@ class TelegramClient:
             kind: Any = "not_found" if any(s in desc for s in _NOT_FOUND) else \
                 "format" if any(s in desc for s in _FORMAT) else "permanent"
             raise PlatformError(self._detail(name, exc), kind=kind) from None
-        except (TelegramServerError, ClientDecodeError) as exc:
+        except ClientDecodeError as exc:
+            if isinstance(method, GetUpdates):  # one update aiogram refuses must not refuse the batch
+                updates = read_updates(exc.data, self.bot)
+                if updates is not None:
+                    return cast(T, updates)
+            # not str(exc): it quotes the whole answer, users' messages and all
+            raise PlatformError(f"{name}: {exc.message} ({type(exc.original).__name__})", kind="transient") from None
+        except TelegramServerError as exc:
             raise PlatformError(self._detail(name, exc), kind="transient") from None
         except TelegramNetworkError as exc:
             # the request may have reached Telegram before the connection broke

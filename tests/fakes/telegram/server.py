@@ -238,8 +238,9 @@ class FakeTelegram:
                      caption: str | None = None, photo: bool = False, document: dict[str, Any] | None = None,
                      voice: dict[str, Any] | None = None,
                      edited: bool = False, message_id: int | None = None, is_forum: bool = False,
-                     enqueue: bool = True) -> dict[str, Any]:
-        """Build (and by default queue for getUpdates) an update carrying a user's message."""
+                     extra: dict[str, Any] | None = None, enqueue: bool = True) -> dict[str, Any]:
+        """Build (and by default queue for getUpdates) an update carrying a user's message; ``extra`` adds (or
+        replaces) fields of the message as given, e.g. a field of a kind newer than the client knows."""
         mid = message_id if message_id is not None else next(self._ids(chat_id))
         chat: dict[str, Any] = {"id": chat_id, "type": chat_type}
         if chat_type == "private":
@@ -271,6 +272,7 @@ class FakeTelegram:
             message["is_topic_message"] = True
         if reply_to is not None:
             message["reply_to_message"] = reply_to
+        message.update(extra or {})
         update = {"update_id": next(self._update_ids), "edited_message" if edited else "message": message}
         if enqueue:
             self.updates.append(update)
