@@ -756,6 +756,33 @@ async def test_the_long_connection_comes_back_after_a_drop(tmp_path, fake_openai
             await t.close()
 
 
+@pytest.mark.parametrize("how", ["client_error", "reconnects_run_out"])
+async def test_a_long_connection_lark_oapi_gave_up_on_is_opened_again(tmp_path, fake_openai, fake_feishu, how):
+    # lark-oapi stops reconnecting for good, inside its own task, after an answer it takes for a client error
+    # or once the server's reconnect count is spent; start() goes on blocking, and nothing received again
+    fake_openai.script(Text("after"))
+    async with FakeLongConnection(fake_feishu.app_id, fake_feishu.app_secret) as conn:
+        if how == "reconnects_run_out":
+            conn.reconnect_count = 2
+        t = await feishu_harness(tmp_path, fake_openai, fake_feishu, conn=conn, reconnect_timeout=1.0,
+                                 watch_interval=0.05)
+        try:
+            conn.refuse = 10003 if how == "client_error" else 1
+            before = conn.endpoint_requests
+            conn.disconnect()
+            await conn.wait_for(lambda: conn.endpoint_requests > before, 5)
+            await asyncio.sleep(0.5)  # lark-oapi has given up by now (its reconnect interval here: 0.05 s)
+            conn.refuse = 0  # Feishu answers again
+            await conn.wait_connected(1, opened=2, timeout=10)
+            await t.wait_for(lambda: t.channel.state() == "connected")
+            ack = await t.deliver(t.event("are you back?")[1])
+            assert ack.code == 200
+            await t.settle()
+            assert t.texts() == ["after"]
+        finally:
+            await t.close()
+
+
 async def test_a_press_delivered_twice_decides_once(feishu_bridge, fake_openai, fake_feishu):
     tool = RecordingTool("lookup", result="42 apples")
     fake_openai.script(ASK, Text("Counted."))

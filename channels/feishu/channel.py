@@ -149,6 +149,12 @@ class FeishuSettings:
     app_sends_per_second: float = APP_SENDS_PER_SECOND
     connection_domain: str = ""
     """Where the long connection asks for its address; ``domain`` unless set (tests run it apart)."""
+    reconnect_timeout: float = 600.0
+    """Seconds the long connection may stay down (reconnecting, or its client ended) before a new client is
+    opened in its place: lark-oapi's own retries come every two minutes or so, and stop for good after an
+    answer it takes for a client error."""
+    watch_interval: float = 5.0
+    """Seconds between two looks at the long connection."""
 
     @classmethod
     def of(cls, config: FeishuConfig) -> FeishuSettings:
@@ -261,6 +267,7 @@ class FeishuChannel:
         self._receiving = False
         self._state = "stopped"
         self._setup: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._open = OpenApprovals(host, self._open_records)
         self._downloads: aiohttp.ClientSession | None = None
         host.set_deciders(settings.allow_from)
@@ -310,9 +317,47 @@ class FeishuChannel:
                 log.error("%s", exc)
                 return
             self._state = "connected"
+            self._watch = self.host.spawn("feishu:watch", self._watch_connection())
         else:
             self._state = "webhook"
         self.ready.set()
+
+    async def _watch_connection(self) -> None:
+        """Open a new long connection when the current one has been down ``reconnect_timeout`` seconds.
+
+        lark-oapi's client reconnects by itself, but gives up for good inside its own task when the address
+        request answers what it takes for a client error (a rotated secret, too many connections) or when
+        the server's reconnect count runs out, while ``start()`` goes on blocking: nothing would receive again,
+        and only ``on_reconnecting`` was ever heard of it. A new client then starts from the beginning; one
+        that cannot connect at all ends its thread, which ``state()`` reports, and is replaced in turn."""
+        assert self._loop is not None
+        down_since: float | None = None
+        while self._receiving:
+            await asyncio.sleep(self.settings.watch_interval)
+            if self.state() not in ("reconnecting", ERROR):
+                down_since = None
+                continue
+            now = self._loop.time()
+            if down_since is None:
+                down_since = now
+            if now - down_since < self.settings.reconnect_timeout:
+                continue
+            log.error("the Feishu long connection has been down for %.0fs; opening a new one", now - down_since)
+            down_since = None
+            old, self.connection = self.connection, None
+            if old is not None:
+                await asyncio.to_thread(old.stop)
+            if not self._receiving:
+                return
+            self._state = "connecting"
+            self.connection = self._connect()
+            try:
+                self.connection.start()
+            except ChannelStartupError as exc:
+                self._state = ERROR
+                log.error("%s", exc)
+                continue
+            self._state = "connected"
 
     def _connect(self) -> LongConnection:
         dispatcher = (lark.EventDispatcherHandler.builder("", "")
@@ -337,11 +382,12 @@ class FeishuChannel:
 
     async def stop(self) -> None:
         self._receiving = False
-        setup, self._setup = self._setup, None
-        if setup is not None and not setup.done():
-            setup.cancel()
-            with contextlib.suppress(BaseException):
-                await setup
+        for task in (self._setup, self._watch):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        self._setup = self._watch = None
         connection, self.connection = self.connection, None
         if connection is not None:
             await asyncio.to_thread(connection.stop)
