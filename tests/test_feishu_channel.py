@@ -783,6 +783,22 @@ async def test_a_long_connection_lark_oapi_gave_up_on_is_opened_again(tmp_path, 
             await t.close()
 
 
+def runs_sdk_code(task: asyncio.Task[object]) -> bool:
+    code = getattr(task.get_coro(), "cr_code", None)
+    return code is not None and "lark_oapi" in code.co_filename
+
+
+async def test_the_long_connection_runs_nothing_on_the_bridges_loop(tmp_path, fake_openai, fake_feishu):
+    # lark-oapi's client starts a task on the current loop when it is built: built on the bridge's loop, it
+    # cleared the SDK thread's frame cache from the bridge's thread, and stayed there after the client stopped
+    async with FakeLongConnection(fake_feishu.app_id, fake_feishu.app_secret) as conn:
+        t = await feishu_harness(tmp_path, fake_openai, fake_feishu, conn=conn)
+        try:
+            assert [task for task in asyncio.all_tasks() if runs_sdk_code(task)] == []
+        finally:
+            await t.close()
+
+
 async def test_a_press_delivered_twice_decides_once(feishu_bridge, fake_openai, fake_feishu):
     tool = RecordingTool("lookup", result="42 apples")
     fake_openai.script(ASK, Text("Counted."))

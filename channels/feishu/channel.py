@@ -65,7 +65,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -184,10 +184,15 @@ class LongConnection:
     outside; ``start()`` then ends with CancelledError and the thread drains the cancelled tasks, so nothing
     of this client resumes under a later one. This needs ``lark_oapi`` imported while no loop was running
     (the bridge imports this module before it starts its loop).
+
+    The client is built on that thread too (``make_client``), with the SDK's loop as the thread's loop: its
+    constructor starts a task that clears the cache of split frames on whatever loop is current, which on the
+    bridge's loop would edit that cache from the bridge's thread while the SDK's thread uses it (and stay behind
+    there once the client stopped).
     """
 
-    def __init__(self, client: Any) -> None:
-        self.client = client
+    def __init__(self, make_client: Callable[[], Any]) -> None:
+        self._make_client = make_client
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
@@ -204,7 +209,8 @@ class LongConnection:
 
         def run() -> None:
             try:
-                self.client.start()
+                asyncio.set_event_loop(loop)
+                self._make_client().start()
             except asyncio.CancelledError:
                 pass  # stopped
             except BaseException as exc:  # reported through state()
@@ -360,21 +366,24 @@ class FeishuChannel:
             self._state = "connected"
 
     def _connect(self) -> LongConnection:
-        dispatcher = (lark.EventDispatcherHandler.builder("", "")
-                      .register_p2_im_message_receive_v1(self._on_ws_message)
-                      .register_p2_card_action_trigger(self._on_card_press).build())
-        client = lark.ws.Client(self.settings.app_id, self.settings.app_secret, event_handler=dispatcher,
-                                domain=self.settings.connection_domain or self.settings.domain,
-                                log_level=lark.LogLevel.ERROR)
         loop = self._loop
         assert loop is not None
 
         def state(word: str) -> None:
             loop.call_soon_threadsafe(self._set_state, word)
 
-        client.on_reconnecting = lambda: state("reconnecting")
-        client.on_reconnected = lambda: state("connected")
-        return LongConnection(client)
+        def make_client() -> Any:  # on the connection's thread (see LongConnection)
+            dispatcher = (lark.EventDispatcherHandler.builder("", "")
+                          .register_p2_im_message_receive_v1(self._on_ws_message)
+                          .register_p2_card_action_trigger(self._on_card_press).build())
+            client = lark.ws.Client(self.settings.app_id, self.settings.app_secret, event_handler=dispatcher,
+                                    domain=self.settings.connection_domain or self.settings.domain,
+                                    log_level=lark.LogLevel.ERROR)
+            client.on_reconnecting = lambda: state("reconnecting")
+            client.on_reconnected = lambda: state("connected")
+            return client
+
+        return LongConnection(make_client)
 
     def _set_state(self, word: str) -> None:
         if self._receiving:
