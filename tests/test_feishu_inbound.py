@@ -27,6 +27,13 @@ def test_a_p2p_text_message():
     assert m.thread is None and m.reply_to is None and not m.mentioned_bot
 
 
+def test_a_message_in_a_chat_of_another_kind_is_a_group_message():
+    # "topic_group" (a group of topics), or a kind Feishu adds later: it was dropped, acknowledged and unanswered
+    m = normalize(event("@_user_1 hi", chat_type="topic_group", mentions=[Mention("chatbridge", BOT)]), BOT)
+    assert m is not None and m.chat_type == "group" and m.mentioned_bot and m.text == "hi"
+    assert normalize(event("hi", chat_type=""), BOT) is None
+
+
 def test_the_bots_mention_is_stripped_and_others_are_resolved():
     m = normalize(event("@_user_1 ask @_user_2 about it @_all", mentions=[Mention("chatbridge", BOT),
                                                                            Mention("Bob", "ou_bob")]), BOT)

@@ -220,9 +220,12 @@ def normalize(event: Mapping[str, Any], bot_open_id: str | None) -> FeishuMessag
     ids = _map(sender.get("sender_id"))
     open_id = _str(ids.get("open_id"))
     message_id, chat_id = _str(message.get("message_id")), _str(message.get("chat_id"))
-    chat_type = message.get("chat_type")
-    if not open_id or not message_id or not chat_id or chat_type not in ("p2p", "group"):
+    # a chat that is not one to one is a group, whatever Feishu names its kind ("topic_group" for a group of
+    # topics, and any kind added later): its messages are answered under the group policy, not dropped
+    kind = message.get("chat_type")
+    if not open_id or not message_id or not chat_id or not isinstance(kind, str) or not kind:
         return None
+    chat_type: ChatType = "p2p" if kind == "p2p" else "group"
     if sender.get("sender_type", "user") != "user" or (bot_open_id and open_id == bot_open_id):
         return None
     message_type = str(message.get("message_type") or "")
