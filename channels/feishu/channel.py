@@ -314,15 +314,8 @@ class FeishuChannel:
         if not self._receiving:
             return
         if self.settings.mode == "websocket":
-            self._state = "connecting"
-            self.connection = self._connect()
-            try:
-                self.connection.start()
-            except ChannelStartupError as exc:
-                self._state = ERROR
-                log.error("%s", exc)
+            if not self._open_connection():
                 return
-            self._state = "connected"
             self._watch = self.host.spawn("feishu:watch", self._watch_connection())
         else:
             self._state = "webhook"
@@ -355,15 +348,20 @@ class FeishuChannel:
                 await asyncio.to_thread(old.stop)
             if not self._receiving:
                 return
-            self._state = "connecting"
-            self.connection = self._connect()
-            try:
-                self.connection.start()
-            except ChannelStartupError as exc:
-                self._state = ERROR
-                log.error("%s", exc)
-                continue
-            self._state = "connected"
+            self._open_connection()
+
+    def _open_connection(self) -> bool:
+        """Start a new long connection; False (the state "error") when it cannot start."""
+        self._state = "connecting"
+        self.connection = self._connect()
+        try:
+            self.connection.start()
+        except ChannelStartupError as exc:
+            self._state = ERROR
+            log.error("%s", exc)
+            return False
+        self._state = "connected"
+        return True
 
     def _connect(self) -> LongConnection:
         loop = self._loop
