@@ -296,11 +296,19 @@ class TelegramChannel:
         failures = 0
         timeout = self.settings.poll_timeout
         while self._receiving:
-            try:
-                if not loaded:
+            if not loaded:
+                try:
                     stored = await self.host.get_state(OFFSET_KEY)
-                    offset = int(stored) if stored else None
-                    loaded = True
+                except Exception as exc:  # the store failed for a moment: polling starts once it answers
+                    delay = self.settings.poll_backoff[min(failures, len(self.settings.poll_backoff) - 1)]
+                    failures += 1
+                    self._state = ERROR
+                    log.error("could not read the Telegram update offset (%s); retrying in %.0fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                offset = int(stored) if stored else None
+                loaded = True
+            try:
                 updates = await self.client.call(
                     GetUpdates(offset=offset, timeout=timeout,
                                allowed_updates=list(ALLOWED_UPDATES)),
@@ -310,13 +318,6 @@ class TelegramChannel:
                 failures += 1
                 self._state = ERROR if failures > 2 else "polling"
                 log.warning("Telegram getUpdates failed (%s); retrying in %.0fs", exc, delay)
-                await asyncio.sleep(delay)
-                continue
-            except Exception as exc:  # the store, reading where to fetch from: polling goes on once it answers
-                delay = self.settings.poll_backoff[min(failures, len(self.settings.poll_backoff) - 1)]
-                failures += 1
-                self._state = ERROR
-                log.error("could not read the Telegram update offset (%s); retrying in %.0fs", exc, delay)
                 await asyncio.sleep(delay)
                 continue
             failures = 0
@@ -417,7 +418,7 @@ class TelegramChannel:
             data: Any = await request.json()
         except web.HTTPRequestEntityTooLarge:
             return web.Response(status=413)  # over the server's body limit: nothing was read into core
-        except ValueError:
+        except Exception:  # not JSON, or not in a charset it names
             return web.Response(status=400)
         try:
             update = read_update(data, self.bot)  # without any field aiogram cannot read (channels.telegram.updates)
