@@ -40,7 +40,9 @@ async def test_a_message_with_a_field_aiogram_cannot_read_is_answered_and_does_n
         await t.channel.start()
         await t.wait_for(lambda: len(fake_openai.requests) == 3)
         await t.settle()
-        assert tg.visible(CHAT) == ["one"] and len(tg.visible(556)) == 1 and len(tg.visible(557)) == 1
+        # the batch's chats are handed over at once, so which of them the model answered first varies
+        assert sorted(tg.visible(CHAT) + tg.visible(556) + tg.visible(557)) == ["one", "three", "two"]
+        assert all(len(tg.visible(chat)) == 1 for chat in (CHAT, 556, 557))
         assert sorted(user_text(r).split("\n\n")[0] for r in fake_openai.requests) == [
             "after", "before, in confidence", "forwarded"]
         offset = await t.channel.host.get_state(OFFSET_KEY)
