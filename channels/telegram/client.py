@@ -14,6 +14,17 @@ chats streaming at once), and sends held back that way arrive together, past the
 part of every Bot API URL, is scrubbed from every error text before it can reach a log or an exception. An
 answer aiogram cannot read is reported by what went wrong, never by its content (users' messages); a
 ``getUpdates`` answer aiogram refuses for one update is read update by update (``channels.telegram.updates``).
+
+Which failures of a call may have been carried out (``PlatformError.outcome_unknown``: a new message is then
+repeated at most once, and no fallback follows): a timeout or a broken connection, an answer of 500, 504 or
+any other server error but the two a gateway gives when Telegram's servers did not take the request at all
+(502 Bad Gateway, 503 Service Unavailable: Telegram being down answers those to every call, and a reply
+refused that way is sent again later), and an answer that cannot be read. An unreadable answer with a 2xx
+status was carried out: it is not repeated at all. For that the session (``Session``) keeps the HTTP status of
+an answer it could not read or that reported a server error.
+
+A group upgraded to a supergroup has a new chat id (Telegram answers the old one with ``migrate_to_chat_id``):
+the call is made again in the new chat at once, and every later call to the old chat goes to the new one.
 """
 
 from __future__ import annotations
@@ -25,9 +36,12 @@ from aiogram import Bot
 from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.exceptions import (
     ClientDecodeError,
+    RestartingTelegram,
     TelegramAPIError,
     TelegramBadRequest,
+    TelegramEntityTooLarge,
     TelegramForbiddenError,
+    TelegramMigrateToChat,
     TelegramNetworkError,
     TelegramNotFound,
     TelegramRetryAfter,
@@ -35,6 +49,7 @@ from aiogram.exceptions import (
     TelegramUnauthorizedError,
 )
 from aiogram.methods import GetUpdates, Response, SendMessage, TelegramMethod
+from aiogram.methods.base import TelegramType
 
 from channels.common.calls import Calls
 from channels.common.errors import PlatformError
@@ -50,6 +65,54 @@ _NOT_FOUND = ("message to edit not found", "message to delete not found", "messa
 _FORMAT = ("can't parse entities", "entity", "entities")
 
 
+NOT_TAKEN = frozenset({502, 503})
+"""Server errors that mean Telegram's servers never took the request (a gateway in front of them answers)."""
+
+
+class UnreadableAnswer(ClientDecodeError):
+    """An answer aiogram could not read, with its HTTP status."""
+
+    def __init__(self, exc: ClientDecodeError, status: int) -> None:
+        super().__init__(exc.message, exc.original, exc.data)
+        self.status = status
+
+
+class ServerFailure(TelegramServerError):
+    """A server error (5xx) with its HTTP status."""
+
+    def __init__(self, exc: TelegramServerError, status: int) -> None:
+        super().__init__(exc.method, exc.message)
+        self.status = status
+
+
+class Session(AiohttpSession):
+    """aiogram's aiohttp session, keeping the HTTP status of an answer that failed to read or reported a
+    server error (aiogram's own exceptions do not carry it): it tells whether the call may have been
+    carried out."""
+
+    def check_response(self, bot: Bot, method: TelegramMethod[TelegramType], status_code: int,
+                       content: str) -> Response[TelegramType]:
+        try:
+            return super().check_response(bot, method, status_code, content)
+        except ClientDecodeError as exc:
+            raise UnreadableAnswer(exc, status_code) from exc.original
+        except TelegramServerError as exc:
+            if type(exc) is not TelegramServerError:  # RestartingTelegram: not taken, and kept as it is
+                raise
+            raise ServerFailure(exc, status_code) from None
+
+
+def _maybe_taken(exc: Exception) -> bool:
+    """Whether a failed call may have been carried out all the same (see the module docstring)."""
+    if isinstance(exc, UnreadableAnswer):
+        return exc.status not in NOT_TAKEN
+    if isinstance(exc, RestartingTelegram):
+        return False
+    if isinstance(exc, ServerFailure):
+        return exc.status not in NOT_TAKEN
+    return isinstance(exc, (ClientDecodeError, TelegramServerError))  # from a session of another kind
+
+
 CHAT_BURST = 2
 """Calls a chat takes at once: Telegram allows short bursts over its one message a second in a chat, and the end
 of a turn uses one call of it (``throttle.ending``), so the whole reply shows without waiting for the next slot."""
@@ -58,12 +121,14 @@ of a turn uses one call of it (``throttle.ending``), so the whole reply shows wi
 class TelegramClient:
     def __init__(self, bot: Bot, calls: Calls, *, chat_interval: float, bot_sends_per_second: float) -> None:
         self.bot = bot
-        self.sender = Bot(token=bot.token, session=AiohttpSession(api=bot.session.api), default=bot.default)
+        self.sender = Bot(token=bot.token, session=Session(api=bot.session.api), default=bot.default)
         """The same bot on its own connections, for new messages only."""
         self.calls = calls
         self.chat_interval = chat_interval
         self.sends = Scope("bot:sends", 1.0 / bot_sends_per_second)
         """The bot's budget of new messages, shared by every chat."""
+        self.moved: dict[int, int] = {}
+        """Groups upgraded to supergroups: the old chat id, the new one."""
         self._answer_models: dict[type[TelegramMethod[Any]], object] = {}
         """aiogram reads every answer into ``Response[<the method's result type>]``, a pydantic generic model
         that pydantic caches only weakly: once the garbage collector had freed it, the next call built the
@@ -96,7 +161,22 @@ class TelegramClient:
             timeout=request_timeout + 10 if request_timeout is not None else None)
 
     async def once(self, method: TelegramMethod[T], request_timeout: int | None = None) -> T | None:
-        """One attempt of one Bot API method."""
+        """One attempt of one Bot API method (in a group's new chat when it was upgraded to a supergroup)."""
+        chat_id = getattr(method, "chat_id", None)
+        if isinstance(chat_id, int) and chat_id in self.moved:
+            method = method.model_copy(update={"chat_id": self.moved[chat_id]})
+        try:
+            return await self._once(method, request_timeout)
+        except _Moved as moved:
+            log.info("a group was upgraded to a supergroup; its replies go to the new chat from now on")
+            self.moved[moved.old] = moved.new
+            method = method.model_copy(update={"chat_id": moved.new})
+        try:
+            return await self._once(method, request_timeout)
+        except _Moved as moved:  # upgraded again at once: not followed further
+            raise PlatformError(f"{method.__api_method__}: the chat moved again", kind="permanent") from moved
+
+    async def _once(self, method: TelegramMethod[T], request_timeout: int | None) -> T | None:
         name = method.__api_method__
         bot = self.sender if isinstance(method, SendMessage) else self.bot
         if type(method) not in self._answer_models:
@@ -106,6 +186,11 @@ class TelegramClient:
         except TelegramRetryAfter as exc:
             raise PlatformError(f"{name}: 429 retry after {exc.retry_after}s", kind="rate_limited",
                                 retry_after=float(exc.retry_after)) from None
+        except TelegramMigrateToChat as exc:
+            chat_id = getattr(method, "chat_id", None)
+            if isinstance(chat_id, int) and chat_id != exc.migrate_to_chat_id:
+                raise _Moved(chat_id, exc.migrate_to_chat_id) from None
+            raise PlatformError(self._detail(name, exc), kind="permanent") from None
         except TelegramBadRequest as exc:
             desc = exc.message.lower()
             if NOT_MODIFIED in desc:
@@ -118,10 +203,16 @@ class TelegramClient:
                 updates = read_updates(exc.data, self.bot)
                 if updates is not None:
                     return cast(T, updates)
+            # carried out when Telegram answered 2xx: never repeated then
+            done = isinstance(exc, UnreadableAnswer) and 200 <= exc.status < 300
             # not str(exc): it quotes the whole answer, users' messages and all
-            raise PlatformError(f"{name}: {exc.message} ({type(exc.original).__name__})", kind="transient") from None
+            raise PlatformError(f"{name}: {exc.message} ({type(exc.original).__name__})",
+                                kind="permanent" if done else "transient",
+                                outcome_unknown=_maybe_taken(exc)) from None
         except TelegramServerError as exc:
-            raise PlatformError(self._detail(name, exc), kind="transient") from None
+            raise PlatformError(self._detail(name, exc), kind="transient", outcome_unknown=_maybe_taken(exc)) from None
+        except TelegramEntityTooLarge as exc:  # a request Telegram refused by its size: nothing was carried out
+            raise PlatformError(self._detail(name, exc), kind="permanent") from None
         except TelegramNetworkError as exc:
             # the request may have reached Telegram before the connection broke
             raise PlatformError(self._detail(name, exc), kind="transient", outcome_unknown=True) from None
@@ -135,3 +226,12 @@ class TelegramClient:
     def _detail(self, name: str, exc: Exception) -> str:
         message = exc.message if isinstance(exc, TelegramAPIError) else str(exc)
         return self.scrub(f"{name}: {message}")
+
+
+class _Moved(Exception):
+    """The chat of a call is now a supergroup with another id (``TelegramClient.once`` calls again there)."""
+
+    def __init__(self, old: int, new: int) -> None:
+        super().__init__(f"chat {old} is now {new}")
+        self.old = old
+        self.new = new

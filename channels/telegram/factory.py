@@ -7,7 +7,6 @@ cannot be a bot token raises ``ChannelStartupError``: ``chatbridge run`` reports
 from __future__ import annotations
 
 from aiogram import Bot
-from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
 from aiogram.utils.token import TokenValidationError
 from aiohttp import web
@@ -16,6 +15,7 @@ from channels.common.calls import CallPolicy, Calls
 from channels.common.errors import ChannelStartupError
 from channels.common.throttle import Throttle
 from channels.telegram.channel import TelegramChannel, TelegramSettings
+from channels.telegram.client import Session
 from channels.telegram.settings import TelegramConfig
 from core.host import ChannelHost
 
@@ -23,7 +23,7 @@ from core.host import ChannelHost
 def make_bot(token: str, api_base: str, *, connections: int = 100) -> Bot:
     """An aiogram Bot talking to ``api_base`` (api.telegram.org, a self-hosted Bot API server, a fake), over
     at most ``connections`` connections at once (new messages have a pool of their own, see ``client``)."""
-    session = AiohttpSession(api=TelegramAPIServer.from_base(api_base.rstrip("/")), limit=connections)
+    session = Session(api=TelegramAPIServer.from_base(api_base.rstrip("/")), limit=connections)
     return Bot(token=token, session=session)
 
 

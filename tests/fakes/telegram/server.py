@@ -102,6 +102,9 @@ class Fault:
     """Carry the call out, then answer with the error (a response lost after the work was done); with
     ``hang``, carried out before the wait (a call that lands but whose answer comes too late)."""
     hang: float = 0.0
+    body: str | None = None
+    """Answer with this text instead of Telegram's JSON error (a gateway's HTML page, a truncated answer)."""
+    content_type: str = "text/html"
 
 
 SENDS = frozenset({"sendMessage", "sendPhoto", "sendDocument", "sendVoice", "sendAudio", "sendVideo"})
@@ -148,6 +151,8 @@ class FakeTelegram:
     webhook: dict[str, Any] | None = None
     faults: list[Fault] = field(default_factory=list)
     holds: dict[str, asyncio.Event] = field(default_factory=dict)
+    migrated: dict[int, int] = field(default_factory=dict)
+    """Groups upgraded to supergroups (``migrate``): the old chat id, the new one."""
     base_url: str = ""
     updates: list[dict[str, Any]] = field(default_factory=list)
     callback_answers: list[dict[str, Any]] = field(default_factory=list)
@@ -205,6 +210,11 @@ class FakeTelegram:
         fault = Fault(method, **kw)
         self.faults.append(fault)
         return fault
+
+    def migrate(self, chat_id: int, to_chat_id: int) -> None:
+        """Upgrade a group to a supergroup: every call to ``chat_id`` is answered as Telegram answers it then
+        (400, ``migrate_to_chat_id``); the supergroup is a new chat."""
+        self.migrated[chat_id] = to_chat_id
 
     def hold(self, method: str) -> asyncio.Event:
         """Hold every call of ``method`` (recorded on arrival) until the returned event is set; then each is
@@ -345,10 +355,13 @@ class FakeTelegram:
         return self._message_ids.setdefault(chat_id, itertools.count(1))
 
     @staticmethod
-    def _error(code: int, description: str, retry_after: int | None = None) -> web.Response:
+    def _error(code: int, description: str, retry_after: int | None = None, *,
+               parameters: dict[str, Any] | None = None) -> web.Response:
         body: dict[str, Any] = {"ok": False, "error_code": code, "description": description}
         if retry_after is not None:
             body["parameters"] = {"retry_after": retry_after}
+        if parameters:
+            body["parameters"] = parameters
         return web.json_response(body, status=code)
 
     async def _params(self, request: web.Request) -> dict[str, Any]:
@@ -390,7 +403,14 @@ class FakeTelegram:
             if fault.hang:
                 await asyncio.sleep(fault.hang)
             call.status = fault.status
+            if fault.body is not None:
+                return web.Response(text=fault.body, status=fault.status, content_type=fault.content_type)
             return self._error(fault.status, fault.description, fault.retry_after)
+        moved = self.migrated.get(call.chat_id) if call.chat_id is not None else None
+        if moved is not None:
+            call.status = 400
+            return self._error(400, "Bad Request: group chat was upgraded to a supergroup chat",
+                               parameters={"migrate_to_chat_id": moved})
         if handler is None:
             call.status = 404
             return self._error(404, "Not Found")
