@@ -128,3 +128,22 @@ async def test_a_group_upgraded_to_a_supergroup_gets_its_reply_in_the_new_chat(t
         assert tg.visible(supergroup) == [SHOWN, "Lyon is second."]
     finally:
         await t.close()
+
+
+async def test_a_live_message_whose_send_timed_out_is_not_sent_again_at_every_update(tmp_path, fake_openai, tg):
+    # the first live message is posted but its answer comes too late, twice: sending it again at each next
+    # update would leave one stale copy per update; the turn's end repeats it once, with the whole answer
+    long_answer = " ".join(f"word{i}" for i in range(80)) + "."
+    fake_openai.script(Text(long_answer, chunk_size=4, delay=0.025))
+    t = await telegram_harness(tmp_path, fake_openai, tg, call_timeout=0.3)
+    try:
+        tg.fail("sendMessage", status=502, description="Bad Gateway", apply_first=True, hang=1.0, times=2)
+        tg.user_message("count to eighty")
+        await t.settle()
+        shown = tg.visible(CHAT)
+        assert len(shown) == 2, shown  # the preview whose send timed out, and the answer's one repeat
+        assert long_answer.startswith(shown[0]) and shown[0] != long_answer
+        assert shown[1] == long_answer
+        assert tg.count("sendMessage") == 2
+    finally:
+        await t.close()

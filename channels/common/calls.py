@@ -9,7 +9,9 @@ Each attempt is bounded by the policy's ``timeout``. Then:
   ``unknown_outcome_attempts`` times unless it is idempotent (an edit or a delete repeats a target state;
   a send carrying an idempotency key the platform honours), so a message appears twice at worst once;
   a call that fails in the end says so (``PlatformError.outcome_unknown``) when any of its tries timed
-  out, not only the last, so its caller does not send it again (``core.redelivery``);
+  out, not only the last, so its caller does not send it again (``core.redelivery``); a call that is itself
+  the repeat of one whose outcome was unknown (``repeat``: a live update's send, made again at the end of the
+  turn) has used that repeat: it is not tried again when its own outcome is unknown;
 - rate_limited (429): the limited scope is paused for retry_after (``Throttle.pause``, the one pause
   mechanism) and the call is made again once the pause is over, however long; a pause does not use up an
   attempt (at most ``max_pauses`` of them per call, so a call stays bounded);
@@ -70,10 +72,12 @@ def _error(state: RetryCallState) -> PlatformError | None:
 
 
 class _Stop(stop_base):
-    def __init__(self, policy: CallPolicy, idempotent: bool) -> None:
+    def __init__(self, policy: CallPolicy, idempotent: bool, repeat: bool = False) -> None:
         self.policy = policy
         self.idempotent = idempotent
         self.failures = 0
+        self.unknown_before = 1 if repeat else 0
+        """Tries made before this call whose outcome is unknown (its earlier self, for a ``repeat``)."""
         self.pauses = 0
 
     def __call__(self, state: RetryCallState) -> bool:
@@ -83,7 +87,7 @@ class _Stop(stop_base):
             return self.pauses > self.policy.max_pauses
         self.failures += 1
         if exc is not None and exc.outcome_unknown and not self.idempotent:
-            return self.failures >= self.policy.unknown_outcome_attempts
+            return self.unknown_before + self.failures >= self.policy.unknown_outcome_attempts
         return self.failures >= self.policy.attempts
 
 
@@ -117,10 +121,12 @@ class Calls:
         self.observe = observe
 
     async def call(self, fn: Callable[[], Awaitable[T]], *, scopes: Sequence[Scope] = (), paced: bool = True,
-                   retry: bool = True, idempotent: bool = True, timeout: float | None = None) -> T:
+                   retry: bool = True, idempotent: bool = True, timeout: float | None = None,
+                   repeat: bool = False) -> T:
         """Run one platform call (``fn`` makes one attempt and raises PlatformError) under the policy.
         ``paced=False`` honours the scopes' pauses without taking a slot; ``timeout`` overrides the
-        policy's bound on one attempt (a long poll)."""
+        policy's bound on one attempt (a long poll); ``repeat``: an earlier call of the same non-idempotent
+        request may have been carried out (its one repeat is this call)."""
         bound = timeout if timeout is not None else self.policy.timeout
         unknown = False
         """A try of this call timed out: it may have been carried out."""
@@ -159,7 +165,7 @@ class Calls:
             return await attempt()
 
         def policy() -> AsyncRetrying:
-            return AsyncRetrying(stop=_Stop(self.policy, idempotent), wait=_Wait(self.policy, bool(scopes)),
+            return AsyncRetrying(stop=_Stop(self.policy, idempotent, repeat), wait=_Wait(self.policy, bool(scopes)),
                                  retry=retry_if_exception(_retryable), reraise=True)
 
         try:

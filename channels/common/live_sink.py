@@ -33,7 +33,10 @@ this is the rest of the ``TurnSink`` contract:
 - Every call goes through ``Calls``: live updates are tried once (the next one repeats the whole state);
   the final's calls are retried within the policy, each retry in its own pace slot (the first of them may
   use the scope's burst: ``throttle.ending``, so the end shows at once, not at the next slot); 429 pauses
-  are the throttle's. If the final still fails, previews that do not show their final form are deleted where the
+  are the throttle's. A live update's new message whose send may have been carried out (it timed out, on a
+  platform that cannot recognise a repeat) ends the live updates: sent again at every next slot it could
+  show once per slot; the final repeats it, and that is its one repeat (``Calls.call``'s ``repeat``).
+  If the final still fails, previews that do not show their final form are deleted where the
   platform allows, so the core's single fallback (exactly the parts the ledger says are missing) leaves
   the chat showing the formatted answer once (``channels.common.ledger``).
 - Abort (core gave up waiting, or shutdown) stops at once and leaves the chat as it is: nothing is
@@ -144,6 +147,8 @@ class _Paced:
 
     def __init__(self, sink: LiveSink) -> None:
         self._sink = sink
+        self._unsure: set[str] = set()
+        """The keys of sends whose outcome was unknown: the next call of one is its one repeat."""
 
     async def send(self, content: Callable[[], Part], key: str) -> str:
         s = self._sink
@@ -152,8 +157,13 @@ class _Paced:
             await s.before_first_text()
             return await s.ops.send(content(), key)
 
-        return await s.calls.call(leave, scopes=s.ops.scopes + s.send_scopes,
-                                  retry=s.final, idempotent=s.ops.capabilities.idempotent_sends)
+        try:
+            return await s.calls.call(leave, scopes=s.ops.scopes + s.send_scopes, retry=s.final,
+                                      idempotent=s.ops.capabilities.idempotent_sends, repeat=key in self._unsure)
+        except PlatformError as exc:
+            if exc.outcome_unknown:
+                self._unsure.add(key)
+            raise
 
     async def edit(self, message_id: str, part: Part) -> None:
         s = self._sink
@@ -337,6 +347,11 @@ class LiveSink:
             await self._remove_stale(parts)
             raise SinkError(str(exc), outcome_unknown=unsure) from None
 
+    def _unsure_send_pending(self) -> bool:
+        """Whether the next new message's last send, not accepted, may have been carried out on a platform that
+        cannot recognise a repeat of it."""
+        return not self.reconciler.honours_keys and self.reconciler.maybe_sent(len(self.ledger))
+
     def _unsure_send(self, parts: list[Part]) -> bool:
         """Whether the first part the chat does not show is a new message whose send may have been carried out:
         sending it again (the fallback) could show it twice."""
@@ -417,7 +432,11 @@ class LiveSink:
                         await self._quiet_typing()  # the stream was to show that the turn works: this does
             await self._flush_messages(snap)
         except PlatformError as exc:
-            if exc.transient:
+            if exc.outcome_unknown and self._unsure_send_pending():
+                # a new message that may show already: sending it again at the next slot could leave one copy
+                # per slot; the final repeats it once (it is the send's one repeat), with the whole answer
+                self._live_broken = True
+            elif exc.transient:
                 self._flushed = None  # shown again at the next slot
             elif exc.kind != "unsupported":
                 self._live_broken = True  # e.g. the preview was deleted: only the final can repair it
