@@ -1258,12 +1258,12 @@ async def test_an_approval_post_tried_again_is_shown_once(tmp_path, fake_openai,
 
 
 @pytest.mark.parametrize("timed_out", ["fallback", "live_final"])
-async def test_a_post_that_timed_out_is_repeated_once_never_again_by_a_fallback_or_a_background_try(
+async def test_a_post_that_timed_out_is_found_in_the_conversation_instead_of_posted_again(
         tmp_path, fake_openai, fake_slack, timed_out):
-    # Slack carries every post out but answers too late: the client times out, so each may have been shown
-    # (chat.postMessage has no idempotency key). The call policy repeats the post once; nothing posts it again
-    # — not the background tries, not a plain fallback after a final whose post timed out — or the
-    # conversation would show the answer once per try during the outage.
+    # Slack carries every post out but answers too late: the client times out, so each may have been shown.
+    # chat.postMessage takes no idempotency key, so the post carries one in its metadata, and the next try reads
+    # the conversation first: it finds the message and posts nothing more — nor does a fallback or a background
+    # try after it.
     fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
     t = await slack_harness(tmp_path, fake_openai, fake_slack, call_timeout=0.3,
                             core={"redelivery_delays": (0.05, 0.05, 0.05)})
@@ -1276,8 +1276,47 @@ async def test_a_post_that_timed_out_is_repeated_once_never_again_by_a_fallback_
         await t.settle()
         await t.wait_for(lambda: not any(x.get_name().startswith("redeliver:") for x in asyncio.all_tasks()),
                          timeout=10)
-        assert fake_slack.visible("D0ALICE") == [ANSWER, ANSWER]  # the one repeat of a post that timed out
-        assert fake_slack.count("chat.postMessage") == (3 if timed_out == "fallback" else 2)
+        assert fake_slack.visible("D0ALICE") == [ANSWER]
+        assert fake_slack.count("chat.postMessage") == (2 if timed_out == "fallback" else 1)
+        assert fake_slack.count("conversations.history") == 1
+        assert await t.core.store.undelivered_turns(0) == []
+    finally:
+        await t.close()
+
+
+MAYBE_POSTED = {
+    "internal_error": {"error": "internal_error"},
+    "fatal_error": {"error": "fatal_error"},
+    "500": {"status": 500},
+    "504 page": {"status": 504, "body": "<html><h1>504 Gateway Time-out</h1></html>"},
+    "cut-off answer": {"status": 200, "body": '{"ok": true, "channel": "D0ALICE", "ts": "17',
+                       "content_type": "application/json"},
+    "not JSON": {"status": 200, "body": "ok", "content_type": "text/plain"},
+}
+
+
+@pytest.mark.parametrize("answer", list(MAYBE_POSTED))
+@pytest.mark.parametrize("where", ["dm", "thread"])
+async def test_a_reply_slack_posted_before_failing_is_shown_once(tmp_path, fake_openai, fake_slack, answer, where):
+    # Slack posts the message, then answers with a failure that leaves open whether it did (it documents
+    # internal_error and fatal_error so): posting again would show it twice, and a live preview posted that way
+    # would stay beside the answer. Each try after such a failure finds the message first.
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, "socket")
+    try:
+        fake_slack.fail("chat.postMessage", apply_first=True, times=10, **MAYBE_POSTED[answer])  # type: ignore[arg-type]
+        if where == "dm":
+            await t.deliver(fake_slack.user_message("capital of France?"))
+            await t.settle()
+            assert fake_slack.visible("D0ALICE") == [ANSWER]
+        else:
+            as_mention, _ = fake_slack.mention("capital of France?")
+            await t.deliver(as_mention)
+            await t.settle()
+            assert replies_in(fake_slack, "C0GENERAL", as_mention["event"]["ts"]) == [ANSWER]
+        assert fake_slack.count("chat.postMessage") == 1  # posted once, then found
+        assert fake_slack.count("conversations.history") + fake_slack.count("conversations.replies") >= 1
+        assert await t.core.store.undelivered_turns(0) == []
     finally:
         await t.close()
 

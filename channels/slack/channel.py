@@ -56,8 +56,9 @@ import contextlib
 import functools
 import logging
 import re
+import uuid
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -89,6 +90,7 @@ from channels.slack.approvals import (
 from channels.slack.client import SlackApi, error_code
 from channels.slack.context import SlackContext
 from channels.slack.inbound import CHANNEL, BotIdentity, SlackInbound, normalize
+from channels.slack.posting import FindablePost, carries_button, carries_key, keyed
 from channels.slack.render import PART_LIMIT, SlackRenderer, message_args
 from channels.slack.sdk_log import sdk_logger
 from channels.slack.settings import EVENTS_PATH, SlackConfig
@@ -250,13 +252,15 @@ class SlackChannel:
         client = self.api.client
         chunks = [c.text for c in split(text, PART_LIMIT, utf16_len) if c.text.strip()] if text.strip() else []
         for i, chunk in enumerate(chunks):
+            key = uuid.uuid4().hex
+            post = FindablePost(self, dest.channel, dest.thread_ts, carries_key(key))
             try:
                 for part in (self.renderer.final_part(chunk), self.renderer.plain_part(chunk)):
                     try:
-                        await self.api.call("chat.postMessage", functools.partial(
+                        await self.api.call("chat.postMessage", functools.partial(post.post, functools.partial(
                             client.chat_postMessage, channel=dest.channel, thread_ts=dest.thread_ts,
-                            unfurl_links=False, unfurl_media=False, **message_args(part)),
-                            channel=dest.channel, idempotent=False)
+                            unfurl_links=False, unfurl_media=False, metadata=keyed(key), **message_args(part))),
+                            channel=dest.channel)
                         break
                     except PlatformError as exc:
                         if exc.kind != "format" or not part.formatting:
@@ -314,25 +318,31 @@ class SlackChannel:
                                     decided_blocks(tool, arguments, "ended", line=RESTARTED))
 
     async def locate_prompt(self, channel: str, thread_ts: str | None, value: str, at: float) -> str | None:
-        """The ts of the approval message whose buttons carry ``value``, posted at about ``at`` in ``channel`` (in
-        the thread ``thread_ts``), read from the conversation (the history scopes the app has for its events);
-        None when it is not there, or cannot be read (logged)."""
+        """The ts of the approval message whose buttons carry ``value``, posted at about ``at`` (see ``locate``)."""
+        return await self.locate(channel, thread_ts, carries_button(value), at)
+
+    async def locate(self, channel: str, thread_ts: str | None, match: Callable[[dict[str, Any]], bool],
+                     at: float) -> str | None:
+        """The ts of a message of the bot's that ``match`` recognises, posted at about ``at`` in ``channel`` (in the
+        thread ``thread_ts``), read from the conversation with its metadata (the history scopes the app has for
+        its events); None when it is not there, or cannot be read (logged)."""
         client = self.api.client
         method = "conversations.replies" if thread_ts is not None else "conversations.history"
         read = client.conversations_replies if thread_ts is not None else client.conversations_history
         # Slack's ts is its own clock: ten minutes either side of ours is room for any skew
         args: dict[str, Any] = {"channel": channel, "oldest": f"{at - LOCATE_SKEW:.6f}", "limit": LOCATE_PAGE,
-                                "inclusive": True}
+                                "inclusive": True, "include_all_metadata": True}
         if thread_ts is not None:
             args["ts"] = thread_ts
         for _ in range(LOCATE_PAGES):
             try:
                 page = await self.api.call(method, functools.partial(read, **args), channel=channel, paced=False)
             except PlatformError as exc:
-                log.warning("could not look for an approval request in %s (%s)", channel, exc)
+                log.warning("could not look in %s for a message that may have been posted (%s): it is posted "
+                            "(again)", channel, exc)
                 return None
             for message in page.get("messages") or ():
-                if isinstance(message, dict) and _carries(message, value):
+                if isinstance(message, dict) and match(message):
                     return str(message["ts"])
             cursor = (page.get("response_metadata") or {}).get("next_cursor")
             if not page.get("has_more") or not cursor:
@@ -641,13 +651,6 @@ class SlackChannel:
             await self.host.submit(InboundEnvelope(
                 channel=CHANNEL, chat_id=channel, sender_id=user, content=f"/{command}",
                 event_id=f"command:{body.get('trigger_id') or ''}", channel_context=ctx.wrap()))
-
-
-def _carries(message: dict[str, Any], value: str) -> bool:
-    """Whether ``message`` has an approval button carrying ``value`` (an ``ApprovalAction``'s encoding)."""
-    return any(isinstance(element, dict) and element.get("value") == value
-               for block in message.get("blocks") or () if isinstance(block, dict) and block.get("type") == "actions"
-               for element in block.get("elements") or ())
 
 
 def _thread_key(channel: str, thread_ts: str) -> str:

@@ -19,6 +19,11 @@ The workspace's pace spaces updates by when they leave; Slack counts them when t
 or network can bunch them on the way, so a pace at the limit itself would draw a 429 (and a pause of every
 conversation's replies) now and then. ``chat.update`` also passes an ``ArrivalBudget`` of the workspace's
 limit (``updates``: ``workspace_updates_per_minute`` in any 60 s), which bounds every minute Slack counts.
+
+A failure that leaves open whether Slack carried the call out (``maybe_carried_out``: a timeout or a broken
+connection, ``internal_error`` / ``fatal_error``, a 500, 504 or other server error but 502 and 503, which a
+gateway answers when Slack's servers did not take the request, an answer that cannot be read) is reported with
+``outcome_unknown``; a post is then looked for before it is made again (``channels.slack.posting``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ T = TypeVar("T")
 
 TRANSIENT = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout",
                        "ratelimited"})
+MAYBE_DONE = frozenset({"internal_error", "fatal_error"})
+"""Errors Slack documents as "some aspect of the operation may have succeeded"."""
+NOT_TAKEN = frozenset({502, 503})
+"""Server errors that mean Slack's servers never took the request (a gateway in front of them answers)."""
 NOT_FOUND = frozenset({"message_not_found"})
 FORMAT = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_blocks_too_long", "markdown_text_conflict"})
 STREAM_ENDED = frozenset({"message_not_in_streaming_state", "stopped_by_user", "streaming_state_conflict"})
@@ -51,6 +60,27 @@ STREAM_REFUSED = frozenset({"unknown_method", "not_allowed", "missing_scope", "f
                             "missing_recipient_user_id", "missing_recipient_team_id", "team_access_not_granted",
                             "restricted_action", "channel_type_not_supported"})
 """``chat.startStream`` errors that mean streaming does not work here (the sink streams by updates instead)."""
+
+
+def answer_of(exc: SlackApiError) -> tuple[int, dict[str, Any] | None]:
+    """The HTTP status of a failed call's answer and its body, None when the body could not be read as Slack's
+    JSON (slack_sdk then hands over aiohttp's own response, or an empty dict for a page that is not JSON)."""
+    response = exc.response
+    status = getattr(response, "status_code", None)
+    if status is None:
+        status = getattr(response, "status", None)
+    data = getattr(response, "data", None)
+    return int(status or 200), data if isinstance(data, dict) and "ok" in data else None
+
+
+def maybe_carried_out(exc: SlackApiError) -> bool:
+    """Whether the call that failed with ``exc`` may have been carried out all the same."""
+    status, data = answer_of(exc)
+    if status == 429 or status in NOT_TAKEN:
+        return False
+    if data is None or status >= 500:
+        return True
+    return str(data.get("error") or "") in MAYBE_DONE
 
 
 def error_code(exc: PlatformError) -> str:
@@ -135,14 +165,16 @@ class SlackApi:
             # the request may have reached Slack before the connection broke
             raise SlackCallError(f"{method}: {type(exc).__name__}", kind="transient",
                                  outcome_unknown=True) from None
+        except AttributeError:
+            # slack_sdk reading an answer that is not JSON (a 200 ``text/plain`` body): what it said is unknown
+            raise SlackCallError(f"{method}: an answer that could not be read", kind="transient",
+                                 outcome_unknown=True) from None
 
     def _mapped(self, method: str, exc: SlackApiError) -> SlackCallError:
-        response = exc.response
-        status = int(getattr(response, "status_code", 200) or 200)
-        data = response.data if isinstance(response.data, dict) else {}
-        code = str(data.get("error") or "")
+        status, data = answer_of(exc)
+        code = str((data or {}).get("error") or "")
         if status == 429:
-            headers = {str(k).lower(): v for k, v in (response.headers or {}).items()}
+            headers = {str(k).lower(): v for k, v in (getattr(exc.response, "headers", None) or {}).items()}
             try:
                 retry_after = float(headers.get("retry-after") or 1)
             except (TypeError, ValueError):
@@ -154,7 +186,7 @@ class SlackApi:
             return SlackCallError(f"{method}: 429 retry after {retry_after:g}s", kind="rate_limited",
                                   retry_after=retry_after, scope=scope, slack_error=code or "ratelimited")
         kind: ErrorKind
-        if status >= 500 or code in TRANSIENT:
+        if data is None or status >= 500 or code in TRANSIENT:
             kind = "transient"
         elif code in NOT_FOUND:
             kind = "not_found"
@@ -162,4 +194,6 @@ class SlackApi:
             kind = "format"
         else:
             kind = "permanent"
-        return SlackCallError(f"{method}: {code or f'HTTP {status}'}", kind=kind, slack_error=code)
+        detail = code or (f"HTTP {status}" if data is not None else f"HTTP {status}, an answer that could not be read")
+        return SlackCallError(f"{method}: {detail}", kind=kind, slack_error=code,
+                              outcome_unknown=maybe_carried_out(exc))

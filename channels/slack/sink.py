@@ -34,8 +34,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from slack_sdk.errors import SlackApiError
-
 from channels.common.errors import PlatformError
 from channels.common.ledger import Part
 from channels.common.live_sink import LiveSink
@@ -44,6 +42,7 @@ from channels.common.throttle import Scope
 from channels.slack.approvals import ApprovalAction, approval_blocks, approval_text, decided_blocks
 from channels.slack.client import STREAM_ENDED, STREAM_REFUSED, error_code
 from channels.slack.context import SlackContext
+from channels.slack.posting import FindablePost, carries_button, carries_key, keyed
 from channels.slack.render import PART_LIMIT, message_args, stream_pieces
 from core.envelope import TurnTarget
 from core.snapshot import ApprovalRequest, TurnSnapshot
@@ -89,9 +88,12 @@ class SlackOps:
         self._native = native
         self._thinking: str | None = None
         """"status" or "reaction" while a thinking indicator is up."""
-        self.capabilities = Capabilities(limit=PART_LIMIT, unit="utf16", can_delete=True, idempotent_sends=False,
+        # a repeated post looks for its key first (``channels.slack.posting``): Slack answers it with the message
+        self.capabilities = Capabilities(limit=PART_LIMIT, unit="utf16", can_delete=True, idempotent_sends=True,
                                          native_stream=native)
         self.scopes: tuple[Scope, ...] = self._api.scopes(dest.channel)
+        self._posts: dict[str, FindablePost] = {}
+        """Posts not answered yet, by key."""
 
     @property
     def dest(self) -> Destination:
@@ -100,9 +102,13 @@ class SlackOps:
     async def send(self, part: Part, key: str) -> str:
         d = self._dest
         client = self._api.client
-        response = await self._api.once("chat.postMessage", lambda: client.chat_postMessage(
-            channel=d.channel, thread_ts=d.thread_ts, unfurl_links=False, unfurl_media=False,
-            **message_args(part)))
+        post = self._posts.get(key)
+        if post is None:
+            post = self._posts[key] = FindablePost(self._channel, d.channel, d.thread_ts, carries_key(key))
+        response = await self._api.once("chat.postMessage", lambda: post.post(lambda: client.chat_postMessage(
+            channel=d.channel, thread_ts=d.thread_ts, unfurl_links=False, unfurl_media=False, metadata=keyed(key),
+            **message_args(part))))
+        del self._posts[key]
         return str(response["ts"])
 
     async def edit(self, message_id: str, part: Part) -> None:
@@ -330,26 +336,15 @@ class SlackPrompts:
         # by its buttons and closes it (chat.postMessage has no idempotency key to ask for it by)
         await self._channel.save_prompts()
         client = self._channel.api.client
-        value = action.encode()
-        unsure = False
-        """A try was cut off (timeout, connection) or failed on Slack's side: it may have been carried out."""
+        # a try after one that may have been carried out looks in the conversation for the request's buttons
+        # first: posting it again would show the request twice
+        post = FindablePost(self._channel, d.channel, d.thread_ts, carries_button(action.encode()),
+                            since=handle.posted_at)
 
-        async def post_once() -> Any:
-            # A try after one that may have been carried out looks in the conversation first: posting it again
-            # would show the request twice. So the post is idempotent.
-            nonlocal unsure
-            if unsure:
-                found = await self._channel.locate_prompt(d.channel, d.thread_ts, value, handle.posted_at)
-                if found is not None:
-                    return {"ts": found}
-            unsure = True  # until Slack answers
-            try:
-                return await client.chat_postMessage(
-                    channel=d.channel, thread_ts=d.thread_ts, text=approval_text(request.tool_name),
-                    blocks=approval_blocks(action, request.tool_name, request.arguments_summary, request.label))
-            except SlackApiError as exc:
-                unsure = exc.response.status_code >= 500  # refused (an error, a 429): not posted
-                raise
+        def post_once() -> Any:
+            return post.post(lambda: client.chat_postMessage(
+                channel=d.channel, thread_ts=d.thread_ts, text=approval_text(request.tool_name),
+                blocks=approval_blocks(action, request.tool_name, request.arguments_summary, request.label)))
 
         try:
             response = await self._channel.api.call("chat.postMessage", post_once, channel=d.channel)

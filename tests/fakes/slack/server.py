@@ -97,6 +97,8 @@ class Message:
     """None for an ordinary message; "streaming", "stopped" or "expired" for one made by chat.startStream."""
     stream_started: float = 0.0
     stream_touched: float = 0.0
+    metadata: dict[str, Any] | None = None
+    """What ``chat.postMessage`` was given as ``metadata`` (read back with ``include_all_metadata``)."""
 
     @property
     def from_bot(self) -> bool:
@@ -113,8 +115,10 @@ class Message:
             return self.text
         return "\n".join(t for t in (block_text(b) for b in self.blocks) if t)
 
-    def as_event_message(self) -> dict[str, Any]:
+    def as_event_message(self, *, metadata: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "message", "ts": self.ts, "text": self.text}
+        if metadata and self.metadata is not None:
+            out["metadata"] = self.metadata
         if self.user:
             out["user"] = self.user
         if self.bot_id:
@@ -165,6 +169,7 @@ class Fault:
     ``hang``, carried out before the wait (a call that lands but whose answer comes too late)."""
     body: str | None = None
     """A raw body for the failure (e.g. an HTML error page on a 5xx)."""
+    content_type: str = "text/html"
 
 
 @dataclass
@@ -480,7 +485,7 @@ class FakeSlack(UserActions):
                                headers={"Retry-After": str(retry_after)})
         if fault.body is not None:
             call.status, call.error = fault.status, fault.error
-            return web.Response(status=fault.status, text=fault.body, content_type="text/html")
+            return web.Response(status=fault.status, text=fault.body, content_type=fault.content_type)
         return self._reply(call, {"ok": False, "error": fault.error}, status=fault.status)
 
     def _rate_limited(self, method: str, params: dict[str, Any]) -> int | None:
@@ -591,8 +596,12 @@ class FakeSlack(UserActions):
         thread_ts = str(p["thread_ts"]) if p.get("thread_ts") else None
         if thread_ts is not None:
             self._existing(channel, thread_ts)
+        metadata = p.get("metadata")
+        if metadata is not None and not (isinstance(metadata, dict) and isinstance(metadata.get("event_type"), str)
+                                         and isinstance(metadata.get("event_payload"), dict)):
+            raise SlackError("invalid_metadata_format")
         message = Message(channel, self.next_ts(), shown, blocks or [], user=self.bot_user_id, bot_id=self.bot_id,
-                          thread_ts=thread_ts)
+                          thread_ts=thread_ts, metadata=metadata)
         self.channels[channel][message.ts] = message
         return self._ok_message(message, warnings)
 
@@ -712,7 +721,7 @@ class FakeSlack(UserActions):
         thread = sorted((m for m in self.channels[channel].values()
                          if not m.deleted and (m.ts == root_ts or m.thread_ts == root_ts)
                          and _in_window(m.ts, p)), key=lambda m: m.ts)
-        return {"messages": [m.as_event_message() for m in thread], "has_more": False}
+        return {"messages": [m.as_event_message(metadata=_with_metadata(p)) for m in thread], "has_more": False}
 
     def _m_conversations_history(self, p: dict[str, Any]) -> dict[str, Any]:
         """The channel's own messages (thread replies are not in it), newest first, ``oldest``/``latest`` and
@@ -722,7 +731,8 @@ class FakeSlack(UserActions):
         top = sorted((m for m in self.channels[channel].values()
                       if not m.deleted and (m.thread_ts is None or m.thread_ts == m.ts) and _in_window(m.ts, p)),
                      key=lambda m: m.ts, reverse=True)
-        return {"messages": [m.as_event_message() for m in top[:limit]], "has_more": False}
+        return {"messages": [m.as_event_message(metadata=_with_metadata(p)) for m in top[:limit]],
+                "has_more": False}
 
     def _m_files_info(self, p: dict[str, Any]) -> dict[str, Any]:
         found = self.files.get(str(p.get("file") or ""))
@@ -735,6 +745,11 @@ class FakeSlack(UserActions):
         if user is None:
             raise SlackError("user_not_found")
         return {"user": user}
+
+
+def _with_metadata(p: dict[str, Any]) -> bool:
+    """Whether a history call asked for the messages' metadata (``include_all_metadata``)."""
+    return str(p.get("include_all_metadata")).lower() in ("1", "true")
 
 
 def _in_window(ts: str, p: dict[str, Any]) -> bool:
