@@ -1284,6 +1284,23 @@ async def test_a_post_that_timed_out_is_found_in_the_conversation_instead_of_pos
         await t.close()
 
 
+@pytest.mark.parametrize("code", ["rate_limited", "ratelimited"])
+async def test_a_rate_limit_slack_answers_as_an_error_code_is_waited_out(tmp_path, fake_openai, fake_slack, code):
+    # chat.postMessage answers {"ok": false, "error": "rate_limited"} (HTTP 200) when an app posts too much to a
+    # channel: a pause, as for a 429, then the answer shows — not a refusal that gives the reply up
+    fake_openai.script(Text(ANSWER, chunk_size=4, delay=0.01))
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, core={"redelivery_delays": ()})
+    try:
+        fake_slack.fail("reactions.add", error="channel_not_found")  # no live updates: the final only
+        fake_slack.fail("chat.postMessage", error=code, times=2)
+        await t.deliver(fake_slack.user_message("capital of France?"))
+        await t.settle()
+        assert fake_slack.visible("D0ALICE") == [ANSWER]
+        assert await t.core.store.undelivered_turns(0) == []
+    finally:
+        await t.close()
+
+
 MAYBE_POSTED = {
     "internal_error": {"error": "internal_error"},
     "fatal_error": {"error": "fatal_error"},

@@ -45,8 +45,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-TRANSIENT = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout",
-                       "ratelimited"})
+TRANSIENT = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
+RATE_LIMITED = frozenset({"ratelimited", "rate_limited"})
+"""Slack's rate limit as an error code with HTTP 200 (``rate_limited`` is documented for chat.postMessage, for an
+app posting too many messages to a channel): a pause like a 429's."""
 MAYBE_DONE = frozenset({"internal_error", "fatal_error"})
 """Errors Slack documents as "some aspect of the operation may have succeeded"."""
 NOT_TAKEN = frozenset({502, 503})
@@ -173,7 +175,7 @@ class SlackApi:
     def _mapped(self, method: str, exc: SlackApiError) -> SlackCallError:
         status, data = answer_of(exc)
         code = str((data or {}).get("error") or "")
-        if status == 429:
+        if status == 429 or code in RATE_LIMITED:
             headers = {str(k).lower(): v for k, v in (getattr(exc.response, "headers", None) or {}).items()}
             try:
                 retry_after = float(headers.get("retry-after") or 1)
