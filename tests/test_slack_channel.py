@@ -915,6 +915,36 @@ async def test_an_event_core_could_not_store_is_not_acknowledged_and_its_redeliv
 
 
 @MODES
+async def test_a_slash_command_that_could_not_be_taken_tells_the_user_to_try_again(tmp_path, fake_openai, fake_slack,
+                                                                                   mode):
+    # Slack never sends a slash command again. Acknowledged before it was taken, a command whose taking failed
+    # (here: who the user is could not be learned in time, users.info hanging) was lost without a word; now the
+    # acknowledgement itself says it was not taken, and the next try works
+    t = await slack_harness(tmp_path, fake_openai, fake_slack, mode, allow_from=("@alice",), submit_timeout=0.5)
+    answer = fake_slack.hold("users.info")
+    try:
+        first = await t.deliver(fake_slack.slash_command("/help"), kind="slash_commands")
+        assert first.acked
+        if mode == "socket":
+            [ack] = fake_slack.socket.acks[first.envelope.envelope_id]
+            said = (ack.payload or {}).get("text", "")
+        else:
+            said = first.sent.text
+        assert "/help could not be taken just now; please try again." in said
+        await t.settle()
+        assert fake_slack.visible("D0ALICE") == []
+        answer.set()
+        again = await t.deliver(fake_slack.slash_command("/help"), kind="slash_commands")
+        assert again.acked
+        await t.settle()
+        [shown] = fake_slack.visible("D0ALICE")
+        assert "/stop" in shown
+    finally:
+        answer.set()
+        await t.close()
+
+
+@MODES
 async def test_an_event_is_acknowledged_only_after_its_message_is_stored(tmp_path, fake_openai, fake_slack, mode):
     fake_openai.script(Text("stored first"))
     store = GatedAdmissions(tmp_path / "chat.db")

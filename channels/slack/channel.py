@@ -107,6 +107,7 @@ _OPERATOR = SlackConfig()
 NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can decide this."
 GONE = "This request is no longer pending."
 FILES_HOST = "files.slack.com"
+COMMAND_NOT_TAKEN = "/{command} could not be taken just now; please try again."
 CHANNEL_COMMAND_HINT = "In a channel, mention me in the reply's thread instead, e.g. <@{name}> {command}."
 _INVALID_AUTH = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked",
                            "not_allowed_token_type"})
@@ -634,23 +635,34 @@ class SlackChannel:
 
     async def _on_command(self, ack: Any, body: dict[str, Any], respond: Any) -> None:
         """A slash command (/stop, /new, /help, /compact): a DM's conversation gets it as a command message;
-        elsewhere a slash command cannot name the thread it is meant for, so it gets a hint instead."""
-        await ack()
+        elsewhere a slash command cannot name the thread it is meant for, so it gets a hint instead. Slack never
+        sends a slash command again: it is acknowledged once it is stored, or with a word to the user that it was
+        not taken (the store failed or was too slow), never dropped silently."""
         command = str(body.get("command") or "").lstrip("/")
         channel = str(body.get("channel_id") or "")
         user = str(body.get("user_id") or "")
-        async with asyncio.timeout(self.settings.submit_timeout):
-            if not user or not await self._allowed(user):
-                return
-            if not channel.startswith("D"):
-                name = self.me.user_id if self.me else "bot"
-                self._spawn("slack:command-hint", respond(CHANNEL_COMMAND_HINT.format(name=name, command=command)))
-                return
-            ctx = SlackContext(channel_type="im", ts=str(body.get("trigger_id") or ""), user=user,
-                               team_id=str(body.get("team_id") or "") or None)
-            await self.host.submit(InboundEnvelope(
-                channel=CHANNEL, chat_id=channel, sender_id=user, content=f"/{command}",
-                event_id=f"command:{body.get('trigger_id') or ''}", channel_context=ctx.wrap()))
+        try:
+            async with asyncio.timeout(self.settings.submit_timeout):
+                if not user or not await self._allowed(user):
+                    await ack()
+                    return
+                if not channel.startswith("D"):
+                    await ack()
+                    name = self.me.user_id if self.me else "bot"
+                    self._spawn("slack:command-hint",
+                                respond(CHANNEL_COMMAND_HINT.format(name=name, command=command)))
+                    return
+                ctx = SlackContext(channel_type="im", ts=str(body.get("trigger_id") or ""), user=user,
+                                   team_id=str(body.get("team_id") or "") or None)
+                await self.host.submit(InboundEnvelope(
+                    channel=CHANNEL, chat_id=channel, sender_id=user, content=f"/{command}",
+                    event_id=f"command:{body.get('trigger_id') or ''}", channel_context=ctx.wrap()))
+        except Exception as exc:  # the store failed or was slow (TimeoutError): say so, Slack will not send it again
+            log.warning("a /%s command could not be taken (%s): the user was told to try again", command,
+                        type(exc).__name__)
+            await ack(COMMAND_NOT_TAKEN.format(command=command))
+            return
+        await ack()
 
 
 def _thread_key(channel: str, thread_ts: str) -> str:
