@@ -14,8 +14,13 @@ on the business ``code`` only (Feishu says its ``msg`` texts change):
 
 - 99991400 (HTTP 429, the app's rate limit): ``rate_limited`` for ``x-ogw-ratelimit-reset`` seconds;
   230020 (a chat's frequency limit) and 11232 (the tenant's message limit) give no reset: a short pause;
-- HTTP 5xx, a non-JSON gateway page, a timeout, a network error: ``transient`` (a timeout's outcome is
-  unknown: the request may have been carried out);
+- HTTP 5xx, a non-JSON gateway page, a timeout, a network error: ``transient``; the outcome is unknown (the
+  request may have been carried out) for a timeout, a broken connection, an answer that cannot be read
+  (lark-oapi fails on it with a ``ValueError``, ``AttributeError``, ``TypeError`` or ``UnmarshalException``,
+  depending on how it is broken, or it lacks the data the call answers with), an HTTP 5xx but 502/503 (a
+  gateway's "not taken") and the internal error 1500;
+- an HTTP error whose JSON has no ``code`` (a gateway's own answer: lark-oapi reads the body only, so such an
+  answer would look like success): decided by its status, 429 a pause;
 - a message recalled or deleted, a card entity gone: ``not_found``;
 - card content Feishu cannot render: ``format``;
 - anything else: ``permanent``.
@@ -80,6 +85,7 @@ from lark_oapi.api.im.v1 import (
     UpdateMessageRequest,
     UpdateMessageRequestBody,
 )
+from lark_oapi.core.exception import UnmarshalException
 
 from channels.common.arrivals import ArrivalBudget
 from channels.common.calls import outside_bound
@@ -99,6 +105,10 @@ TOKEN_ERRORS = frozenset({99991661, 99991663, 99991665})
 NOT_FOUND = frozenset({230011, 230110, 200740, 200750, 231003})
 FORMAT = frozenset({230099, 200621, 11310, 200570, 200220, 300303})
 TRANSIENT = frozenset({1500, 2200, 5000, 300120})
+MAYBE_DONE = frozenset({1500})
+"""Feishu's internal error: the request may have been carried out."""
+NOT_TAKEN = frozenset({502, 503})
+"""Server errors that mean the Open Platform never took the request (a gateway in front of it answers)."""
 TOKEN_EARLY = 600.0
 """Seconds before its expiry a tenant token is replaced (as lark-oapi's own cache does)."""
 MAX_IN_FLIGHT = 32
@@ -185,15 +195,23 @@ class FeishuApi:
             raise PlatformError(f"{what}: no answer in time", kind="transient", outcome_unknown=True) from None
         except httpx.ConnectError as exc:
             raise PlatformError(f"{what}: cannot connect ({type(exc).__name__})", kind="transient") from None
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
-            # a gateway's HTML error page, a dropped connection: the request may have been carried out
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError, UnmarshalException) as exc:
+            # a dropped connection, or an answer lark-oapi could not read (a gateway's HTML page, a body that is
+            # not UTF-8, JSON of another shape): the request may have been carried out
             raise PlatformError(f"{what}: {type(exc).__name__}", kind="transient", outcome_unknown=True) from None
         finally:
             self._in_flight.release()
             self._requests += 1
             if self._requests % COLLECT_EVERY == 0:
                 gc.collect(1)  # the SDK's clients of the last requests, left in reference cycles
-        code = int(resp.code or 0)
+        raw = getattr(resp, "raw", None)
+        status = int(getattr(raw, "status_code", 0) or 0)
+        if resp.code is None:  # a body without Feishu's code: a gateway's answer, decided by its status
+            if status >= 400:
+                raise refused(what, status, 0, getattr(raw, "headers", None) or {})
+            raise PlatformError(f"{what}: HTTP {status}, an answer without a code", kind="transient",
+                                outcome_unknown=True)
+        code = int(resp.code)
         if code == 0:
             return resp  # type: ignore[no-any-return]
         raise _error(what, code, resp)
@@ -241,7 +259,7 @@ class FeishuApi:
             create = CreateMessageRequest.builder().receive_id_type("chat_id").request_body(cbody).build()
             resp = await self.call("message.create", lambda o: self.client.im.v1.message.acreate(create, o), pace,
                                    self.sends)
-        return str(resp.data.message_id)
+        return _answered(what_sent(reply_to), resp, "message_id")
 
     async def update(self, message_id: str, msg_type: str, content: str) -> None:
         """Edit a text or post message (PUT)."""
@@ -311,7 +329,7 @@ class FeishuApi:
         body = CreateCardRequestBody.builder().type("card_json").data(json.dumps(card, ensure_ascii=False)).build()
         request = CreateCardRequest.builder().request_body(body).build()
         resp: Any = await self.call("card.create", lambda o: self.client.cardkit.v1.card.acreate(request, o))
-        return str(resp.data.card_id)
+        return _answered("card.create", resp, "card_id")
 
     async def card_content(self, card_id: str, element_id: str, content: str, sequence: int, uuid: str) -> None:
         body = (ContentCardElementRequestBody.builder().content(content).sequence(sequence).uuid(uuid)
@@ -350,7 +368,7 @@ def refused(what: str, status: int, code: int, headers: Mapping[str, str]) -> Pl
     detail = f"{what}: HTTP {status}, code {code}"
     if code in TOKEN_ERRORS:
         return _TokenError(detail, code, kind="permanent")
-    if code == RATE_LIMITED:
+    if code == RATE_LIMITED or (status == 429 and not code):
         lowered = {str(k).lower(): v for k, v in headers.items()}
         try:
             reset = float(lowered.get("x-ogw-ratelimit-reset") or 1.0)
@@ -360,7 +378,8 @@ def refused(what: str, status: int, code: int, headers: Mapping[str, str]) -> Pl
     if code in CHAT_RATE_LIMITED:
         return FeishuError(detail, code, kind="rate_limited", retry_after=CHAT_LIMIT_PAUSE)
     if status >= 500 or code in TRANSIENT:
-        return FeishuError(detail, code, kind="transient")
+        maybe = status not in NOT_TAKEN and (code in MAYBE_DONE or status >= 500)
+        return FeishuError(detail, code, kind="transient", outcome_unknown=maybe)
     if code in NOT_FOUND:
         return FeishuError(detail, code, kind="not_found")
     if code in FORMAT:
@@ -374,6 +393,19 @@ def _resource_refusal(status: int, headers: Mapping[str, str], body: bytes) -> P
     except (ValueError, TypeError, AttributeError):
         code = 0  # a gateway's page: decided by the status
     return refused("message_resource.get", status, code, headers)
+
+
+def what_sent(reply_to: str | None) -> str:
+    return "message.reply" if reply_to else "message.create"
+
+
+def _answered(what: str, resp: Any, field: str) -> str:
+    """The id a successful call answers with; an answer without it was carried out but cannot be used: a
+    repeat (under the same uuid where the call takes one) answers with it."""
+    value = getattr(getattr(resp, "data", None), field, None)
+    if not value:
+        raise PlatformError(f"{what}: an answer without its {field}", kind="transient", outcome_unknown=True)
+    return str(value)
 
 
 def code_of(exc: BaseException) -> int | None:

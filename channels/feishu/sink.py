@@ -360,7 +360,8 @@ class CardStream:
         except PlatformError as exc:
             if exc.transient or exc.kind == "not_found":
                 raise
-            ops.channel.cardkit_refused = True
+            if exc.kind != "format":  # one reply's content Feishu would not render says nothing of the next
+                ops.channel.cardkit_refused = True
             raise PlatformError(f"CardKit refused: {exc}", kind="unsupported") from None
         self.card = CardState(card_id, content or PLACEHOLDER)
         return self.card
