@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -57,6 +58,30 @@ async def test_stdio_lists_prefixed_tools_with_schemas(echo: McpManager) -> None
     assert add.approval == "ask"
     [status] = echo.statuses
     assert status.ok and status.name == "echo" and "echo__add" in status.tools
+
+
+LISTING_SERVER = Path(__file__).parent / "mcp_servers" / "listing_server.py"
+
+
+async def test_tools_no_model_could_be_offered_are_left_out_and_the_rest_work() -> None:
+    # a server may list one name twice, or a name that is valid MCP but longer, with its server's prefix, than
+    # the 64 characters the model APIs take: offered, the first stopped the bridge from starting (the registry
+    # refuses a name twice) and the second would fail every request to the model
+    long_name = "x" * 60
+    names = ["lookup", "lookup", long_name, "y" * (64 - len("lst__"))]
+    manager = McpManager()
+    config = McpServerConfig(name="lst", command=sys.executable, args=(str(LISTING_SERVER),),
+                             env={"LISTING_TOOLS": json.dumps(names)})
+    assert await manager.start([config]) == []
+    try:
+        offered = sorted(t.spec.name for t in manager.tools())
+        assert offered == ["lst__lookup", "lst__" + "y" * 59]
+        registry = ToolRegistry()
+        registry.extend(manager.tools())
+        assert all(len(spec.name) <= 64 for spec in registry.specs())
+        assert await tool(manager, "lst__lookup").run({}, CTX) == "lookup"
+    finally:
+        await manager.aclose()
 
 
 async def test_call_returns_the_tool_text(echo: McpManager) -> None:

@@ -54,6 +54,9 @@ if TYPE_CHECKING:  # the SDK is imported when a server is started, not when core
 log = logging.getLogger(__name__)
 
 TOOL_SEPARATOR = "__"
+MAX_TOOL_NAME = 64
+"""The longest tool name the model APIs take (OpenAI's and Anthropic's function names: ``^[a-zA-Z0-9_-]{1,64}$``);
+a server's tool whose ``<server>__<tool>`` is longer is left out, as one offered would fail every request."""
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
 MAX_REASON_CHARS = 300
 CLOSE_GRACE_SECONDS = 8.0
@@ -600,6 +603,8 @@ class McpToolSource:
         from mcp.types import PaginatedRequestParams
 
         tools: list[_Listed] = []
+        seen: set[str] = set()
+        longest = MAX_TOOL_NAME - len(self.config.name) - len(TOOL_SEPARATOR)
         cursor: str | None = None
         for _ in range(100):  # a server that pages forever is cut off
             params = PaginatedRequestParams(cursor=cursor) if cursor else None
@@ -609,6 +614,15 @@ class McpToolSource:
                     log.warning("MCP server %s: skipping tool %r (name is not [A-Za-z0-9_-]+)",
                                 self.config.name, tool.name)
                     continue
+                if len(tool.name) > longest:  # the model's API would refuse every request offering it
+                    log.warning("MCP server %s: skipping tool %r (%s%s<tool> would be longer than the %d "
+                                "characters a model's API takes for a tool name)", self.config.name, tool.name,
+                                self.config.name, TOOL_SEPARATOR, MAX_TOOL_NAME)
+                    continue
+                if tool.name in seen:
+                    log.warning("MCP server %s: skipping a second tool named %r", self.config.name, tool.name)
+                    continue
+                seen.add(tool.name)
                 schema = dict(tool.input_schema or {}) or {"type": "object", "properties": {}}
                 tools.append(_Listed(tool.name, tool.description or "", schema))
             cursor = result.next_cursor

@@ -1,0 +1,34 @@
+"""A bare MCP server over stdio (JSON-RPC by hand, not the SDK): it lists the tools named in its
+``LISTING_TOOLS`` environment variable (a JSON list of names, as given: repeated names, names of any length),
+which the SDK's server would refuse to offer. A call answers with the tool's name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+NAMES = json.loads(os.environ.get("LISTING_TOOLS", "[]"))
+TOOLS = [{"name": name, "description": f"the tool {name}", "inputSchema": {"type": "object"}} for name in NAMES]
+
+
+def answer(request_id: object, result: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}) + "\n")
+    sys.stdout.flush()
+
+
+for line in sys.stdin:
+    message = json.loads(line)
+    request_id, method = message.get("id"), message.get("method")
+    if request_id is None:
+        continue  # a notification
+    if method == "initialize":
+        answer(request_id, {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                            "serverInfo": {"name": "listing", "version": "1"}})
+    elif method == "tools/list":
+        answer(request_id, {"tools": TOOLS})
+    elif method == "tools/call":
+        answer(request_id, {"content": [{"type": "text", "text": message["params"]["name"]}]})
+    else:
+        answer(request_id, {})
