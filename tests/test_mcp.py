@@ -19,6 +19,7 @@ from core.tools.mcp import McpManager, McpServerConfig, McpToolError, McpToolSou
 from tests.support.ports import free_port
 
 ECHO_SERVER = Path(__file__).parent / "mcp_servers" / "echo_server.py"
+LISTING_SERVER = Path(__file__).parent / "mcp_servers" / "listing_server.py"
 CTX = ToolContext(session_key="s", turn_id="t", call_id="c")
 
 
@@ -60,7 +61,21 @@ async def test_stdio_lists_prefixed_tools_with_schemas(echo: McpManager) -> None
     assert status.ok and status.name == "echo" and "echo__add" in status.tools
 
 
-LISTING_SERVER = Path(__file__).parent / "mcp_servers" / "listing_server.py"
+async def test_a_servers_error_that_speaks_of_a_timeout_reaches_the_model_as_the_servers_error() -> None:
+    # the server answers at once with its own error, which mentions a timeout of its upstream: the model must
+    # read that, not "timed out after 60s (call_timeout_seconds)", which would make it wait and retry in vain
+    manager = McpManager()
+    config = McpServerConfig(name="lst", command=sys.executable, args=(str(LISTING_SERVER),),
+                             env={"LISTING_TOOLS": '["fetch"]',
+                                  "LISTING_ERRORS": '{"fetch": "upstream API call timed out after 3s"}'})
+    assert await manager.start([config]) == []
+    try:
+        with pytest.raises(McpToolError) as failure:
+            await tool(manager, "lst__fetch").run({}, CTX)
+        assert "upstream API call timed out after 3s" in str(failure.value)
+        assert "call_timeout_seconds" not in str(failure.value)
+    finally:
+        await manager.aclose()
 
 
 async def test_tools_no_model_could_be_offered_are_left_out_and_the_rest_work() -> None:

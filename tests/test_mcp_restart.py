@@ -220,6 +220,35 @@ async def test_a_long_stderr_line_is_cut_and_said_so(echo, caplog) -> None:
     assert line == "x" * MAX_STDERR_LINE + "… (500 more bytes of this line not shown)"
 
 
+async def test_a_secret_the_cut_of_a_long_stderr_line_runs_through_shows_nothing_of_it(tmp_path, caplog) -> None:
+    # only a whole secret is masked: a line cut inside one would log its head
+    from bridge.config import load_config
+    from bridge.mcp import start_mcp_servers
+    from core.tools.mcp_stdio import MAX_STDERR_LINE
+
+    caplog.set_level(logging.INFO, logger="core.tools.mcp")
+    secret = "tok-en-31337-abcdefghij"
+    path = tmp_path / "chatbridge.toml"
+    path.write_text(f"""
+[[agent.mcp_servers]]
+name = "echo"
+command = {_toml_str(sys.executable)}
+args = [{_toml_str(str(ECHO_SERVER))}]
+env = {{ API_TOKEN = "${{ECHO_SECRET}}" }}
+""")
+    config = load_config(path, env={"ECHO_SECRET": secret})
+    manager = await start_mcp_servers(config)
+    try:
+        text = "x" * (MAX_STDERR_LINE - 10) + " " + secret + " and more"
+        assert await tool(manager, "echo__stderr").run({"text": text}, CTX) == "written"
+        await until(lambda: any(r.name == SERVER_LOG for r in caplog.records))
+    finally:
+        await manager.aclose()
+    [line] = [r.getMessage() for r in caplog.records if r.name == SERVER_LOG]
+    assert line.startswith("x" * (MAX_STDERR_LINE - 10) + "… (")
+    assert "tok-en" not in line and secret[:5] not in line
+
+
 def _toml_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 

@@ -670,9 +670,14 @@ class McpToolSource:
                 _settle(request.future, exc=McpToolError(self._unavailable_text(request.name)))
 
     def _call_error(self, name: str, exc: BaseException) -> McpToolError:
-        text = self.describe_failure(exc)
-        if "timed out" in text.lower():
+        from mcp import MCPError
+        from mcp.types import REQUEST_TIMEOUT
+
+        leaf = _leaf(exc)
+        # our own wait ran out (the SDK's read timeout), not a server's error that speaks of a timeout
+        if isinstance(leaf, TimeoutError) or (isinstance(leaf, MCPError) and leaf.code == REQUEST_TIMEOUT):
             return McpToolError(self._timeout_text(name))
+        text = self.describe_failure(exc)
         if "byte limit" in text and "exceeded" in text:  # the SDK's bound on one streamable-HTTP event
             return McpToolError(f"MCP tool {self._qualified(name)} failed: its result is larger "
                                 f"than {MAX_MESSAGE_BYTES:,} bytes and was not read (exceeded the "

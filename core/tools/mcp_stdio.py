@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -45,6 +46,8 @@ EXIT_GRACE_SECONDS = 2.0
 """How long the server gets to exit on its own once its stdin is closed (the SDK waits as long)."""
 MAX_STDERR_LINE = 8192
 """The most of one line of the server's stderr that is kept (the rest of a longer line is counted, not kept)."""
+CUT_WORD = re.compile(r"(?<=\s)\S{1,256}$")
+"""The last word of a stderr line cut at ``MAX_STDERR_LINE``, when it is short enough to be a secret's head."""
 
 
 @contextlib.asynccontextmanager
@@ -139,7 +142,12 @@ async def _read_stderr(process: Process, sink: Callable[[str], None], done: anyi
     def emit() -> None:
         text = line.decode("utf-8", "replace").rstrip("\r")
         if over:
-            text += f"… ({over:,} more bytes of this line not shown)"
+            # A word the cut ran through may be the head of a secret, which only a whole value is masked as:
+            # a short last word goes with the rest (a line that is one long token keeps its head).
+            cut = CUT_WORD.search(text)
+            kept = text[:cut.start()].rstrip() if cut is not None else text
+            dropped = len(text.encode()) - len(kept.encode())
+            text = kept + f"… ({over + dropped:,} more bytes of this line not shown)"
         if text.strip():
             sink(text)
 

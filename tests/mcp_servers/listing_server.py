@@ -1,6 +1,7 @@
 """A bare MCP server over stdio (JSON-RPC by hand, not the SDK): it lists the tools named in its
 ``LISTING_TOOLS`` environment variable (a JSON list of names, as given: repeated names, names of any length),
-which the SDK's server would refuse to offer. A call answers with the tool's name.
+which the SDK's server would refuse to offer. A call answers with the tool's name, or, for a tool named in
+``LISTING_ERRORS`` (a JSON object of name to message), with a JSON-RPC error carrying that message at once.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import sys
 
 NAMES = json.loads(os.environ.get("LISTING_TOOLS", "[]"))
+ERRORS = json.loads(os.environ.get("LISTING_ERRORS", "{}"))
 TOOLS = [{"name": name, "description": f"the tool {name}", "inputSchema": {"type": "object"}} for name in NAMES]
 
 
@@ -28,6 +30,10 @@ for line in sys.stdin:
                             "serverInfo": {"name": "listing", "version": "1"}})
     elif method == "tools/list":
         answer(request_id, {"tools": TOOLS})
+    elif method == "tools/call" and message["params"]["name"] in ERRORS:
+        error = {"code": -32000, "message": ERRORS[message["params"]["name"]]}
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")
+        sys.stdout.flush()
     elif method == "tools/call":
         answer(request_id, {"content": [{"type": "text", "text": message["params"]["name"]}]})
     else:
