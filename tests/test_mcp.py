@@ -231,6 +231,33 @@ async def test_a_huge_stdio_result_is_read_only_up_to_the_bound_and_keeps_its_he
     assert await tool(echo, "echo__echo").run({"text": "after"}, CTX) == "after"
 
 
+async def test_a_huge_result_whose_id_comes_last_keeps_its_head_too() -> None:
+    # servers written with the TypeScript SDK (the filesystem server of the README's example) write the
+    # answer's id after the result: an oversized one must still be matched to its call, not left to time out
+    manager = McpManager()
+    config = McpServerConfig(name="lst", command=sys.executable, args=(str(LISTING_SERVER),),
+                             env={"LISTING_TOOLS": '["big", "lookup"]'}, call_timeout=30.0)
+    assert await manager.start([config]) == []
+    try:
+        text = await tool(manager, "lst__big").run({"size": 6_000_000}, CTX)
+        note, _, head = text.partition("\n")
+        assert note.startswith("[The tool's result was ")
+        assert head.startswith("0123456789" * 100)
+        assert await tool(manager, "lst__lookup").run({}, CTX) == "lookup"
+    finally:
+        await manager.aclose()
+
+
+def test_salvage_takes_no_boolean_for_an_id_and_reads_an_id_written_last() -> None:
+    from core.tools.mcp_stdio import salvage
+
+    head = b'{"jsonrpc": "2.0", "id": true, "result": {"content": [{"type": "text", "text": "abc'
+    assert salvage(head, 10_000_000) is None  # dropped (logged), not a validation error out of the reader
+    head = b'{"result": {"content": [{"type": "text", "text": "abc'
+    rebuilt = salvage(head, 10_000_000, b'xyz"}], "isError": false}, "jsonrpc": "2.0", "id": "req-7"}')
+    assert rebuilt.message.id == "req-7"
+
+
 def test_salvage_rebuilds_a_cut_message_from_its_head() -> None:
     import json
 

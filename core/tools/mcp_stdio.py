@@ -46,6 +46,10 @@ EXIT_GRACE_SECONDS = 2.0
 """How long the server gets to exit on its own once its stdin is closed (the SDK waits as long)."""
 MAX_STDERR_LINE = 8192
 """The most of one line of the server's stderr that is kept (the rest of a longer line is counted, not kept)."""
+TAIL_BYTES = 256
+"""The last bytes of an oversized line that are kept, to find its ``id`` when it comes after the result."""
+TAIL_ID = re.compile(r'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)\s*(?:,[^{}]*)?}\s*$')
+"""The top-level ``"id"`` at the end of a message (only other plain members may follow it)."""
 CUT_WORD = re.compile(r"(?<=\s)\S{1,256}$")
 """The last word of a stderr line cut at ``MAX_STDERR_LINE``, when it is short enough to be a secret's head."""
 
@@ -97,6 +101,8 @@ async def _read(process: Process, out: MemoryObjectSendStream[Any], limit: int,
                 on_exit: Callable[[int | None], None] | None) -> None:
     assert process.stdout is not None
     head = bytearray()
+    tail = bytearray()
+    """The last bytes of an oversized line (a server may write the id of its answer last)."""
     size = 0
     async with out:
         try:
@@ -109,10 +115,14 @@ async def _read(process: Process, out: MemoryObjectSendStream[Any], limit: int,
                     room = limit - len(head)
                     if room > 0:
                         head += chunk[start:min(end, start + room)]
+                    if size > limit:
+                        tail += chunk[max(start, end - TAIL_BYTES):end]
+                        del tail[:-TAIL_BYTES]
                     if newline < 0:
                         break
-                    message = _message(bytes(head), size, limit)
+                    message = _message(bytes(head), size, limit, bytes(tail))
                     head.clear()
+                    tail.clear()
                     size = 0
                     start = newline + 1
                     if message is not None:
@@ -213,14 +223,14 @@ async def _exited(process: Process, timeout: float) -> bool:
     return False
 
 
-def _message(line: bytes, size: int, limit: int) -> Any:
+def _message(line: bytes, size: int, limit: int, tail: bytes = b"") -> Any:
     """One line as a SessionMessage (a parse error is handed on as the value, as the SDK does), or None
     for a blank line or an oversized one that cannot be matched to a request."""
     from mcp.shared.message import SessionMessage
     from mcp.types import jsonrpc_message_adapter
 
     if size > limit:
-        return salvage(line, size)
+        return salvage(line, size, tail)
     if not line.strip():
         return None
     try:
@@ -230,10 +240,12 @@ def _message(line: bytes, size: int, limit: int) -> Any:
         return exc
 
 
-def salvage(head: bytes, size: int) -> Any:
+def salvage(head: bytes, size: int, tail: bytes = b"") -> Any:
     """A small, valid message standing for an oversized one of ``size`` bytes whose first bytes are
-    ``head``: a tool result keeps its text so far, any other answer becomes an error. None when the head
-    does not even show which request it answers (the request then runs into its timeout)."""
+    ``head``: a tool result keeps its text so far, any other answer becomes an error. Which request it
+    answers is read from the head, or from ``tail``, its last bytes, where a server writes the ``id`` after the
+    result (the TypeScript SDK's order). None when neither shows it (the request then runs into its
+    timeout)."""
     from mcp.shared.message import SessionMessage
     from mcp.types import jsonrpc_message_adapter
 
@@ -242,7 +254,11 @@ def salvage(head: bytes, size: int) -> Any:
         partial = pydantic_core.from_json(head.decode("utf-8", "ignore"), allow_partial="trailing-strings")
     except ValueError:
         partial = None
-    if not isinstance(partial, dict) or not isinstance(partial.get("id"), str | int):
+    if isinstance(partial, dict) and not _is_id(partial.get("id")):
+        found = TAIL_ID.search(tail.decode("utf-8", "ignore"))
+        if found is not None:
+            partial["id"] = pydantic_core.from_json(found.group(1))
+    if not isinstance(partial, dict) or not _is_id(partial.get("id")):
         log.warning("dropped an MCP message of %d bytes that does not say which request it answers", size)
         return None
     note = (f"[The tool's result was {size:,} bytes; only its first {len(head):,} bytes were read. "
@@ -260,3 +276,8 @@ def salvage(head: bytes, size: int) -> Any:
             "code": -32603, "message": f"the server's answer was {size:,} bytes, more than the "
                                        f"{len(head):,} this client reads"}}
     return SessionMessage(jsonrpc_message_adapter.validate_python(rebuilt, by_name=False))
+
+
+def _is_id(value: object) -> bool:
+    """A JSON-RPC request id (a string or an integer; ``true`` is no id, though Python calls it an int)."""
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))

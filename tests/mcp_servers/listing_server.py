@@ -2,6 +2,8 @@
 ``LISTING_TOOLS`` environment variable (a JSON list of names, as given: repeated names, names of any length),
 which the SDK's server would refuse to offer. A call answers with the tool's name, or, for a tool named in
 ``LISTING_ERRORS`` (a JSON object of name to message), with a JSON-RPC error carrying that message at once.
+The tool ``big`` answers with a text of ``size`` characters, its answer's ``id`` written last, after the result
+(the order of the TypeScript SDK's servers).
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ for line in sys.stdin:
     elif method == "tools/call" and message["params"]["name"] in ERRORS:
         error = {"code": -32000, "message": ERRORS[message["params"]["name"]]}
         sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}) + "\n")
+        sys.stdout.flush()
+    elif method == "tools/call" and message["params"]["name"] == "big":
+        text = ("0123456789" * (message["params"]["arguments"]["size"] // 10 + 1))
+        result = json.dumps({"content": [{"type": "text", "text": text}], "isError": False})
+        sys.stdout.write(f'{{"result":{result},"jsonrpc":"2.0","id":{json.dumps(request_id)}}}\n')
         sys.stdout.flush()
     elif method == "tools/call":
         answer(request_id, {"content": [{"type": "text", "text": message["params"]["name"]}]})
