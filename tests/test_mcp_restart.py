@@ -10,6 +10,7 @@ how long a restart takes on a busy machine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -113,6 +114,50 @@ async def test_a_killed_server_answers_that_it_is_restarting_then_comes_back(ech
     messages = [r.getMessage() for r in caplog.records if r.name == "core.tools.mcp"]
     assert f"MCP server echo went away: the server exited with status {-signal.SIGKILL}; bringing it back" in messages
     assert "MCP server echo is back (restart 1): 10 tools" in messages
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie (exited, not yet reaped by its parent) is not alive
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+async def test_a_server_whose_helper_holds_its_output_open_is_still_noticed_gone_and_its_helper_ends(gate) -> None:
+    # a helper the server started inherited its stdout: when the server dies the pipe stays open, so the end of
+    # the stream never says so. Unnoticed, the server looked connected and every call waited its whole timeout;
+    # and stopping the bridge left the helper running
+    listing = Path(__file__).parent / "mcp_servers" / "listing_server.py"
+    manager = McpManager(restart=policy(gate))
+    config = McpServerConfig(name="lst", command=sys.executable, args=(str(listing),), call_timeout=30.0,
+                             env={"LISTING_TOOLS": '["pid", "helper", "lookup"]', "LISTING_HELPER": "1"})
+    assert await manager.start([config]) == []
+    helpers: list[int] = []
+    try:
+        try:
+            [source] = manager.sources()
+            pid = int(await tool(manager, "lst__pid").run({}, CTX))
+            helpers.append(int(await tool(manager, "lst__helper").run({}, CTX)))
+            os.kill(pid, signal.SIGKILL)
+            await until(lambda: source.state == "restarting")
+            with pytest.raises(McpToolError) as info:
+                await tool(manager, "lst__lookup").run({}, CTX)
+            assert "is restarting" in str(info.value)
+            gate.release()
+            await until(lambda: source.state == "connected")
+            assert await tool(manager, "lst__lookup").run({}, CTX) == "lookup"
+            helpers.append(int(await tool(manager, "lst__helper").run({}, CTX)))
+        finally:
+            gate.release()
+            await manager.aclose()
+        # each helper ended with its server's connection: the killed one's, and the one stopped at the close
+        await until(lambda: not any(_alive(helper) for helper in helpers), timeout=10)
+    finally:
+        for helper in helpers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(helper, signal.SIGKILL)
 
 
 async def test_a_call_cut_short_by_the_crash_fails_at_once_with_the_reason(echo, gate) -> None:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -42,6 +44,8 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """The most of one message (one line) kept in memory; also the bound on one streamable-HTTP event."""
 CUT_META = "chatbridge/cut_at_bytes"
 """``_meta`` key of a result rebuilt from the head of an oversized message: its full size in bytes."""
+EXIT_POLL_SECONDS = 0.25
+"""How often a running server is looked at for having exited (``_watch_exit``)."""
 EXIT_GRACE_SECONDS = 2.0
 """How long the server gets to exit on its own once its stdin is closed (the SDK waits as long)."""
 MAX_STDERR_LINE = 8192
@@ -79,9 +83,18 @@ async def bounded_stdio_client(command: str, args: Sequence[str], env: Mapping[s
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
     stderr_done = anyio.Event()
+    exit_reported = False
+
+    def exited(status: int | None) -> None:  # from whichever notices first: stdout ending, or the exit itself
+        nonlocal exit_reported
+        if not exit_reported and on_exit is not None:
+            exit_reported = True
+            on_exit(status)
+
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(_read, process, read_writer, max_message_bytes, on_exit)
+            group.start_soon(_read, process, read_writer, max_message_bytes, exited)
+            group.start_soon(_watch_exit, process, read_writer, exited)
             group.start_soon(_write, process, write_reader, read_writer)
             group.start_soon(_read_stderr, process, stderr, stderr_done)
             try:
@@ -183,6 +196,17 @@ async def _read_stderr(process: Process, sink: Callable[[str], None], done: anyi
         done.set()
 
 
+async def _watch_exit(process: Process, reads: MemoryObjectSendStream[Any],
+                      exited: Callable[[int | None], None]) -> None:
+    """A server that exited while a process it started still holds its stdout open (a helper that inherited
+    the pipe) never ends the stream: its exit is noticed here, and the session is shown the end of it."""
+    while process.returncode is None:  # noqa: ASYNC110 - nothing signals an exit without waiting on the pipes
+        await anyio.sleep(EXIT_POLL_SECONDS)
+    await anyio.sleep(EXIT_GRACE_SECONDS)  # stdout ends at the exit as a rule, and the reader reports it
+    exited(process.returncode)
+    reads.close()
+
+
 async def _write(process: Process, messages: MemoryObjectReceiveStream[Any],
                  reads: MemoryObjectSendStream[Any]) -> None:
     assert process.stdin is not None
@@ -207,6 +231,7 @@ async def _stop(process: Process, stderr_done: anyio.Event) -> None:
     if not await _exited(process, EXIT_GRACE_SECONDS):
         await terminate_posix_process_tree(process, EXIT_GRACE_SECONDS)
         await _exited(process, EXIT_GRACE_SECONDS)
+    _end_group(process.pid)  # what the server started and left behind (its own session: a group of its own)
     with anyio.move_on_after(EXIT_GRACE_SECONDS):  # a child of the server may still hold the pipe open
         await stderr_done.wait()
     with anyio.move_on_after(EXIT_GRACE_SECONDS), \
@@ -281,3 +306,9 @@ def salvage(head: bytes, size: int, tail: bytes = b"") -> Any:
 def _is_id(value: object) -> bool:
     """A JSON-RPC request id (a string or an integer; ``true`` is no id, though Python calls it an int)."""
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _end_group(pgid: int) -> None:
+    """Kill what is left of the server's process group once the server itself has gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

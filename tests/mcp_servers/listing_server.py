@@ -3,17 +3,22 @@
 which the SDK's server would refuse to offer. A call answers with the tool's name, or, for a tool named in
 ``LISTING_ERRORS`` (a JSON object of name to message), with a JSON-RPC error carrying that message at once.
 The tool ``big`` answers with a text of ``size`` characters, its answer's ``id`` written last, after the result
-(the order of the TypeScript SDK's servers).
+(the order of the TypeScript SDK's servers). With ``LISTING_HELPER`` set it starts a helper process that
+inherits its stdio and outlives it (as many servers' helpers do); ``pid`` and ``helper`` answer with the two
+process ids.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 NAMES = json.loads(os.environ.get("LISTING_TOOLS", "[]"))
 ERRORS = json.loads(os.environ.get("LISTING_ERRORS", "{}"))
+HELPER = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) if os.environ.get(
+    "LISTING_HELPER") else None
 TOOLS = [{"name": name, "description": f"the tool {name}", "inputSchema": {"type": "object"}} for name in NAMES]
 
 
@@ -41,6 +46,9 @@ for line in sys.stdin:
         result = json.dumps({"content": [{"type": "text", "text": text}], "isError": False})
         sys.stdout.write(f'{{"result":{result},"jsonrpc":"2.0","id":{json.dumps(request_id)}}}\n')
         sys.stdout.flush()
+    elif method == "tools/call" and message["params"]["name"] in ("pid", "helper"):
+        pid = os.getpid() if message["params"]["name"] == "pid" else HELPER.pid if HELPER else 0
+        answer(request_id, {"content": [{"type": "text", "text": str(pid)}]})
     elif method == "tools/call":
         answer(request_id, {"content": [{"type": "text", "text": message["params"]["name"]}]})
     else:
