@@ -96,3 +96,49 @@ async def test_one_reply_feishu_cannot_render_as_a_card_leaves_cards_on_for_the_
         first.set()
         second.set()
         await t.close()
+
+
+async def test_a_card_whose_post_never_got_an_answer_does_not_stay_live_beside_the_answer(feishu_bridge, fake_openai,
+                                                                                          fake_feishu):
+    # the streaming card is posted, but every answer to its post comes too late: the card's message id is never
+    # known, and the answer goes out as a post below it; the card, in the chat all the same, must stop looking live
+    hold = asyncio.Event()
+    fake_openai.script(Text(ANSWER, chunk_size=4, hold=hold, hold_after=0))
+    t = await feishu_bridge(call_timeout=0.5)
+    try:
+        fake_feishu.fail("message.reply", hang=1.0, apply_first=True, times=50,
+                         when=lambda c: "card_id" in str((c.body or {}).get("content")))
+        await t.say("capital of France?")
+        await t.wait_for(lambda: fake_feishu.count("message.reply") >= 1)
+        hold.set()
+        await t.settle(timeout=30)
+        messages = shown(fake_feishu)
+        assert not any(streaming for _, streaming in messages), messages
+        assert messages[-1][0] == "The capital of France is Paris, a city on the Seine."
+    finally:
+        hold.set()
+        await t.close()
+
+
+async def test_an_answer_sent_again_after_its_delivery_was_left_unsure_is_not_shown_twice(feishu_bridge, fake_openai,
+                                                                                          fake_feishu):
+    # the reply's card is refused, and its plain fallback is posted but every answer to it is an internal
+    # error: the turn stays undelivered, and the next start sends it again. Under the same uuid (derived from the
+    # user's message and the part), Feishu answers that with the message already posted
+    fake_openai.script(Text(ANSWER))
+    t = await feishu_bridge()
+    try:
+        fake_feishu.fail("card.create", **NO_CARDKIT)  # type: ignore[arg-type]
+        fake_feishu.fail("message.reply", status=400, code=230001, msg="refused", times=10,
+                         when=lambda c: (c.body or {}).get("msg_type") == "interactive")
+        fake_feishu.fail("message.reply", status=500, code=1500, apply_first=True, times=3,
+                         when=lambda c: (c.body or {}).get("msg_type") == "post")
+        await t.say("capital of France?")
+        await t.settle(timeout=30)
+        assert len(fake_feishu.shown(CHAT)) == 1
+        [undelivered] = await t.core.store.undelivered_turns(0)
+        await t.core.redeliver(undelivered)  # what the next start does
+        assert len(fake_feishu.shown(CHAT)) == 1
+        assert await t.core.store.undelivered_turns(0) == []
+    finally:
+        await t.close()

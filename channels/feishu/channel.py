@@ -60,6 +60,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hashlib
 import json
 import logging
 import secrets
@@ -447,14 +448,18 @@ class FeishuChannel:
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
         """One ordinary reply (as post messages, split under Feishu's 30 KB; plain text if refused). Each part
-        is one call under the policy, with its own uuid, so a retried part never posts twice. When a part fails
-        after the first were sent, the SinkError carries the parts not sent (``unsent``)."""
+        is one call under the policy, with its own uuid, so a retried part never posts twice. A reply to a
+        user's message derives the uuid from that message and the part, so the same text sent again as the reply
+        to the same message (a later try of an undelivered answer, the next start's) is answered by Feishu with
+        the message already posted, within the hour it keeps a uuid. When a part fails after the first were
+        sent, the SinkError carries the parts not sent (``unsent``)."""
         dest = Destination.of(target)
         ops = FeishuOps(self, dest)
         scopes = (self.chat_scope(dest),)
         sources = render.post_sources(text) if text.strip() else []
         for i, source in enumerate(sources):
-            key = secrets.token_hex(16)
+            key = (hashlib.sha256(f"{dest.reply_to}\n{i}\n{source}".encode()).hexdigest()[:32]
+                   if dest.reply_to else secrets.token_hex(16))
             try:
                 try:
                     await self._post(ops, scopes, render.post_content(source), key)

@@ -453,9 +453,10 @@ class CardStream:
         The card's own text goes: it is not in the ledger, so the fallback sends its part in full, and what
         the card showed would read twice (a retried request's words, or the beginning of the answer). Where
         Feishu refuses that too (the card can no longer be changed), the card's message is recalled; only
-        when the recall is refused as well does the card stay as it stands."""
+        when the recall is refused as well does the card stay as it stands. A card whose own post never got an
+        answer (it may be in the chat) is closed all the same: the call goes to the card, not to its message."""
         card = self.card
-        if card is None or card.message_id is None or card.ended:
+        if card is None or card.ended:
             return
         text = ANSWER_BELOW
         seq, op = card.next()
@@ -463,6 +464,9 @@ class CardStream:
         try:
             await self._ops.api.card_batch(card.card_id, actions, seq, op)
         except PlatformError as exc:
+            if card.message_id is None:
+                log.info("could not close a card whose post got no answer (%s)", exc)
+                return
             log.info("could not close the card with a note (%s); recalling it", exc)
             try:
                 await self._ops.delete(card.message_id)
