@@ -13,21 +13,12 @@ import asyncio
 
 import pytest
 
-from tests.fakes.feishu import FakeFeishu
 from tests.fakes.feishu.harness import CHAT
 from tests.fakes.openai_server import Text
+from tests.test_feishu_card_end import shown
 
 ANSWER = "The capital of France is **Paris**, a city on the Seine."
 NO_CARDKIT = {"status": 400, "code": 99991672, "msg": "no permission: cardkit:card:write", "times": 100}
-
-
-def shown(fake_feishu: FakeFeishu) -> list[tuple[str, bool]]:
-    """The bot's messages as a user sees them: (text, still streaming)."""
-    out = []
-    for msg in fake_feishu.shown(CHAT):
-        card = fake_feishu.card_of(msg)
-        out.append((fake_feishu.text_of(msg), card is not None and card.streaming))
-    return out
 
 
 BROKEN = {

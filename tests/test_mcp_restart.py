@@ -227,11 +227,11 @@ async def test_closing_ends_a_pause_between_attempts_and_no_attempt_follows(tmp_
 # ---- stderr ----------------------------------------------------------------------------------------------
 
 
-async def test_the_servers_stderr_is_logged_with_secrets_masked(tmp_path, caplog) -> None:
+async def _echo_with_secret(tmp_path: Path, secret: str) -> McpManager:
+    """The echo server started from a config whose ``env`` holds ``secret`` (as ``API_TOKEN``)."""
     from bridge.config import load_config
     from bridge.mcp import start_mcp_servers
 
-    caplog.set_level(logging.INFO, logger="core.tools.mcp")
     path = tmp_path / "chatbridge.toml"
     path.write_text(f"""
 [[agent.mcp_servers]]
@@ -240,8 +240,12 @@ command = {_toml_str(sys.executable)}
 args = [{_toml_str(str(ECHO_SERVER))}]
 env = {{ API_TOKEN = "${{ECHO_SECRET}}" }}
 """)
-    config = load_config(path, env={"ECHO_SECRET": "tok-en-31337"})
-    manager = await start_mcp_servers(config)
+    return await start_mcp_servers(load_config(path, env={"ECHO_SECRET": secret}))
+
+
+async def test_the_servers_stderr_is_logged_with_secrets_masked(tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="core.tools.mcp")
+    manager = await _echo_with_secret(tmp_path, "tok-en-31337")
     try:
         assert await tool(manager, "echo__stderr_env").run({"name": "API_TOKEN"}, CTX) == "written"
         leaked = "sk-proj-Zq8vN3xK7pL2mR9tW4yB6cD1fG5hJ0"  # a credential that is no configured secret
@@ -267,22 +271,11 @@ async def test_a_long_stderr_line_is_cut_and_said_so(echo, caplog) -> None:
 
 async def test_a_secret_the_cut_of_a_long_stderr_line_runs_through_shows_nothing_of_it(tmp_path, caplog) -> None:
     # only a whole secret is masked: a line cut inside one would log its head
-    from bridge.config import load_config
-    from bridge.mcp import start_mcp_servers
     from core.tools.mcp_stdio import MAX_STDERR_LINE
 
     caplog.set_level(logging.INFO, logger="core.tools.mcp")
     secret = "tok-en-31337-abcdefghij"
-    path = tmp_path / "chatbridge.toml"
-    path.write_text(f"""
-[[agent.mcp_servers]]
-name = "echo"
-command = {_toml_str(sys.executable)}
-args = [{_toml_str(str(ECHO_SERVER))}]
-env = {{ API_TOKEN = "${{ECHO_SECRET}}" }}
-""")
-    config = load_config(path, env={"ECHO_SECRET": secret})
-    manager = await start_mcp_servers(config)
+    manager = await _echo_with_secret(tmp_path, secret)
     try:
         text = "x" * (MAX_STDERR_LINE - 10) + " " + secret + " and more"
         assert await tool(manager, "echo__stderr").run({"text": text}, CTX) == "written"
