@@ -160,6 +160,29 @@ async def test_a_server_whose_helper_holds_its_output_open_is_still_noticed_gone
                 os.kill(helper, signal.SIGKILL)
 
 
+async def test_a_server_that_stopped_answering_anything_is_restarted(gate) -> None:
+    # a call timed out and the server does not answer a ping either: it is stuck (not a slow tool), and would
+    # otherwise stay "connected" with every later call waiting its whole timeout
+    listing = Path(__file__).parent / "mcp_servers" / "listing_server.py"
+    manager = McpManager(restart=policy(gate))
+    config = McpServerConfig(name="lst", command=sys.executable, args=(str(listing),), call_timeout=1.0,
+                             env={"LISTING_TOOLS": '["block", "lookup"]'})
+    assert await manager.start([config]) == []
+    try:
+        [source] = manager.sources()
+        with pytest.raises(McpToolError, match="timed out"):
+            await tool(manager, "lst__block").run({}, CTX)
+        await until(lambda: source.state == "restarting")
+        with pytest.raises(McpToolError, match="is restarting"):
+            await tool(manager, "lst__lookup").run({}, CTX)
+        gate.release()
+        await until(lambda: source.state == "connected")
+        assert await tool(manager, "lst__lookup").run({}, CTX) == "lookup"
+    finally:
+        gate.release()
+        await manager.aclose()
+
+
 async def test_a_call_cut_short_by_the_crash_fails_at_once_with_the_reason(echo, gate) -> None:
     with pytest.raises(McpToolError) as info:
         await tool(echo, "echo__crash").run({}, CTX)

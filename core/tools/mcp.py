@@ -54,6 +54,8 @@ if TYPE_CHECKING:  # the SDK is imported when a server is started, not when core
 log = logging.getLogger(__name__)
 
 TOOL_SEPARATOR = "__"
+PING_SECONDS = 5.0
+"""After a call timed out, how long the server has to answer a ping before it counts as stuck and is restarted."""
 MAX_TOOL_NAME = 64
 """The longest tool name the model APIs take (OpenAI's and Anthropic's function names: ``^[a-zA-Z0-9_-]{1,64}$``);
 a server's tool whose ``<server>__<tool>`` is longer is left out, as one offered would fail every request."""
@@ -635,6 +637,7 @@ class McpToolSource:
 
         if call.future.done():
             return
+        timed_out = False
         with anyio.CancelScope() as scope:
             # A caller that gave up (cancelled its wait) cancels the request it started.
             call.future.add_done_callback(lambda _: scope.cancel())
@@ -657,8 +660,14 @@ class McpToolSource:
                     self._lost(live, live.reason or self.describe_failure(exc))
                     _settle(call.future, exc=McpToolError(self._interrupted_text(call.name, live)))
                 _settle(call.future, exc=self._call_error(call.name, exc))
+                timed_out = _timed_out(exc)
             finally:  # cancelled: the source is closing, or the connection ended under the call
                 _settle(call.future, exc=McpToolError(self._interrupted_text(call.name, live)))
+        # (outside the scope, which the settled call cancels) a slow tool leaves the server answering a ping;
+        # a server that answers nothing at all is stuck, and is restarted
+        if timed_out and live.open and not await self._answers_ping(session):
+            self._lost(live, f"the server stopped answering (a call timed out, then a ping within "
+                             f"{_seconds(PING_SECONDS)})")
 
     def _fail_pending(self, live: _Live) -> None:
         while True:
@@ -669,13 +678,19 @@ class McpToolSource:
             if request is not None:
                 _settle(request.future, exc=McpToolError(self._unavailable_text(request.name)))
 
-    def _call_error(self, name: str, exc: BaseException) -> McpToolError:
-        from mcp import MCPError
-        from mcp.types import REQUEST_TIMEOUT
+    async def _answers_ping(self, session: ClientSession) -> bool:
+        """Whether the server answers a ping within ``PING_SECONDS`` (after one of its calls timed out)."""
+        import anyio
 
-        leaf = _leaf(exc)
-        # our own wait ran out (the SDK's read timeout), not a server's error that speaks of a timeout
-        if isinstance(leaf, TimeoutError) or (isinstance(leaf, MCPError) and leaf.code == REQUEST_TIMEOUT):
+        try:
+            with anyio.fail_after(PING_SECONDS):
+                await session.send_ping()
+        except Exception:
+            return False
+        return True
+
+    def _call_error(self, name: str, exc: BaseException) -> McpToolError:
+        if _timed_out(exc):  # our own wait ran out, not a server's error that speaks of a timeout
             return McpToolError(self._timeout_text(name))
         text = self.describe_failure(exc)
         if "byte limit" in text and "exceeded" in text:  # the SDK's bound on one streamable-HTTP event
@@ -750,6 +765,15 @@ def _leaf(exc: BaseException) -> BaseException:
         inner = [e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)]
         exc = (inner or list(exc.exceptions))[0]
     return exc
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Our wait for an answer ran out (the SDK's read timeout)."""
+    from mcp import MCPError
+    from mcp.types import REQUEST_TIMEOUT
+
+    leaf = _leaf(exc)
+    return isinstance(leaf, TimeoutError) or (isinstance(leaf, MCPError) and leaf.code == REQUEST_TIMEOUT)
 
 
 def _connection_closed(exc: BaseException) -> bool:

@@ -5,7 +5,7 @@ which the SDK's server would refuse to offer. A call answers with the tool's nam
 The tool ``big`` answers with a text of ``size`` characters, its answer's ``id`` written last, after the result
 (the order of the TypeScript SDK's servers). With ``LISTING_HELPER`` set it starts a helper process that
 inherits its stdio and outlives it (as many servers' helpers do); ``pid`` and ``helper`` answer with the two
-process ids.
+process ids. ``block`` never answers, and stops the server answering anything (it sleeps on the only thread).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 NAMES = json.loads(os.environ.get("LISTING_TOOLS", "[]"))
 ERRORS = json.loads(os.environ.get("LISTING_ERRORS", "{}"))
@@ -46,6 +47,8 @@ for line in sys.stdin:
         result = json.dumps({"content": [{"type": "text", "text": text}], "isError": False})
         sys.stdout.write(f'{{"result":{result},"jsonrpc":"2.0","id":{json.dumps(request_id)}}}\n')
         sys.stdout.flush()
+    elif method == "tools/call" and message["params"]["name"] == "block":
+        time.sleep(600)
     elif method == "tools/call" and message["params"]["name"] in ("pid", "helper"):
         pid = os.getpid() if message["params"]["name"] == "pid" else HELPER.pid if HELPER else 0
         answer(request_id, {"content": [{"type": "text", "text": str(pid)}]})
