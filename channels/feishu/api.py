@@ -259,7 +259,7 @@ class FeishuApi:
             create = CreateMessageRequest.builder().receive_id_type("chat_id").request_body(cbody).build()
             resp = await self.call("message.create", lambda o: self.client.im.v1.message.acreate(create, o), pace,
                                    self.sends)
-        return _answered(what_sent(reply_to), resp, "message_id")
+        return _answered("message.reply" if reply_to else "message.create", resp, "message_id")
 
     async def update(self, message_id: str, msg_type: str, content: str) -> None:
         """Edit a text or post message (PUT)."""
@@ -393,10 +393,6 @@ def _resource_refusal(status: int, headers: Mapping[str, str], body: bytes) -> P
     except (ValueError, TypeError, AttributeError):
         code = 0  # a gateway's page: decided by the status
     return refused("message_resource.get", status, code, headers)
-
-
-def what_sent(reply_to: str | None) -> str:
-    return "message.reply" if reply_to else "message.create"
 
 
 def _answered(what: str, resp: Any, field: str) -> str:

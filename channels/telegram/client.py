@@ -165,16 +165,14 @@ class TelegramClient:
         chat_id = getattr(method, "chat_id", None)
         if isinstance(chat_id, int) and chat_id in self.moved:
             method = method.model_copy(update={"chat_id": self.moved[chat_id]})
-        try:
-            return await self._once(method, request_timeout)
-        except _Moved as moved:
-            log.info("a group was upgraded to a supergroup; its replies go to the new chat from now on")
-            self.moved[moved.old] = moved.new
-            method = method.model_copy(update={"chat_id": moved.new})
-        try:
-            return await self._once(method, request_timeout)
-        except _Moved as moved:  # upgraded again at once: not followed further
-            raise PlatformError(f"{method.__api_method__}: the chat moved again", kind="permanent") from moved
+        for _ in range(2):  # an upgrade is followed once, not a chat that moves again at once
+            try:
+                return await self._once(method, request_timeout)
+            except _Moved as moved:
+                log.info("a group was upgraded to a supergroup; its replies go to the new chat from now on")
+                self.moved[moved.old] = moved.new
+                method = method.model_copy(update={"chat_id": moved.new})
+        raise PlatformError(f"{method.__api_method__}: the chat moved again", kind="permanent")
 
     async def _once(self, method: TelegramMethod[T], request_timeout: int | None) -> T | None:
         name = method.__api_method__
