@@ -28,7 +28,7 @@ from core.channel import ERROR, Channel
 from core.leadership import Leadership, LocalLeadership
 from core.leases import SessionLeases
 from core.llm.openai_provider import OpenAIProvider
-from core.llm.provider import DEFAULT_MAX_OUTPUT_TOKENS, LLMProvider
+from core.llm.provider import LLMProvider
 from core.media.transcribe import Transcriber
 from core.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from core.metrics import Metrics
@@ -118,11 +118,11 @@ def build_provider(config: AppConfig) -> LLMProvider:
         return OpenAIProvider(model=llm.model, base_url=llm.effective_base_url, api_key=llm.api_key or "none",
                               request_timeout=float(llm.request_timeout))
     if llm.provider == "anthropic":
-        from core.llm.anthropic_provider import AnthropicProvider
+        from core.llm.anthropic_provider import MAX_TOKENS_DEFAULT, AnthropicProvider
 
         return AnthropicProvider(model=llm.model, base_url=llm.effective_base_url, api_key=llm.api_key,
                                  request_timeout=float(llm.request_timeout),
-                                 max_tokens_default=llm.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS)
+                                 max_tokens_default=llm.max_output_tokens or MAX_TOKENS_DEFAULT)
     if llm.provider == "local":
         return _build_local_provider(config)
     raise StartupError(

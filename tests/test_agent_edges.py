@@ -11,7 +11,7 @@ from bridge.config import load_config
 from core.agent.deciders import DecideResult
 from core.events import TurnStarted
 from core.tools.base import ToolRegistry
-from tests.fakes.openai_server import HttpError, Text, ToolCalls
+from tests.fakes.openai_server import HttpError, StreamError, Text, ToolCalls, Unreadable
 from tests.support.harness import make_harness
 from tests.test_agent_loop import KEY, ScriptTool, record_turn_events, request_messages
 
@@ -109,6 +109,16 @@ async def test_503_then_success_follows_the_ladder_per_request(tmp_path, fake_op
     await h.core.shutdown()
 
 
+async def test_an_unreadable_answer_is_retried_and_the_turn_answers(tmp_path, fake_openai):
+    fake_openai.script(Unreadable(), Text("fine"))
+    h = await make_harness(tmp_path, fake_openai)
+    await h.say("hi")
+    await h.settle()
+    assert len(fake_openai.requests) == 2
+    assert h.platform.visible("c1") == ["fine"]
+    await h.core.shutdown()
+
+
 async def test_auth_stops_at_once_with_one_failure_reply(tmp_path, fake_openai):
     fake_openai.script(HttpError.auth())
     h = await make_harness(tmp_path, fake_openai)
@@ -180,6 +190,23 @@ async def test_overflow_recovery_happens_at_most_once(tmp_path, fake_openai):
     assert len(fake_openai.requests) == 2
     for body in fake_openai.requests:
         assert [m["role"] for m in body["messages"]].count("system") == 1
+    await h.core.shutdown()
+
+
+async def test_an_overflow_after_some_text_takes_the_text_back_before_asking_again(tmp_path, fake_openai):
+    """Some servers (llama.cpp's) report a full context mid-answer: the request is made again on a rebuilt
+    input, and the chat shows its answer once, as history keeps it."""
+    fake_openai.script(
+        StreamError(message="This model's maximum context length is 8192 tokens.", code="context_length_exceeded",
+                    type="invalid_request_error", after_text="The capital of France"),
+        Text("The capital of France is Paris."))
+    h = await make_harness(tmp_path, fake_openai)
+    await h.say("capital of france?")
+    await h.settle()
+    assert len(fake_openai.requests) == 2
+    assert h.platform.visible("c1") == ["The capital of France is Paris."]
+    _, history = await h.core.history(KEY)
+    assert history[-1].content == "The capital of France is Paris."
     await h.core.shutdown()
 
 

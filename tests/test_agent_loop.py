@@ -278,3 +278,54 @@ async def test_interleaved_fragments_are_assembled_per_call(tmp_path, fake_opena
     tool_msgs = [m["content"] for m in request_messages(fake_openai.requests[1]) if m["role"] == "tool"]
     assert tool_msgs == ['{"a": "first value"}', '{"b": "second value"}']
     await h.core.shutdown()
+
+
+async def test_parallel_calls_are_told_apart_by_their_ids_whatever_their_index_says(tmp_path, fake_openai):
+    """Gemini's OpenAI-compatible endpoint sends no ``index``; other servers send 0 for every call. A new id
+    is a new call: each of the model's calls runs once and gets its own output."""
+    async def echo(args: dict[str, Any]) -> str:
+        return json.dumps(args, sort_keys=True)
+
+    for index in ("none", "zero"):
+        tools = ToolRegistry(default_policy="auto")
+        tool = ScriptTool("echo", echo)
+        tools.add(tool)
+        fake_openai.requests.clear()
+        fake_openai.script(ToolCalls([("echo", '{"a": "first"}'), ("echo", '{"b": "second"}')], index=index,
+                                     ids=["function-call-1", "function-call-2"], fragment_size=4), Text("done"))
+        h = await make_harness(tmp_path / index, fake_openai, tools=tools)
+        await h.say("go")
+        await h.settle()
+        assert tool.calls == [{"a": "first"}, {"b": "second"}], index
+        sent = request_messages(fake_openai.requests[1])
+        assert [c["id"] for c in sent[-3]["tool_calls"]] == ["function-call-1", "function-call-2"]
+        assert [(m["tool_call_id"], m["content"]) for m in sent[-2:]] == [
+            ("function-call-1", '{"a": "first"}'), ("function-call-2", '{"b": "second"}')]
+        await h.core.shutdown()
+
+
+async def test_an_answer_cut_at_the_output_limit_says_so_in_the_chat_and_in_history(tmp_path, fake_openai):
+    fake_openai.script(Text("Step 1: open the lid. Step 2: remove the", finish_reason="length"))
+    h = await make_harness(tmp_path, fake_openai, max_output_tokens=200)
+    await h.say("how do I fix it?")
+    await h.settle()
+    notice = ("The answer was cut off: it reached the model's output limit (max_output_tokens = 200). "
+              "Send another message to continue.")
+    assert h.platform.visible("c1") == [f"Step 1: open the lid. Step 2: remove the\n\n{notice}"]
+    _, history = await h.core.history(KEY)
+    assert [(m.source.kind, m.content) for m in history] == [
+        ("user_input", "how do I fix it?"), ("assistant", "Step 1: open the lid. Step 2: remove the"),
+        ("notice", notice)]
+    await h.core.shutdown()
+
+
+async def test_an_answer_the_content_filter_stopped_says_so(tmp_path, fake_openai):
+    fake_openai.script(Text("Here is how", finish_reason="content_filter"), Text("A whole answer."))
+    h = await make_harness(tmp_path, fake_openai)
+    await h.say("one")
+    await h.say("two")
+    await h.settle()
+    assert h.platform.visible("c1") == [
+        "Here is how\n\nThe answer was cut off: the provider's content filter stopped it. Send another message "
+        "to continue.", "A whole answer."]  # a whole answer gets no notice
+    await h.core.shutdown()

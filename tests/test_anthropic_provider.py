@@ -41,6 +41,7 @@ from tests.fakes.anthropic_server import (
     StreamError,
     Text,
     ToolUses,
+    Undecodable,
     last_user_text,
 )
 from tests.support.channel import TestChannel
@@ -99,7 +100,7 @@ async def test_streaming_text_assembles_exactly(fake_anthropic: FakeAnthropic, p
     assert body["stream"] is True
     assert body["system"] == "be brief"
     assert body["messages"] == [{"role": "user", "content": "hello"}]
-    assert body["max_tokens"] == 1024  # required by the API: the provider's default
+    assert body["max_tokens"] == 4096  # required by the API: the provider's default
     for absent in ("tools", "temperature"):
         assert absent not in body
     # the key goes in x-api-key, as the API documents, and nowhere else
@@ -603,5 +604,16 @@ async def test_build_provider_wires_anthropic(fake_anthropic: FakeAnthropic) -> 
     official = build_provider(default)
     try:
         assert isinstance(official, AnthropicProvider) and official.base_url == "https://api.anthropic.com"
+        assert official.max_tokens_default == 4096  # unset: a long answer is not cut at a thousand tokens
     finally:
         await official.aclose()
+
+
+async def test_a_stream_that_fails_to_decode_is_a_transient_failure(fake_anthropic: FakeAnthropic,
+                                                                   provider: AnthropicProvider) -> None:
+    """The SDK does not wrap what fails while it reads a stream (here: a body labelled gzip that is not):
+    a failure of the request, retried like a 5xx, never a crash of the turn."""
+    fake_anthropic.script(Undecodable())
+    error = await failure(provider)
+    assert error.kind is ProviderErrorKind.TRANSIENT and error.retryable
+    assert KEY not in str(error)

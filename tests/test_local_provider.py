@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -16,7 +19,8 @@ import pytest
 from bridge.app import StartupError, build_provider
 from bridge.config import load_config
 from core.llm.local_provider import LocalProvider, bundled_model_path
-from core.llm.provider import LLMMessage, LLMRequest, StreamEnd, TextDelta, Usage
+from core.llm.provider import LLMMessage, LLMRequest, ProviderError, ProviderErrorKind, StreamEnd, TextDelta, Usage
+from core.llm.silence import bounded
 
 MODEL = bundled_model_path()
 needs_model = pytest.mark.skipif(
@@ -99,12 +103,71 @@ async def test_cancelling_the_consumer_stops_the_model_thread_and_frees_the_queu
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        # the thread left the generation before its natural end, and the next request runs normally
-        assert provider.stopped_early == 1
+        # the next request waits for the thread, which left the generation before its natural end
         after = [e async for e in provider.stream(ask("Say yes.", 4))]
         assert isinstance(after[-1], StreamEnd)
+        assert provider.stopped_early == 1
         assert provider.generations == 2
     finally:
+        await provider.aclose()
+
+
+class BusyModel:
+    """A model whose first step does not return until ``go`` is set (llama.cpp evaluating a long prompt: no
+    token, so no point where the thread could look at its stop sign)."""
+
+    n_tokens = 10
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.steps = 0
+
+    def create_chat_completion(self, **kw: Any) -> Iterator[dict[str, Any]]:
+        def chunks() -> Iterator[dict[str, Any]]:
+            self.steps += 1
+            self.go.wait(30)
+            yield {"choices": [{"delta": {"content": "late"}, "finish_reason": None}]}
+            yield {"choices": [{"delta": {}, "finish_reason": "stop"}]}
+        return chunks()
+
+
+class BusyProvider(LocalProvider):
+    def __init__(self, model: BusyModel) -> None:
+        super().__init__("/no/model.gguf")
+        self.model = model
+
+    def _load(self) -> Any:
+        return self.model
+
+
+async def test_a_model_busy_in_one_step_is_left_at_once_by_the_silence_bound_and_by_stop():
+    """The silence bound and /stop end the turn's stream at once; the model stays taken (the next request
+    waits) until its thread is done."""
+    model = BusyModel()
+    provider = BusyProvider(model)
+    try:
+        with pytest.raises(ProviderError) as failed:
+            async with asyncio.timeout(10):  # before: until the model's step ended (never, here)
+                async for _ in bounded(provider.stream(ask("hi", 4)), 0.2):
+                    pass
+        assert failed.value.kind is ProviderErrorKind.TIMEOUT
+
+        async def consume() -> list[Any]:
+            return [e async for e in provider.stream(ask("again", 4))]
+
+        waiting = asyncio.create_task(consume())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert model.steps == 1 and not waiting.done()  # the first generation still has the model
+        waiting.cancel()  # /stop while it waits for the model
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(10):
+                await waiting
+        model.go.set()
+        after = await asyncio.wait_for(consume(), 10)
+        assert isinstance(after[-1], StreamEnd) and model.steps == 2
+    finally:
+        model.go.set()
         await provider.aclose()
 
 
@@ -142,12 +205,15 @@ async def test_end_to_end_a_web_question_gets_a_streamed_answer_persisted_in_his
             assert end.data["state"] == "completed"
             streamed = [e for e in sse.events if e.name == "turn" and (e.data.get("append") or e.data.get("replace"))]
             assert streamed
-            answer = committed.data["messages"][-1]
+            answer = committed.data["messages"][1]
             assert answer["role"] == "assistant" and answer["content"].strip()
             async with http.get(f"{base}/api/sessions/local1/history") as resp:
                 hist = await resp.json()
-            assert [m["role"] for m in hist["messages"]] == ["user", "assistant"]
+            assert [m["role"] for m in hist["messages"]][:2] == ["user", "assistant"]
             assert hist["messages"][1]["content"] == answer["content"]
+            if len(hist["messages"]) > 2:  # 12 tokens may not be the whole answer: then the chat is told
+                assert hist["messages"][2]["kind"] == "notice"
+                assert "max_output_tokens = 12" in hist["messages"][2]["content"]
             sse.resp.close()
     finally:
         await channel.stop()

@@ -38,6 +38,7 @@ from tests.fakes.openai_server import (
     StreamError,
     Text,
     ToolCalls,
+    Unreadable,
     last_user_text,
 )
 
@@ -412,3 +413,13 @@ async def test_fake_stop_is_prompt_while_a_reply_is_frozen() -> None:
     finally:
         task.cancel()
         await provider.aclose()
+
+
+async def test_an_answer_the_transport_cannot_read_is_a_transient_failure(fake_openai: FakeOpenAI,
+                                                                        provider: OpenAIProvider) -> None:
+    """The SDK's aiohttp transport passes on what it does not map (here: headers too large to read): it is a
+    failure of the request, retried like a 5xx, never a crash of the turn."""
+    fake_openai.script(Unreadable())
+    error = await failure(provider)
+    assert error.kind is ProviderErrorKind.TRANSIENT and error.retryable
+    assert KEY not in str(error)

@@ -377,6 +377,27 @@ async def test_a_child_that_reaches_its_max_turns_is_a_failure_for_the_parent(tm
         await chat.close()
 
 
+async def test_a_childs_answer_cut_at_its_output_limit_reaches_the_parent_saying_so(tmp_path, fake_openai, http):
+    def route(body):
+        if not is_child(body):
+            return Text("ok") if tool_results(body) else ToolCalls([subagent("TASK list")], ids=["call_T"])
+        return Text("One, two, thr", finish_reason="length")
+
+    fake_openai.default = Function(route)
+    chat = await start_web_chat(tmp_path, fake_openai, subagents=enabled())
+    try:
+        base = chat.base_url
+        sid = await new_session(http, base)
+        sse = await open_stream(http, base, sid)
+        await say(http, base, sid, "go")
+        await sse.until(terminal)
+        (_, output), = tool_results([r for r in fake_openai.requests if not is_child(r)][1])
+        assert output == ("One, two, thr\n\n[The subagent's answer was cut off here: it reached the model's "
+                          "output limit.]")
+    finally:
+        await chat.close()
+
+
 async def test_shutting_down_while_a_child_runs_ends_both_turns_and_hangs_nothing(tmp_path, fake_openai, http):
     held = asyncio.Event()
 

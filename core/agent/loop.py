@@ -46,6 +46,7 @@ from core.llm.provider import (
     ProviderErrorKind,
     ProviderEvent,
     ReasoningDelta,
+    StreamEnd,
     TextDelta,
     ToolCallDelta,
     Usage,
@@ -88,6 +89,8 @@ class Round:
     """The answer text of the current attempt, as streamed (joined on demand: linear in its length)."""
     subagents: dict[str, SubagentEnded] = field(default_factory=dict)
     """The child session each ``run_subagent`` call of this round ran, by call id (kept with its result)."""
+    finish_reason: str | None = None
+    """Why the model stopped writing (``StreamEnd``): "stop", "length", "content_filter", …"""
 
     @property
     def text(self) -> str:
@@ -106,6 +109,28 @@ class Round:
         calls = tuple(LLMToolCall(c.call_id, c.name, c.arguments) for c in self.calls)
         return [LLMMessage("assistant", self.text, calls),
                 *(LLMMessage("tool", self.output_for(c.call_id), tool_call_id=c.call_id) for c in self.calls)]
+
+
+CUT_OFF = {"length": "it reached the model's output limit",
+           "model_context_window_exceeded": "the conversation filled the model's context window",
+           "content_filter": "the provider's content filter stopped it",
+           "refusal": "the model declined to go on"}
+"""Stop reasons that end an answer before the model finished it, and how the notice words each."""
+
+
+def cut_off_reason(finish_reason: str | None, max_output_tokens: int | None = None) -> str | None:
+    """Why an answer ended before the model finished it; None when it finished."""
+    why = CUT_OFF.get(finish_reason or "")
+    if why is not None and finish_reason == "length" and max_output_tokens is not None:
+        why += f" (max_output_tokens = {max_output_tokens})"
+    return why
+
+
+def cut_off_notice(finish_reason: str | None, max_output_tokens: int | None) -> str | None:
+    """The notice after an answer the model did not finish (None when it finished): the chat and the history
+    say that the text above it is not the whole answer."""
+    why = cut_off_reason(finish_reason, max_output_tokens)
+    return None if why is None else f"The answer was cut off: {why}. Send another message to continue."
 
 
 def request_status(err: ProviderError) -> RequestStatus:
@@ -140,7 +165,9 @@ class AgentLoop:
         self._on_model_retry = on_model_retry
         self.rounds: list[Round] = []
         self.notice: str | None = None
-        """Set when the loop stopped on max_turns (the notice the user saw)."""
+        """Set when the loop stopped on max_turns, or the last answer was cut off (the notice the user saw)."""
+        self._can_recover = False
+        """Whether a context overflow of the current request is met by rebuilding the input (``run``)."""
 
     async def run(self, base: tuple[LLMMessage, ...],
                   recover: Callable[[], Awaitable[tuple[LLMMessage, ...]]] | None = None) -> None:
@@ -155,11 +182,11 @@ class AgentLoop:
             request_no = len(self.rounds) + 1
             messages = base + tuple(m for r in self.rounds for m in r.messages())
             rnd = Round(request_no)
+            self._can_recover = not recovered and recover is not None
             try:
                 await self._request(rnd, messages)
             except ProviderError as exc:
-                if exc.kind is ProviderErrorKind.CONTEXT_OVERFLOW and not recovered and recover is not None \
-                        and not rnd.calls:
+                if self._recovers(exc, rnd) and recover is not None:
                     recovered = True
                     log.info("context overflow in %s; rebuilding the input once", self._key)
                     base = await recover()
@@ -185,12 +212,21 @@ class AgentLoop:
                 self._images_rejected()  # the same request without images was taken: they were the problem
                 self._images_rejected = None
             if not rnd.calls:
+                cut = cut_off_notice(rnd.finish_reason, self._settings.max_output_tokens)
+                if cut is not None:
+                    self.notice = cut
+                    self._emit(Notice(cut))
                 return
             if request_no >= self._settings.max_turns:
                 self.notice = (f"I stopped after {request_no} model requests for this message (the limit is "
                                f"max_turns = {self._settings.max_turns}). Send another message to continue.")
                 self._emit(Notice(self.notice))
                 return
+
+    def _recovers(self, err: ProviderError, rnd: Round) -> bool:
+        """Whether ``run`` makes the request again on a rebuilt input after ``err`` (what it streamed is then
+        taken back, as before a retry)."""
+        return err.kind is ProviderErrorKind.CONTEXT_OVERFLOW and self._can_recover and not rnd.calls
 
     # ---- one request ---------------------------------------------------------------------------
 
@@ -259,13 +295,15 @@ class AgentLoop:
                 raise
             asm.finish()
             usage = asm.usage
+            rnd.finish_reason = asm.finish_reason
             return False
 
         try:
             ended_early = await run_with_retries(
                 lambda: retry_policy(self._settings.retry_delays, on_retry=on_retry), one_attempt)
         except ProviderError as err:
-            queue.push(RequestEnd(request_status(err), attempt_no))
+            # a request made again on a rebuilt input (a context overflow) takes back what it streamed
+            queue.push(RequestEnd(request_status(err), attempt_no, 0.0 if self._recovers(err, rnd) else None))
             raise
         if ended_early:
             return
@@ -321,6 +359,7 @@ class _Assembler:
         self._calls: dict[int, _CallBuffer] = {}
         self._done: set[int] = set()
         self.usage: Usage | None = None
+        self.finish_reason: str | None = None
 
     def feed(self, event: ProviderEvent) -> None:
         if isinstance(event, TextDelta):
@@ -340,6 +379,8 @@ class _Assembler:
             self._tool_delta(event)
         elif isinstance(event, Usage):
             self.usage = event
+        elif isinstance(event, StreamEnd):
+            self.finish_reason = event.finish_reason
 
     def finish(self) -> None:
         self._close_segment()

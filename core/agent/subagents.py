@@ -43,6 +43,7 @@ from typing import Any
 from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor
 from core.agent.events import Forwarded, SessionMeta, SubagentEnded, SubagentOutcome, TurnEvent, trace_payload
+from core.agent.loop import cut_off_reason
 from core.cancel_signal import CancelSignal
 from core.committer import TurnCommitter
 from core.controller import TurnController
@@ -375,6 +376,11 @@ class SubagentTool:
             ended("completed", None)
             last = outcome.rounds[-1].text if outcome.rounds else ""
             return last if last.strip() else outcome.text
+        cut = cut_off_reason(outcome.rounds[-1].finish_reason) if isinstance(outcome, Completed) \
+            and outcome.rounds else None
+        if isinstance(outcome, Completed) and cut is not None:  # an answer, though not a whole one
+            ended("completed", None)
+            return f"{outcome.rounds[-1].text}\n\n[The subagent's answer was cut off here: {cut}.]"
         if isinstance(outcome, Completed):
             error = (f"it reached its limit of max_turns = {settings.max_turns} model requests without a final "
                      "answer")

