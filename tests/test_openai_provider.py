@@ -423,3 +423,13 @@ async def test_an_answer_the_transport_cannot_read_is_a_transient_failure(fake_o
     error = await failure(provider)
     assert error.kind is ProviderErrorKind.TRANSIENT and error.retryable
     assert KEY not in str(error)
+
+
+async def test_content_as_typed_chunks_is_the_answer_and_its_reasoning(fake_openai: FakeOpenAI,
+                                                                     provider: OpenAIProvider) -> None:
+    """Mistral's reasoning models send ``content`` as a list of ``thinking`` and ``text`` chunks: the chat shows
+    the text, never the list."""
+    fake_openai.script(Text("Paris.", reasoning="The capital of France", parts=True, chunk_size=4))
+    events = await collect(provider)
+    assert text_of(events) == "Paris."
+    assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "The capital of France"

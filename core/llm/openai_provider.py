@@ -273,7 +273,10 @@ class _StreamState:
                         events.append(ReasoningDelta(reasoning))
                 content = delta.get("content")
                 if content:
-                    events.append(TextDelta(str(content)))
+                    if isinstance(content, str):
+                        events.append(TextDelta(content))
+                    else:
+                        events += _typed_chunks(content)
                 refusal = delta.get("refusal")
                 if refusal:
                     events.append(TextDelta(str(refusal)))
@@ -292,6 +295,24 @@ class _StreamState:
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
         return events
+
+
+def _typed_chunks(content: Any) -> list[ProviderEvent]:
+    """A delta's ``content`` given as a list of typed chunks (Mistral's reasoning models): ``text`` chunks are
+    the answer, ``thinking`` chunks (a list of ``text`` chunks, or a string) the reasoning; other kinds (a
+    reference, an image) have no text to show."""
+    events: list[ProviderEvent] = []
+    for chunk in content:
+        kind = chunk.get("type")
+        if kind == "text" and chunk.get("text"):
+            events.append(TextDelta(str(chunk["text"])))
+        elif kind == "thinking":
+            thinking = chunk.get("thinking")
+            parts = [thinking] if isinstance(thinking, str) else [p.get("text") for p in thinking or ()]
+            text = "".join(str(p) for p in parts if p)
+            if text:
+                events.append(ReasoningDelta(text))
+    return events
 
 
 def _reasoning_text(delta: Mapping[str, Any]) -> str:

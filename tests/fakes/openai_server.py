@@ -60,6 +60,9 @@ class Text:
     reasoning_field: str = "reasoning_content"
     finish_reason: str = "stop"
     usage: tuple[int, int] | None = None  # (prompt_tokens, completion_tokens); default: estimated
+    parts: bool = False
+    """Each delta's ``content`` as a list of typed chunks, as Mistral's reasoning models send it: the reasoning
+    as ``thinking`` chunks, the text as ``text`` chunks."""
 
 
 @dataclass
@@ -452,7 +455,13 @@ class FakeOpenAI:
 
         await send({"role": "assistant", "content": ""})
 
-        if isinstance(reply, Text):
+        if isinstance(reply, Text) and reply.parts:
+            for piece in _pieces(reply.reasoning, reply.chunk_size):
+                await send({"content": [{"type": "thinking", "thinking": [{"type": "text", "text": piece}]}]})
+            for piece in _pieces(reply.text, reply.chunk_size):
+                await send({"content": [{"type": "text", "text": piece}]})
+            await finish(reply.finish_reason, reply.usage, reply.reasoning + reply.text)
+        elif isinstance(reply, Text):
             for piece in _pieces(reply.reasoning, reply.chunk_size):
                 if reply.delay:
                     await asyncio.sleep(reply.delay)
