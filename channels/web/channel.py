@@ -124,7 +124,7 @@ class WebChannel:
         self.update_interval = update_interval
         self._sweep_interval = sweep_interval
         self._reap_interval = reap_interval
-        self._feed: set[Subscriber] = set()  # the session-list feed (/api/events)
+        self._feed: set[Subscriber] = set()  # the session-list feed (/api/events; session streams with ?feed=1)
         relay = host.relay()
         self.fanout = WebFanout(relay, self.hub, self._feed_here) if relay is not None else None
         self.server = WebServer(host, self, access=access, heartbeat=heartbeat)
@@ -256,8 +256,9 @@ class WebChannel:
         for sub in list(self._feed):
             sub.push(encoded)
 
-    def feed_subscribe(self) -> Subscriber:
-        sub = Subscriber(max_pending=1000)
+    def feed_subscribe(self, sub: Subscriber) -> Subscriber:
+        """Add a connection to the session-list feed: one of ``/api/events``, or a session stream's that
+        carries the feed too (``?feed=1``)."""
         self._feed.add(sub)
         return sub
 

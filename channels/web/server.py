@@ -19,7 +19,13 @@ chat's content security policy.
 Server-sent event streams are capped in total and per client (503 past the cap), and a stream whose
 client went away is let go within a second (:meth:`WebServer.reap_closed`): aiohttp does not cancel a
 handler when its client leaves, and a stream that only noticed at its next heartbeat kept its connection,
-queue and subscription alive for up to 15 s each.
+queue and subscription alive for up to 15 s each. A client that stops reading pins little: its queue is cut
+off past the session's replay buffer in bytes (it reconnects and gets a replay or a resync), and its
+connection is closed once it has taken no data for ``WRITE_TIMEOUT_SECONDS``.
+
+A session stream asked for with ``?feed=1`` also carries the session-list feed (the events of
+``/api/events``, without ids): the chat page holds that one connection per tab, as a browser allows only six
+per host over HTTP/1.1 to all its tabs together.
 """
 
 from __future__ import annotations
@@ -73,6 +79,11 @@ MULTIPART_OVERHEAD = 64 * 1024
 """What a multipart body may carry besides the file itself (boundaries, part headers)."""
 HEARTBEAT_SECONDS = 15.0
 """A comment line on every idle SSE connection this often keeps proxies from closing it."""
+WRITE_TIMEOUT_SECONDS = 30.0
+"""An SSE client that takes none of the data waiting for it for this long has stalled (or is gone without a
+word): its connection is closed rather than left to hold the stream's slot and memory."""
+FEED_MAX_PENDING = 1000
+"""Events waiting for a connection to the session-list feed alone (they are small)."""
 # Event ids are "<epoch>-<seq>"; anything longer, or with digits other than ASCII ones, is not ours.
 _LAST_EVENT_ID = re.compile(r"[A-Za-z0-9]{1,64}-[0-9]{1,18}")
 
@@ -148,6 +159,7 @@ class StreamSlots:
 class WebServer:
     def __init__(self, host: SessionHost, channel: WebChannel, *, access: WebAccess | None = None,
                  heartbeat: float = HEARTBEAT_SECONDS, max_pending: int = 5000,
+                 max_pending_bytes: int | None = None, write_timeout: float = WRITE_TIMEOUT_SECONDS,
                  guesses: GuessLimiter | None = None) -> None:
         access = access if access is not None else WebAccess()
         self.host = host
@@ -164,6 +176,9 @@ class WebServer:
         self.slots = StreamSlots(access.max_streams, access.max_streams_per_client)
         self.heartbeat = heartbeat
         self.max_pending = max_pending
+        # what a connection may have waiting: no more than a session's replay buffer can give it back
+        self.max_pending_bytes = max_pending_bytes if max_pending_bytes is not None else channel.hub.max_bytes
+        self.write_timeout = write_timeout
         self.accepting = True
         self.connections: set[asyncio.Task[Any]] = set()
         self._listening: dict[Subscriber, web.Request] = {}
@@ -477,16 +492,20 @@ class WebServer:
                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             await resp.prepare(request)
-            await resp.write(first)
+            await self._bounded(request, resp.write(first))
             while True:
                 try:
-                    data = await asyncio.wait_for(sub.queue.get(), self.heartbeat)
+                    data = await asyncio.wait_for(sub.next(), self.heartbeat)
                 except TimeoutError:
-                    await resp.write(HEARTBEAT)
+                    await self._bounded(request, resp.write(HEARTBEAT))
                     continue
                 if data is None:
                     break
-                await resp.write(data)
+                await self._bounded(request, resp.write(data))
+            # The stream ends (cut off, or the channel closes), and its connection with it: the client
+            # reconnects on a new one, and one that stopped reading is not kept as an idle keep-alive.
+            resp.force_close()
+            await self._bounded(request, resp.write_eof())
         except (ConnectionError, RuntimeError):
             pass  # the client went away (aiohttp finishes a response whose connection is gone quietly)
         finally:
@@ -494,6 +513,23 @@ class WebServer:
             if task is not None:
                 self.connections.discard(task)
         return resp
+
+    async def _bounded(self, request: web.Request, write: Awaitable[None]) -> None:
+        """Run ``write`` (of the response's body); when it has not gone out after ``write_timeout`` seconds,
+        close the connection (ConnectionResetError): a socket that never drains would hold the pump in
+        ``write`` for good. A write waits only while the connection's buffer is over aiohttp's high-water mark
+        (tens of KiB), so a slow client that keeps reading is not cut; nor is one that reads nothing while
+        nothing is sent to it (heartbeats aside)."""
+        try:
+            async with asyncio.timeout(self.write_timeout):
+                await write
+        except TimeoutError:
+            log.info("web chat: an event stream's client took no data for %g s; its connection is closed",
+                     self.write_timeout)
+            transport = request.transport
+            if transport is not None:
+                transport.abort()  # close() would wait for the buffer to drain, which it does not
+            raise ConnectionResetError("the client stopped reading") from None
 
     def use_cookie_key(self, key: bytes) -> None:
         """Sign login cookies with ``key`` from now on (the channel's durable key, loaded at start)."""
@@ -533,11 +569,16 @@ class WebServer:
                 parts.extend(replay)
             # After a replay too: the snapshot settles what the client missed before its replay buffer began.
             parts.append(s.task_state())
-            sub = s.subscribe(self.max_pending)
+            sub = s.subscribe(self.max_pending, self.max_pending_bytes)
+            with_feed = request.query.get("feed") == "1"
+            if with_feed:
+                self.channel.feed_subscribe(sub)
             try:
                 return await self._pump(request, sub, b"".join(parts))
             finally:
                 s.unsubscribe(sub)
+                if with_feed:
+                    self.channel.feed_unsubscribe(sub)
                 self.channel.hub.release(sid)
         finally:
             self.slots.release(slot)
@@ -547,7 +588,7 @@ class WebServer:
         if isinstance(slot, web.Response):
             return slot
         try:
-            sub = self.channel.feed_subscribe()
+            sub = self.channel.feed_subscribe(Subscriber(FEED_MAX_PENDING, self.max_pending_bytes))
             try:
                 return await self._pump(request, sub, b"retry: 2000\n\n" + encode_event("ready", {}))
             finally:

@@ -152,23 +152,41 @@ class LiveTurn:
 
 
 class Subscriber:
-    """One SSE connection: a queue of encoded events; a client that falls too far behind is cut off."""
+    """One SSE connection: a queue of encoded events; a client that falls too far behind is cut off.
 
-    def __init__(self, max_pending: int) -> None:
+    "Too far" is ``max_pending`` events or ``max_bytes`` bytes waiting (the connection's pump takes them off
+    with :meth:`next`): a reader that stalls pins no more than that, and as the bytes bound is at most what
+    a session's replay buffer holds, the reconnect it is cut off into gets a replay where one is possible,
+    else ``resync_required``."""
+
+    def __init__(self, max_pending: int, max_bytes: int | None = None) -> None:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._max_pending = max_pending
+        self._max_bytes = max_bytes
+        self.pending_bytes = 0
         self.overflowed = False
         self.closed = False
 
     def push(self, data: bytes) -> None:
         if self.overflowed or self.closed:
             return
-        if self.queue.qsize() >= self._max_pending:
+        # one event alone always fits (as the replay buffer always keeps the newest one)
+        if self.queue.qsize() >= self._max_pending or (
+                self._max_bytes is not None and self.pending_bytes
+                and self.pending_bytes + len(data) > self._max_bytes):
             # It will reconnect with its Last-Event-ID and get a replay or a resync.
             self.overflowed = True
             self.queue.put_nowait(None)
             return
+        self.pending_bytes += len(data)
         self.queue.put_nowait(data)
+
+    async def next(self) -> bytes | None:
+        """The next event to send; None: the connection ends (closed, or cut off)."""
+        data = await self.queue.get()
+        if data is not None:
+            self.pending_bytes -= len(data)
+        return data
 
     def close(self) -> None:
         if not self.closed:
@@ -390,8 +408,8 @@ class SessionStream:
             return None  # some of the missed events were evicted
         return [data for s, data in self._buffer if s > seq]
 
-    def subscribe(self, max_pending: int) -> Subscriber:
-        sub = Subscriber(max_pending)
+    def subscribe(self, max_pending: int, max_bytes: int | None = None) -> Subscriber:
+        sub = Subscriber(max_pending, max_bytes)
         self.subscribers.add(sub)
         self.last_activity = self._clock()
         return sub

@@ -126,7 +126,7 @@ async def test_a_stream_the_browser_gave_up_on_is_reopened_and_history_refetched
         else:
             await route.continue_()
 
-    await page.route("**/api/sessions/*/stream", proxy_502_once)
+    await page.route("**/api/sessions/*/stream?*", proxy_502_once)
     chat.channel.close_connections()  # the stream drops; the browser's reconnect gets the 502
     # the browser retries after the stream's 2 s, gets the 502 and gives up; the page tries again 3 s later
     await expect(page.locator("#status")).to_have_text("disconnected; retrying…", timeout=15_000)

@@ -235,8 +235,9 @@
     held: [],              // deltas that arrived while a full fetch was on its way
     decisions: new Map(),  // approval key (origin + call id) → "allow" | "deny" clicked here (buttons stay disabled)
     cardOpen: new Map(),   // subagent session id → whether its card is open (kept across renders)
-    stream: null,
-    feed: null,
+    stream: null,          // the one EventSource: the open session's events and the conversation-list feed
+    refetch: false,        // fetch the history again once the fetch on its way is done (see turnEnded)
+    revisions: new Map(),  // session id → the newest history revision this page heard of (list, feed, history)
     loadingOlder: false,   // an older history page is on its way
     rendered: new Map(),   // message key → its element (stored messages never change: rendered once)
     liveView: null,        // {turnId, div, body, extra}: the element of the live reply
@@ -264,10 +265,27 @@
   function setStatus(text) { $("status").textContent = text; }
 
   // sessions
+  // The whole list, merged with what the stream told while it was on its way (a new conversation, a new
+  // title: at least as new as the answer); the open conversation stays listed even before its first message.
+  // A conversation that moved on while the stream was away (its revision rose unheard) is marked unread.
   async function loadSessions() {
+    const before = new Map(app.sessions.map((s) => [s.id, s.title]));
     const data = await api("GET", "/api/sessions");
-    app.sessions = data.sessions;
+    for (const s of data.sessions) {
+      const known = app.revisions.get(s.id);
+      if (known !== undefined && s.history_revision > known && s.id !== app.session) app.mirror.unread.add(s.id);
+      heard(s.id, s.history_revision);
+    }
+    const told = new Map(app.sessions.filter((s) => before.get(s.id) !== s.title).map((s) => [s.id, s]));
+    const listed = new Set(data.sessions.map((s) => s.id));
+    const current = app.sessions.find((s) => s.id === app.session && !listed.has(s.id));
+    if (current) told.set(current.id, current);
+    const fresh = [...told.values()].filter((s) => !listed.has(s.id));
+    app.sessions = fresh.concat(data.sessions.map((s) => (told.has(s.id) ? Object.assign({}, s, { title: told.get(s.id).title }) : s)));
     renderSessions();
+  }
+  function heard(id, revision) {
+    if (typeof revision === "number" && !(app.revisions.get(id) >= revision)) app.revisions.set(id, revision);
   }
   function renderSessions() {
     const ul = $("sessions");
@@ -329,14 +347,16 @@
     const p = api("GET", "/api/sessions/" + id + "/history?limit=" + PAGE).then((data) => {
       if (app.session !== id) return;
       app.mirror.loadFull(id, data.history_revision, data.messages, data.has_more);
+      heard(id, data.history_revision);
       dropCommittedPending(data.messages);
       const held = app.held; app.held = [];
-      if (app.live && app.live.state !== "running") app.live.committed = true; // core commits before the terminal event
+      markCommitted();
       renderHistory();
       for (const d of held) applyCommitted(d);
       settleLive();
       renderLive();
-    }).catch((e) => { setStatus(e.message); app.mirror.fetchPending = false; });
+      if (app.refetch && !app.mirror.fetchPending) { app.refetch = false; if (app.live && app.live.state !== "running" && !app.live.committed) fullFetch(); }
+    }).catch((e) => { setStatus(e.message); app.mirror.fetchPending = false; app.refetch = false; });
     fetching = p;
     return p;
   }
@@ -373,12 +393,20 @@
   }
 
   // stream
+  // One EventSource per page (a browser opens at most 6 connections per host over HTTP/1.1, shared by all
+  // its tabs): the open session's stream, which with feed=1 also carries the conversation-list feed. Its
+  // feed events have no id, so they leave the Last-Event-ID of a reconnect alone; what the list missed while
+  // the stream was away is fetched again at every (re)open.
   function connect(id) {
     if (app.stream) app.stream.close();
-    const es = new EventSource("/api/sessions/" + id + "/stream");
+    const es = new EventSource("/api/sessions/" + id + "/stream?feed=1");
     app.stream = es;
     const on = (name, fn) => es.addEventListener(name, (ev) => { if (app.stream === es) fn(JSON.parse(ev.data)); });
-    es.onopen = () => setStatus("");
+    es.onopen = () => {
+      if (app.stream !== es) return;
+      setStatus("");
+      loadSessions().catch((e) => setStatus(e.message));
+    };
     es.onerror = () => {
       if (es.readyState !== EventSource.CLOSED) { setStatus("reconnecting…"); return; }
       // The browser gives up on an error answer (e.g. a proxy's 502 while the bridge restarts). A new
@@ -388,9 +416,13 @@
     };
     on("resync_required", () => { fullFetch(); });
     on("task_state", (d) => {
-      app.live = d.turn ? Object.assign({ committed: false }, d.turn) : null;
+      // a turn this page saw committed stays so (its delta may wait for a full fetch)
+      const was = app.live;
+      const committed = !!(was && d.turn && was.turn_id === d.turn.turn_id && was.committed);
+      app.live = d.turn ? Object.assign({ committed }, d.turn) : null;
       if (app.live && d.approvals) app.live.approvals = d.approvals;
       if (app.live) app.live.children = new Map((d.children || []).map((c) => [childKey(c.origin), Object.assign({ newRequest: false }, c)]));
+      markCommitted(); // opened between the turn's commit and its terminal event: the answer is in history
       renderLive();
     });
     on("subagent", applySubagent);
@@ -420,10 +452,20 @@
       if (app.mirror.fetchPending && d.session_id === app.mirror.openSession) { app.held.push(d); return; }
       applyCommitted(d);
     });
-    on("session_title", (d) => setTitle(d.session_id, d.title));
+    on("session_title", (d) => setTitle(d.session_id, d.title)); // the session's own, and the feed's
     on("notice", (d) => {
       if (d.client_id) app.pending.delete(d.client_id);
       addNotice(d.text);
+    });
+    // the conversation-list feed
+    on("session_activity", (d) => {
+      // The open session's deltas come (with their messages) on its own stream.
+      if (d.session_id !== app.session && !(app.revisions.get(d.session_id) >= d.history_revision)) { app.stats.deltas[app.mirror.applyDelta(d.session_id, d.history_revision, [])]++; renderSessions(); }
+      heard(d.session_id, d.history_revision);
+    });
+    on("session_created", (d) => {
+      heard(d.session_id, 0); // a new conversation starts at revision 0
+      if (!app.sessions.find((s) => s.id === d.session_id)) { app.sessions.unshift({ id: d.session_id, title: d.title }); renderSessions(); }
     });
   }
 
@@ -432,8 +474,10 @@
     app.stats.deltas[r]++;
     if (r === "needs_full_fetch") { fullFetch(); }
     if (r === "applied") {
+      heard(d.session_id, d.history_revision);
       dropCommittedPending(d.messages);
       renderHistory();
+      if (markCommitted()) renderLive();
     }
   }
 
@@ -447,8 +491,32 @@
     let live = app.live;
     if (!live || live.turn_id !== turnId) {
       live = app.live = { turn_id: turnId, client_id: d.client_id || null, text: "", state: d.state || "running", tools: [], approvals: [], error: null, committed: false, children: new Map() };
+      markCommitted(); // e.g. a replayed event of a turn the history already holds
     }
     return live;
+  }
+
+  // The live turn is committed once the history holds it: a message of that turn other than the user's (which
+  // carries the turn's id from the start). Then the history shows it and its live bubble is hidden, so the
+  // reply shows once whichever came first: the history, the turn_committed delta or the task_state.
+  function markCommitted() {
+    const live = app.live;
+    if (!live || live.committed || app.mirror.openSession !== app.session) return false;
+    const msgs = app.mirror.messages;
+    let i = msgs.length - 1;
+    while (i >= 0 && !(msgs[i].turn_id === live.turn_id && msgs[i].role !== "user")) i--;
+    if (i < 0) return false;
+    live.committed = true;
+    if (live.client_id) app.pending.delete(live.client_id);
+    return true;
+  }
+
+  // A turn ended whose commit this page has not seen: its stream opened after the commit (the delta is not
+  // replayed to a fresh connection) and the history may have been fetched before it. The terminal event
+  // comes after the commit, so a fetch started now finds it.
+  function turnEnded(live) {
+    if (live.committed || markCommitted()) return;
+    if (app.mirror.fetchPending) app.refetch = true; else fullFetch();
   }
 
   // subagents: each child session of the live turn is a card, fed by the child's own events (its origin
@@ -546,6 +614,7 @@
     if (d.approvals) live.approvals = d.approvals;
     if (d.error !== undefined) live.error = d.error;
     live.state = d.state; live.version = d.version;
+    if (d.state !== "running") turnEnded(live);
     settleLive();
     if (d.state === "running") scheduleLive(); else renderLive(); // the end of a turn shows at once
   }
@@ -705,7 +774,7 @@
     if (!holder) return;
     const live = app.live;
     const running = !!(live && live.state === "running");
-    $("stop").hidden = !running;
+    $("stop").hidden = !running || live.committed;
     if (!live || live.committed) {
       holder.textContent = "";
       app.liveView = null;
@@ -856,6 +925,7 @@
     app.session = id;
     history.replaceState(null, "", "#" + id);
     app.live = null; app.pending.clear(); app.notices = []; app.held = []; app.decisions.clear(); app.cardOpen.clear();
+    app.refetch = false;
     app.rendered = new Map(); app.loadingOlder = false;
     app.mirror.loadFull(id, null, [], false);
     app.mirror.revision = null;
@@ -863,18 +933,6 @@
     renderOutgoing();
     connect(id);
     return fullFetch();
-  }
-
-  function connectFeed() {
-    const es = new EventSource("/api/events");
-    app.feed = es;
-    es.addEventListener("session_activity", (ev) => {
-      const d = JSON.parse(ev.data);
-      // The open session's deltas come (with their messages) on its own stream.
-      if (d.session_id !== app.session) { app.stats.deltas[app.mirror.applyDelta(d.session_id, d.history_revision, [])]++; renderSessions(); }
-    });
-    es.addEventListener("session_title", (ev) => { const d = JSON.parse(ev.data); setTitle(d.session_id, d.title); });
-    es.addEventListener("session_created", (ev) => { const d = JSON.parse(ev.data); if (!app.sessions.find((s) => s.id === d.session_id)) { app.sessions.unshift({ id: d.session_id, title: d.title }); renderSessions(); } });
   }
 
   async function start() {
@@ -899,7 +957,6 @@
         await openSession(wanted);
       } else if (app.sessions.length) await openSession(app.sessions[0].id);
       else await newSession();
-      connectFeed();
       document.body.dataset.ready = "1";
     } catch (e) { setStatus(e.message); }
   }
