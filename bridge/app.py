@@ -71,7 +71,8 @@ def build_store(config: AppConfig) -> Store:
             from core.postgresql.store import PostgresqlStore
         except ImportError:
             raise StartupError(ASYNCPG_MISSING + ", then run `chatbridge run` again.") from None
-        return PostgresqlStore(config.store.dsn.strip(), pool_size=config.store.pool_size)
+        return PostgresqlStore(config.store.dsn.strip(), pool_size=config.store.pool_size,
+                               lease_seconds=float(config.store.lease_seconds))
     return SqliteStore(Path(config.bridge.data_dir) / "chatbridge.db")
 
 

@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 
 from core.failures import TurnFailurePresenter
+from core.postgresql.bounds import StoreBounds
 from core.postgresql.leases import PostgresqlLeases
 from core.postgresql.store import PostgresqlStore
 from tests.fakes.openai_server import FakeOpenAI, Function, Reply, Text
@@ -28,6 +29,7 @@ from tests.support.process import wait_for
 
 NOTICE = TurnFailurePresenter().interrupted_by_restart()
 TTL = 3.0
+LONG_WAITS = StoreBounds.for_lease(600.0)
 """Seconds a lease lasts unrenewed: the old holder loses it this long after its renewals stop reaching the
 database. Long enough that a loaded host never loses one by accident during the test."""
 
@@ -49,8 +51,10 @@ async def test_a_message_both_holders_read_as_waiting_is_served_once_and_its_not
     caplog.set_level(logging.WARNING, logger="core.session")
     dsn = postgres.fresh_dsn()
     platform = FakePlatform()
-    old, new = [await make_harness(tmp_path / name, fake_openai, store=PostgresqlStore(dsn), platform=platform,
-                                   leases=PostgresqlLeases(dsn, ttl=TTL)) for name in ("old", "new")]
+    # the test holds row locks for as long as its steps take (seconds, on a loaded machine): the stores' lock
+    # waits outlast that (the longest bounds there are), where a store's lock wait would otherwise end first
+    old, new = [await make_harness(tmp_path / name, fake_openai, store=PostgresqlStore(dsn, bounds=LONG_WAITS),
+                                   platform=platform, leases=PostgresqlLeases(dsn, ttl=TTL)) for name in ("old", "new")]
     first = old.channel.envelope("first")
     key = first.key()
     await old.store.get_or_create_session(key)  # the row the slow database holds up

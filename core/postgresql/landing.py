@@ -5,7 +5,8 @@ write already on its way (asyncpg resets the connection it gives back). The SQLi
 opposite, and core counts on it: it ends its tasks before it closes the store, and the writes those tasks
 made must still land. So every operation of the PostgreSQL store runs in a task of its own, which the
 caller awaits through ``asyncio.shield``: a cancelled caller stops waiting, the operation completes (or
-fails) as if the caller had waited, and ``close`` waits for every operation started before it.
+fails) as if the caller had waited, and ``close`` waits for every operation started before it — within a
+bound (``drain``'s timeout): an operation stuck past it is given up on, never waited for forever.
 """
 
 from __future__ import annotations
@@ -36,10 +37,17 @@ class InFlight:
         if not task.cancelled():
             task.exception()  # the caller saw it, or stopped waiting for it: either way it is handled
 
-    async def drain(self) -> None:
-        """Wait until every operation started so far has finished."""
+    async def drain(self, *, timeout: float | None = None) -> bool:
+        """Wait until every operation started so far has finished, for at most ``timeout`` seconds (None: no
+        limit); False when some are still under way then."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         while self._tasks:
-            await asyncio.wait(set(self._tasks))
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return False
+            await asyncio.wait(set(self._tasks), timeout=left)
+        return True
 
 
 class Landing(Protocol):

@@ -35,8 +35,8 @@ import logging
 import asyncpg
 import tenacity
 
+from core.postgresql.bounds import CONNECT_TIMEOUT
 from core.postgresql.errors import store_errors
-from core.postgresql.store import CONNECT_TIMEOUT
 from core.store import StoreError
 
 log = logging.getLogger(__name__)

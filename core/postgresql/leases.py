@@ -8,9 +8,14 @@ owner are lost. This process also keeps, for each lease, a deadline on its own m
 before the statement that granted or renewed it was sent: past it, ``holds`` says no even if the database
 could not be reached to learn so, because by then another process may have taken the lease, and ``renew``
 reports it lost. ``renew`` never waits past the first deadline: a statement still unanswered then (a
-partition, a lock) is given up, so a holder cut off from the database learns it lost its leases in time.
+partition, a lock) is given up, without waiting for asyncpg to cancel it, so a holder cut off from the database
+learns it lost its leases in time.
 
-The leases use a small pool of their own, so a store pool busy with turns never delays a renewal.
+The leases use a small pool of their own, so a store pool busy with turns never delays a renewal. Its
+statements have the store's deadline (``StoreBounds.command``, derived from the ttl) and its connections the
+same TCP keepalives (``core.postgresql.bounds``), so a connection that died silently costs a StoreError, not a
+hang; unlike the store's, they have no lock wait bound: each statement stands alone (never idle in a
+transaction), and a renewal waiting for a row may wait until its deadline, which bounds it already.
 """
 
 from __future__ import annotations
@@ -19,16 +24,20 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import asyncpg
 
+from core.postgresql.bounds import CONNECT_TIMEOUT, StoreBounds, keepalive_settings
 from core.postgresql.errors import store_errors
 from core.postgresql.glob import glob_to_regex
-from core.postgresql.store import CONNECT_TIMEOUT
 from core.store import StoreError
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _ACQUIRE = (
     "INSERT INTO leases (name, owner, expires_at) VALUES ($1, $2, clock_timestamp() + make_interval(secs => $3))"
@@ -66,9 +75,12 @@ class PostgresqlLeases:
 
     shared = True
 
-    def __init__(self, dsn: str, *, ttl: float = 10.0, exclude_glob: str | None = None) -> None:
+    def __init__(self, dsn: str, *, ttl: float = 10.0, exclude_glob: str | None = None,
+                 bounds: StoreBounds | None = None) -> None:
+        """``bounds``: the connections' bounds (see the module docstring), derived from ``ttl`` unless given."""
         self._dsn = dsn
         self._ttl = ttl
+        self._bounds = bounds if bounds is not None else StoreBounds.for_lease(ttl)
         self._exclude = glob_to_regex(exclude_glob) if exclude_glob is not None else None
         # a child's key is its parent's plus what the glob's leading * does not cover, once per level
         self._child_suffix = f"({glob_to_regex(exclude_glob[1:])[1:-1]})+$" \
@@ -90,7 +102,10 @@ class PostgresqlLeases:
             return
         with store_errors("leases"):
             try:
-                self._pool = await asyncpg.create_pool(self._dsn, min_size=1, max_size=3, timeout=CONNECT_TIMEOUT)
+                self._pool = await asyncpg.create_pool(
+                    self._dsn, min_size=1, max_size=3, timeout=CONNECT_TIMEOUT, command_timeout=self._bounds.command,
+                    server_settings={"application_name": "chatbridge leases",
+                                     **keepalive_settings(self._bounds.server_timeout)})
             except ValueError as exc:
                 raise StoreError(f"postgresql leases: open failed (the connection string is not usable: "
                                  f"{type(exc).__name__})") from None
@@ -105,7 +120,11 @@ class PostgresqlLeases:
                 with store_errors("release leases"):
                     await pool.execute("DELETE FROM leases WHERE owner = $1", self.owner)
         finally:
-            await pool.close()
+            try:
+                with store_errors("close leases"):
+                    await asyncio.wait_for(pool.close(), self._bounds.close)  # terminates the pool past it
+            except StoreError as exc:
+                log.warning("closing the session leases' connections: %s", exc)
 
     def _connected(self) -> asyncpg.Pool:
         if self._pool is None:
@@ -153,11 +172,14 @@ class PostgresqlLeases:
         sent = dict(self._held)
         keys = list(sent)
         deadline = time.monotonic() + self._ttl
+
+        async def renewal() -> list[asyncpg.Record]:
+            with store_errors("renew leases"):
+                return cast(list[asyncpg.Record], await self._connected().fetch(_RENEW, self.owner, keys, self._ttl))
+
         try:
             # a slow answer is still good until the first lease's deadline, and worthless after it
-            async with asyncio.timeout(self.remaining()):
-                with store_errors("renew leases"):
-                    found = await self._connected().fetch(_RENEW, self.owner, keys, self._ttl)
+            found = await _answer_by(self.remaining(), renewal())
         except (StoreError, TimeoutError) as exc:
             log.warning("renewing the session leases failed: %s", str(exc) or "no answer in time")
             now = time.monotonic()
@@ -176,3 +198,25 @@ class PostgresqlLeases:
         with store_errors("orphaned sessions"):
             found = await self._connected().fetch(_ORPHANS, self._exclude, limit, self._child_suffix)
         return [str(r[0]) for r in found]
+
+
+async def _answer_by(timeout: float, operation: Coroutine[Any, Any, T]) -> T:
+    """``operation``'s result, or TimeoutError once ``timeout`` seconds passed — then without waiting for it to
+    unwind: a statement given up on a dead connection is cancelled, and asyncpg takes up to the pool's command
+    timeout more to cancel it (and to drop the connection), which a deadline cannot afford. It unwinds on its
+    own, bounded."""
+    task = asyncio.ensure_future(operation)
+    try:
+        await asyncio.wait({task}, timeout=max(timeout, 0.0))
+    finally:
+        if not task.done():  # past the deadline, or the caller cancelled
+            task.cancel()
+            task.add_done_callback(_forget)
+    if not task.done():
+        raise TimeoutError
+    return task.result()
+
+
+def _forget(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # a failure of a statement given up on: nobody waits for it any more

@@ -10,14 +10,21 @@ that return two related things (a revision and its messages) run in one REPEATAB
 operation runs in a task of its own (``core.postgresql.landing``): once called, it lands (or fails) even if
 its caller is cancelled, and ``close`` waits for it.
 
-``open`` connects and migrates forward under an advisory lock (``core.postgresql.schema``). Every failure
-leaving a public method is a ``StoreError`` (``core.postgresql.errors``) that names the operation, never
-message content and never the connection string.
+``open`` migrates forward under an advisory lock (``core.postgresql.schema``), on a connection of its own,
+then opens the pool. Every pooled connection is bounded at both ends (``core.postgresql.bounds``, derived from
+the session lease TTL): the server ends a transaction whose client fell silent and stops a lock wait, so a
+process cut off mid-transaction cannot freeze a conversation for the others; here, every statement, every
+wait for a pooled connection and ``close`` have a deadline, so a connection that died silently costs a
+StoreError, never a hang. Every failure leaving a public method is a ``StoreError``
+(``core.postgresql.errors``) that names the operation, never message content and never the connection
+string.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -27,6 +34,7 @@ import asyncpg
 
 from core.messages import ChatMessage, NewMessage
 from core.postgresql import rows
+from core.postgresql.bounds import CONNECT_TIMEOUT, StoreBounds
 from core.postgresql.errors import store_errors
 from core.postgresql.glob import glob_to_regex
 from core.postgresql.landing import InFlight, lands
@@ -49,8 +57,10 @@ from core.store import (
     UnknownMessageError,
 )
 
-CONNECT_TIMEOUT = 10.0
+log = logging.getLogger(__name__)
 
+DEFAULT_LEASE_SECONDS = 10.0
+"""The session lease TTL the bounds derive from when none is given (``[store] lease_seconds``' default)."""
 
 _STILL_WAITING = "SELECT 1 FROM inbound WHERE seq = $1 AND envelope IS NOT NULL FOR UPDATE"
 
@@ -60,7 +70,7 @@ async def database_schema_version(dsn: str) -> int:
     0 for a database chatbridge never opened. Raises StoreError when it cannot be reached."""
     with store_errors("check"):
         try:
-            conn = await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT)
+            conn = await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT, command_timeout=CONNECT_TIMEOUT)
         except ValueError as exc:
             raise StoreError(f"postgresql store: check failed (the connection string is not usable: "
                              f"{type(exc).__name__})") from None
@@ -73,10 +83,14 @@ async def database_schema_version(dsn: str) -> int:
 class PostgresqlStore:
     """``Store`` on a PostgreSQL database (see the module docstring)."""
 
-    def __init__(self, dsn: str, *, pool_size: int = 10, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, dsn: str, *, pool_size: int = 10, clock: Callable[[], float] = time.time,
+                 lease_seconds: float = DEFAULT_LEASE_SECONDS, bounds: StoreBounds | None = None) -> None:
+        """``lease_seconds`` is the session lease TTL the connections' bounds derive from
+        (``core.postgresql.bounds``); ``bounds`` sets them outright instead (tests use small ones)."""
         self._dsn = dsn
         self._pool_size = pool_size
         self._clock = clock
+        self._bounds = bounds if bounds is not None else StoreBounds.for_lease(lease_seconds)
         self._pool: asyncpg.Pool | None = None
         self._closing = False
         self._in_flight = InFlight()
@@ -90,32 +104,47 @@ class PostgresqlStore:
         """Connect and migrate the schema forward (once, however many processes open it at the same time)."""
         if self._pool is not None:
             return
+        bounds = self._bounds
         with store_errors("open"):
             try:
-                pool = await asyncpg.create_pool(self._dsn, min_size=1, max_size=self._pool_size,
-                                                 timeout=CONNECT_TIMEOUT, command_timeout=None)
+                # a step may take long, and the processes starting meanwhile wait for it: not the pool's bounds
+                conn = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT,
+                                             server_settings=bounds.migration_settings())
             except ValueError as exc:  # asyncpg's own checks of the connection string
                 raise StoreError(f"postgresql store: open failed (the connection string is not usable: "
                                  f"{type(exc).__name__})") from None
             try:
-                async with pool.acquire() as conn:
-                    await migrate(conn)
-            except BaseException:
-                await pool.close()
-                raise
-            self._pool = pool
+                await migrate(conn)
+            finally:
+                await _close_within(conn, bounds.command)
+            self._pool = await asyncpg.create_pool(
+                self._dsn, min_size=1, max_size=self._pool_size, timeout=CONNECT_TIMEOUT,
+                command_timeout=bounds.command, server_settings=bounds.server_settings("chatbridge store"))
 
     async def close(self) -> None:
         """Operations under way complete first (also those whose caller was cancelled); any started after this
-        began fail as closed."""
+        began fail as closed. Within the ``close`` bound: past it, the pool is terminated, and the operations
+        still under way fail with StoreError (each is bounded too; this is the bound of them all)."""
         if self._pool is None or self._closing:
             return
         self._closing = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._bounds.close
         try:
-            await self._in_flight.drain()
+            drained = await self._in_flight.drain(timeout=self._bounds.close)
             pool, self._pool = self._pool, None
-            with store_errors("close"):
-                await pool.close()
+            if not drained:
+                log.warning("postgresql store: operations still under way after %.3gs; closing without them",
+                            self._bounds.close)
+                pool.terminate()
+                return
+            try:
+                async with asyncio.timeout_at(deadline):
+                    with store_errors("close"):
+                        await pool.close()
+            except TimeoutError:  # Pool.close terminates the pool when it is interrupted
+                log.warning("postgresql store: the connections did not close within %.3gs; dropped them",
+                            self._bounds.close)
         finally:
             self._closing = False
 
@@ -132,9 +161,17 @@ class PostgresqlStore:
         pool = self._pool
         if pool is None:
             raise StoreError(f"postgresql store: {op} called while the store is closed")
+        acquired = False
         with store_errors(op):
-            async with pool.acquire() as conn:
-                yield conn
+            try:
+                async with pool.acquire(timeout=self._bounds.acquire) as conn:
+                    acquired = True
+                    yield conn
+            except TimeoutError:
+                if acquired:
+                    raise  # a statement's (store_errors says so)
+                raise StoreError(f"postgresql store: {op} failed (no connection to the server within "
+                                 f"{self._bounds.acquire:.3g}s)") from None
 
     @contextlib.asynccontextmanager
     async def _transaction(self, op: str, *, snapshot: bool = False) -> AsyncIterator[asyncpg.Connection]:
@@ -507,3 +544,11 @@ class _Session:
 async def _locked_session(conn: asyncpg.Connection, key: str, now: float) -> _Session:
     """The session row (created when missing), locked until the transaction ends."""
     return _Session(await conn.fetchrow(LOCK_SESSION, key, DEFAULT_TITLE, now))
+
+
+async def _close_within(conn: asyncpg.Connection, timeout: float) -> None:
+    """Close ``conn`` politely, or drop it when the server does not answer within ``timeout``."""
+    try:
+        await conn.close(timeout=timeout)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
+        conn.terminate()
