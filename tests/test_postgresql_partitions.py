@@ -166,6 +166,41 @@ async def test_a_process_cut_off_inside_a_transaction_does_not_freeze_the_conver
         await within(b.close(), "closing B")
 
 
+async def test_a_commit_whose_answer_is_lost_but_which_landed_is_a_success(dsn: str, proxy: PgProxy) -> None:
+    """The server commits a turn's answer and the connection dies before its answer arrives: asyncpg cannot
+    tell whether it landed. It is read back: the turn is completed, its answer once in history, no failure."""
+    s = store(proxy.route(dsn))
+    await s.open()
+    try:
+        await s.append_message(KEY, user("hi"), begin_turn=("t1", "{}"))
+        proxy.cut_after("COMMIT;")  # (not "BEGIN ISOLATION LEVEL READ COMMITTED")
+        result = await within(s.commit_turn(KEY, [answer("the answer", "t1")], expect_generation=None,
+                                            expect_state_version=None, end_turn=("t1", "completed")),
+                              "the commit whose answer was lost")
+        assert [m.content for m in result.messages] == ["hi", "the answer"] and result.inserted == 1
+        assert [(m.role, m.content) for m in (await s.history(KEY))[1]] == [("user", "hi"),
+                                                                            ("assistant", "the answer")]
+        assert await s.close_interrupted_turns(key=KEY) == []  # the turn is closed: nothing left running
+    finally:
+        await within(s.close(), "close")
+
+
+async def test_a_message_whose_commit_answer_is_lost_but_which_landed_is_stored_once(
+        dsn: str, proxy: PgProxy) -> None:
+    """The same for the user's message: stored, so not refused (the user is never asked to send it again)."""
+    s = store(proxy.route(dsn))
+    await s.open()
+    try:
+        await s.get_or_create_session(KEY)
+        proxy.cut_after("COMMIT;")  # (not "BEGIN ISOLATION LEVEL READ COMMITTED")
+        message, _ = await within(s.append_message(KEY, user("hello"), begin_turn=("t1", "{}")),
+                                  "the write whose answer was lost")
+        assert message.content == "hello"
+        assert [m.content for m in (await s.history(KEY))[1]] == ["hello"]
+    finally:
+        await within(s.close(), "close")
+
+
 async def _cut_links(proxy: PgProxy) -> list[Any]:
     while not (cut := [link for link in proxy.links if link.blackholed]):  # noqa: ASYNC110 (the proxy's state)
         await asyncio.sleep(0.01)

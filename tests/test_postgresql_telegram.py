@@ -101,8 +101,8 @@ async def test_one_process_polls_and_another_takes_over_after_a_sigkill_losing_n
         await wait_for(offset_save_waits, bridges, what="the leader's offset save waits", timeout=60)
         tg.user_message("m4", chat_id=4)  # pending at Telegram when the leader dies
 
+        killed_at = time.monotonic()  # before the wait for its exit: the new leader may poll while it is reaped
         await bridges[leader].kill()
-        killed_at = time.monotonic()
         # The server notices a vanished client only when it next talks to it, so the dead leader's save would
         # still land once the row is free (which is harmless, but would spare the new leader the re-fetch
         # this test is about); end it as a server with client_connection_check_interval would.

@@ -180,6 +180,38 @@ class PostgresqlStore:
             async with conn.transaction(isolation=isolation, readonly=snapshot):
                 yield conn
 
+    @contextlib.asynccontextmanager
+    async def _writing(self, op: str, key: str, ids: Sequence[str]) -> AsyncIterator[asyncpg.Connection]:
+        """A write transaction that inserts the messages ``ids`` into session ``key``. When it fails after its
+        last statement (its COMMIT unanswered: the connection lost, or silent past its bound), the server may
+        have committed it all the same, which asyncpg cannot tell: it is read back (``_landed``), and a write
+        that landed is a success (its caller's values, computed in the transaction, are the committed ones)
+        instead of a StoreError that would have the turn fail, or the user asked to send again, with the
+        answer or the message stored."""
+        written = False
+        try:
+            async with self._transaction(op) as conn:
+                yield conn
+                written = True
+        except StoreError:
+            if not written or not ids or not await self._landed(op, key, ids):
+                raise
+            log.warning("postgresql store: %s was not answered at its commit, which had landed", op)
+
+    async def _landed(self, op: str, key: str, ids: Sequence[str]) -> bool:
+        """Whether the messages ``ids`` are in the database. The session's row is locked first: a transaction
+        that wrote them holds it until it has ended on the server (committed, or rolled back once the server
+        let it go: ``idle_in_transaction_session_timeout``, within the lock wait), so what is read is final.
+        False also when the database cannot be read (the outcome stays unknown: the caller's StoreError)."""
+        try:
+            async with self._transaction(f"{op} (read back)") as conn:
+                await conn.execute("SELECT 1 FROM sessions WHERE key = $1 FOR UPDATE", key)
+                found = await conn.fetchval("SELECT count(*) FROM messages WHERE id = ANY($1::text[])", list(ids))
+        except StoreError as exc:
+            log.warning("postgresql store: could not read back whether %s landed: %s", op, exc)
+            return False
+        return bool(found == len(ids))
+
     async def _fetch(self, op: str, sql: str, *args: Any) -> list[asyncpg.Record]:
         async with self._connection(op) as conn:
             return cast(list[asyncpg.Record], await conn.fetch(sql, *args))
@@ -270,7 +302,7 @@ class PostgresqlStore:
         message served, in the same transaction; InboundServedError when it is no longer waiting."""
         now = self._clock()
         ids = (uuid.uuid4().hex,)
-        async with self._transaction("append_message") as conn:
+        async with self._writing("append_message", key, ids) as conn:
             current = await _locked_session(conn, key, now)
             # locked, and read again once a write serving it first has committed: served once, by one process
             if serves is not None and await conn.fetchval(_STILL_WAITING, serves) is None:
@@ -301,7 +333,7 @@ class PostgresqlStore:
         """
         now = self._clock()
         ids = [uuid.uuid4().hex for _ in messages]
-        async with self._transaction("commit_turn") as conn:
+        async with self._writing("commit_turn", key, ids) as conn:
             # a session this creates goes again with the rollback when the expectations fail
             current = await _locked_session(conn, key, now)
             if ((expect_generation is not None and current.record.generation != expect_generation)
