@@ -87,6 +87,18 @@ from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
 
 
 @pytest.fixture
+async def chat(tmp_path: Path, fake_openai: FakeOpenAI) -> AsyncIterator[Any]:
+    """A web chat on the fake model, served on 127.0.0.1 (a test file with other needs defines its own)."""
+    from tests.browser.server import start_web_chat
+
+    wc = await start_web_chat(tmp_path, fake_openai)
+    try:
+        yield wc
+    finally:
+        await wc.close()
+
+
+@pytest.fixture
 async def fake_anthropic() -> AsyncIterator[FakeAnthropic]:
     """A started fake Anthropic Messages API on 127.0.0.1; ``base_url`` has no ``/v1`` (the SDK adds it)."""
     async with FakeAnthropic() as fake:

@@ -18,15 +18,6 @@ from tests.support.platforms import whole_history
 from tests.support.ports import free_port
 
 
-@pytest.fixture
-async def chat(tmp_path, fake_openai):
-    wc = await start_web_chat(tmp_path, fake_openai)
-    try:
-        yield wc
-    finally:
-        await wc.close()
-
-
 async def say(http, base, sid, text, client_id=None):
     body = {"text": text, **({"client_id": client_id} if client_id else {})}
     async with http.post(f"{base}/api/sessions/{sid}/messages", json=body) as resp:

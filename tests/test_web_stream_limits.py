@@ -9,22 +9,11 @@ import asyncio
 import socket
 from collections.abc import Callable
 
-import pytest
-
 from channels.web.sse import StreamHub, Subscriber
 from tests.browser.server import SSEClient, WebChat, new_session, open_stream, start_web_chat
 
 WAIT = 10.0
 BIG = "x" * 20_000
-
-
-@pytest.fixture
-async def chat(tmp_path, fake_openai):
-    wc = await start_web_chat(tmp_path, fake_openai)
-    try:
-        yield wc
-    finally:
-        await wc.close()
 
 
 async def until(pred: Callable[[], bool], timeout: float = WAIT) -> None:

@@ -25,3 +25,4 @@ async def browser(tmp_path):
             yield context
         finally:
             await context.close()
+

@@ -11,7 +11,6 @@ import os
 import pytest
 
 from tests.browser.conftest import ARTIFACTS, CHROMIUM
-from tests.browser.server import start_web_chat
 from tests.fakes.openai_server import Text
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
@@ -20,15 +19,6 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
 HOSTILE = ('Safe **bold** and `<b>code</b>` <img src=x onerror="window.__pwned=1">\n'
            '<script>window.__pwned=2</script> [click](javascript:window.__pwned=3) '
            '[ok](https://example.org/?a=1&b="2") "quotes" & <svg onload=window.__pwned=4>')
-
-
-@pytest.fixture
-async def chat(tmp_path, fake_openai):
-    wc = await start_web_chat(tmp_path, fake_openai)
-    try:
-        yield wc
-    finally:
-        await wc.close()
 
 
 async def open_page(context, url):

@@ -14,7 +14,6 @@ import pytest
 
 from channels.web.channel import WebStream
 from tests.browser.conftest import CHROMIUM
-from tests.browser.server import start_web_chat
 from tests.browser.test_chat_page import send
 from tests.fakes.openai_server import Text
 
@@ -23,15 +22,6 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
 
 ANSWER = "Exactly one copy of this answer, please."
 WAIT = 10.0  # seconds: every wait of these tests is bounded
-
-
-@pytest.fixture
-async def chat(tmp_path, fake_openai):
-    wc = await start_web_chat(tmp_path, fake_openai)
-    try:
-        yield wc
-    finally:
-        await wc.close()
 
 
 class CommitWindow:
@@ -117,6 +107,16 @@ async def shows_the_answer_once_from_history(page: Any) -> None:
     await expect(page.locator("#stop")).to_be_hidden()
 
 
+async def asking_tab(browser: Any, base: str) -> tuple[Any, str]:
+    """A tab that opens a new conversation and sends the question; (the page, its session id)."""
+    page = await browser.new_page()
+    await page.goto(base + "/")
+    await page.wait_for_selector("body[data-ready='1']", timeout=WAIT * 1000)
+    sid = await page.evaluate("window.chatbridge.app.session")
+    await send(page, "question")
+    return page, sid
+
+
 async def answer_committed_and_held(window: CommitWindow, http: Any, base: str, sid: str) -> None:
     await wait(window.entered)
     assert await history_texts(http, base, sid) == [ANSWER]  # committed; the terminal event is held
@@ -125,11 +125,7 @@ async def answer_committed_and_held(window: CommitWindow, http: Any, base: str, 
 async def test_stream_first_then_history_after_the_commit(browser, chat, fake_openai, window, http):
     """task_state (turn running) arrives first, the history (with the answer) after it."""
     fake_openai.script(Text(ANSWER, chunk_size=4))
-    a = await browser.new_page()
-    await a.goto(chat.base_url + "/")
-    await a.wait_for_selector("body[data-ready='1']", timeout=WAIT * 1000)
-    sid = await a.evaluate("window.chatbridge.app.session")
-    await send(a, "question")
+    a, sid = await asking_tab(browser, chat.base_url)
     await answer_committed_and_held(window, http, chat.base_url, sid)
 
     history = Gate()
@@ -150,11 +146,7 @@ async def test_stream_first_then_history_after_the_commit(browser, chat, fake_op
 async def test_history_first_then_the_stream_after_the_commit(browser, chat, fake_openai, window, http):
     """The history (with the answer) is loaded first; the stream's task_state (turn running) comes after."""
     fake_openai.script(Text(ANSWER, chunk_size=4))
-    a = await browser.new_page()
-    await a.goto(chat.base_url + "/")
-    await a.wait_for_selector("body[data-ready='1']", timeout=WAIT * 1000)
-    sid = await a.evaluate("window.chatbridge.app.session")
-    await send(a, "question")
+    _, sid = await asking_tab(browser, chat.base_url)
     await answer_committed_and_held(window, http, chat.base_url, sid)
 
     stream = Gate()
@@ -177,11 +169,7 @@ async def test_history_before_the_commit_and_the_stream_after_it(browser, chat, 
     to a fresh connection): the terminal event has the page fetch the history again, where the answer is."""
     hold = asyncio.Event()
     fake_openai.script(Text(ANSWER, chunk_size=4, hold=hold, hold_after=12))
-    a = await browser.new_page()
-    await a.goto(chat.base_url + "/")
-    await a.wait_for_selector("body[data-ready='1']", timeout=WAIT * 1000)
-    sid = await a.evaluate("window.chatbridge.app.session")
-    await send(a, "question")
+    a, sid = await asking_tab(browser, chat.base_url)
     await a.locator("#live .msg.assistant.live").wait_for(timeout=WAIT * 1000)
 
     stream = Gate()
@@ -206,11 +194,7 @@ async def test_a_history_answer_from_before_the_commit_that_arrives_after_the_en
 
     hold = asyncio.Event()
     fake_openai.script(Text(ANSWER, chunk_size=4, hold=hold, hold_after=12))
-    a = await browser.new_page()
-    await a.goto(chat.base_url + "/")
-    await a.wait_for_selector("body[data-ready='1']", timeout=WAIT * 1000)
-    sid = await a.evaluate("window.chatbridge.app.session")
-    await send(a, "question")
+    a, sid = await asking_tab(browser, chat.base_url)
     await a.locator("#live .msg.assistant.live").wait_for(timeout=WAIT * 1000)
 
     history, stream = Gate(fetch_first=True), Gate()

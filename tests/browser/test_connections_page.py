@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import CHROMIUM
-from tests.browser.server import start_web_chat
 from tests.browser.test_chat_page import send
 from tests.fakes.openai_server import Text
 
@@ -29,15 +28,6 @@ FETCH_SESSIONS = """async () => {
     try { const r = await fetch('/api/sessions', {signal: ctl.signal}); return 'ok ' + r.status; }
     catch (e) { return 'failed: ' + e.name; } finally { clearTimeout(t); }
 }"""
-
-
-@pytest.fixture
-async def chat(tmp_path, fake_openai):
-    wc = await start_web_chat(tmp_path, fake_openai)
-    try:
-        yield wc
-    finally:
-        await wc.close()
 
 
 async def open_tab(browser: Any, url: str) -> Any:

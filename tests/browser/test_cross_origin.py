@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from tests.browser.conftest import ARGS, CHROMIUM
-from tests.browser.server import open_stream, start_web_chat
+from tests.browser.server import open_stream
 from tests.browser.test_chat_page import send
 from tests.fakes.openai_server import Text
 
@@ -43,15 +43,6 @@ async def browser(tmp_path):
 async def http():
     async with aiohttp.ClientSession() as session:
         yield session
-
-
-@pytest.fixture
-async def chat(tmp_path, fake_openai):
-    wc = await start_web_chat(tmp_path, fake_openai)
-    try:
-        yield wc
-    finally:
-        await wc.close()
 
 
 class Attacker:

@@ -10,21 +10,11 @@ import pytest
 
 from core.messages import MessageSource, NewMessage
 from tests.browser.conftest import ARTIFACTS, CHROMIUM
-from tests.browser.server import start_web_chat
 from tests.browser.test_chat_page import open_page, send
 from tests.fakes.openai_server import HttpError, Text
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
                                 reason=f"{CHROMIUM} is absent (apt-get install chromium)")
-
-
-@pytest.fixture
-async def chat(tmp_path, fake_openai):
-    wc = await start_web_chat(tmp_path, fake_openai)
-    try:
-        yield wc
-    finally:
-        await wc.close()
 
 
 async def test_a_failed_turns_notice_stays_after_a_reload(browser, chat, fake_openai):

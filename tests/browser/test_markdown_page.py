@@ -10,7 +10,6 @@ import os
 import pytest
 
 from tests.browser.conftest import ARTIFACTS, CHROMIUM
-from tests.browser.server import start_web_chat
 from tests.browser.test_chat_page import open_page, send
 from tests.fakes.openai_server import Text
 
@@ -65,15 +64,6 @@ alert(1)
 """
 
 FORBIDDEN = "img, script, iframe, style, svg, object, embed, form, input, details, math, link, meta, base"
-
-
-@pytest.fixture
-async def chat(tmp_path, fake_openai):
-    wc = await start_web_chat(tmp_path, fake_openai)
-    try:
-        yield wc
-    finally:
-        await wc.close()
 
 
 async def test_tables_strike_rules_nested_lists_and_highlighted_code_with_copy(browser, chat, fake_openai):
