@@ -182,6 +182,8 @@ async def test_history_before_the_commit_and_the_stream_after_it(browser, chat, 
     await until_js(b, "window.chatbridge.app.live !== null")  # task_state: running
     window.release.set()
     await until_js(b, "window.chatbridge.app.live === null")
+    # the page fetched its history again: the answer is there now, not in a live bubble
+    assert await b.evaluate("window.chatbridge.app.mirror.messages.map((m) => m.content)") == ["question", ANSWER]
     await shows_the_answer_once_from_history(b)
     await shows_the_answer_once_from_history(a)
 
