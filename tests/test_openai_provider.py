@@ -233,7 +233,11 @@ async def test_default_reply_when_queue_empty(fake_openai: FakeOpenAI, provider:
         (HttpError(404, {"error": {"message": "model not found"}}), ProviderErrorKind.BAD_REQUEST, 404),
         (HttpError(408), ProviderErrorKind.TIMEOUT, 408),
         (Malformed(), ProviderErrorKind.MALFORMED, None),
-        (StreamError(), ProviderErrorKind.MALFORMED, None),
+        (StreamError(), ProviderErrorKind.TRANSIENT, None),  # in-stream server_error
+        (StreamError(type="requests", code="rate_limit_exceeded"), ProviderErrorKind.RATE_LIMIT, None),
+        (StreamError("Provider returned error", code=502, type=None), ProviderErrorKind.TRANSIENT, None),
+        (StreamError("Rate limit exceeded", code=429, type=None), ProviderErrorKind.RATE_LIMIT, None),
+        (StreamError("something odd", type="invalid_request_error"), ProviderErrorKind.MALFORMED, None),
         (Hang(0.05, after_text="cut short"), ProviderErrorKind.TRANSIENT, None),  # ends without finish_reason
     ],
 )

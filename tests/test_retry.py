@@ -128,7 +128,7 @@ async def test_hang_times_out_then_ladder_then_final_error(
 
 
 async def test_malformed_is_retried(fake_openai: FakeOpenAI, provider: OpenAIProvider) -> None:
-    fake_openai.script(Malformed(after_text="garbage"), StreamError(), Text("clean"))
+    fake_openai.script(Malformed(after_text="garbage"), StreamError("odd", type="invalid_request_error"), Text("clean"))
     rec = Recorder()
     assert await run(provider, LADDER, rec) == "clean"
     assert [k for k, _, _ in rec.calls] == [ProviderErrorKind.MALFORMED, ProviderErrorKind.MALFORMED]

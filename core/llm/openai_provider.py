@@ -196,8 +196,7 @@ class OpenAIProvider:
             return self._error(K.MALFORMED, exc, status=exc.status_code)
         if isinstance(exc, openai.APIError):
             # an error event inside the stream (``data: {"error": ...}``)
-            kind = K.CONTEXT_OVERFLOW if _is_context_overflow(exc) else K.MALFORMED
-            return self._error(kind, exc)
+            return self._error(_stream_error_kind(exc), exc)
         if isinstance(exc, (TimeoutError, httpx2.TimeoutException)):
             return ProviderError(
                 K.TIMEOUT,
@@ -348,6 +347,25 @@ def data_url(image: LLMImage) -> str:
 
 
 # ---- error helpers -------------------------------------------------------------------------------
+
+_STREAM_RATE_LIMITED = frozenset({"rate_limit_exceeded", "rate_limit_error", "requests", "tokens", "429"})
+_STREAM_TRANSIENT = frozenset({"server_error", "api_error", "overloaded_error", "timeout_error",
+                               "service_unavailable", "internal_error", "500", "502", "503", "504", "529"})
+
+
+def _stream_error_kind(exc: openai.APIError) -> ProviderErrorKind:
+    """The kind of an error event inside a stream, read from its ``type`` and ``code`` (OpenAI's
+    ``server_error``; a router's numeric status as the code): the provider failed or limited the bridge
+    mid-answer, which the chat reports as such, not as an answer it could not read. Anything else is
+    MALFORMED (retried)."""
+    if _is_context_overflow(exc):
+        return ProviderErrorKind.CONTEXT_OVERFLOW
+    marks = {str(exc.type or "").lower(), str(exc.code or "").lower()}
+    if marks & _STREAM_RATE_LIMITED:
+        return ProviderErrorKind.RATE_LIMIT
+    if marks & _STREAM_TRANSIENT:
+        return ProviderErrorKind.TRANSIENT
+    return ProviderErrorKind.MALFORMED
 
 
 def _is_context_overflow(exc: openai.APIError) -> bool:

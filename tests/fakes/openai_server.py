@@ -166,8 +166,9 @@ class StreamError:
     """Send ``after_text``, then an in-stream error event (``event: error`` + ``{"error": {...}}``)."""
 
     message: str = "An internal error occurred while streaming."
-    code: str | None = None
-    type: str = "server_error"
+    code: str | int | None = None
+    """OpenAI's codes are strings; routers put the upstream's HTTP status here as a number."""
+    type: str | None = "server_error"
     after_text: str = ""
 
 
@@ -181,7 +182,7 @@ class Function:
 Reply = Text | ToolCalls | HttpError | Unreadable | Hang | Malformed | StreamError | Function
 
 
-def _error_body(message: str, type_: str, code: str | None) -> dict[str, Any]:
+def _error_body(message: str, type_: str | None, code: str | int | None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
 
 
