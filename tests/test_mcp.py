@@ -231,6 +231,23 @@ async def test_a_huge_stdio_result_is_read_only_up_to_the_bound_and_keeps_its_he
     assert await tool(echo, "echo__echo").run({"text": "after"}, CTX) == "after"
 
 
+async def test_a_stray_line_on_a_servers_stdout_is_logged_with_the_servers_name(
+        caplog: pytest.LogCaptureFixture) -> None:
+    manager = McpManager()
+    config = McpServerConfig(name="lst", command=sys.executable, args=(str(LISTING_SERVER),),
+                             env={"LISTING_TOOLS": '["chatty", "lookup"]'}, call_timeout=30.0)
+    assert await manager.start([config]) == []
+    try:
+        with caplog.at_level("WARNING", logger="core.tools.mcp_stdio"):
+            assert await tool(manager, "lst__chatty").run({}, CTX) == "chatty"
+        warnings = [r.getMessage() for r in caplog.records if "JSON-RPC" in r.getMessage()]
+        assert warnings == ["MCP server 'lst' wrote a line to its stdout that is not a JSON-RPC message (24 bytes; "
+                            "a server must log to stderr)"]
+        assert await tool(manager, "lst__lookup").run({}, CTX) == "lookup"
+    finally:
+        await manager.aclose()
+
+
 async def test_a_huge_result_whose_id_comes_last_keeps_its_head_too() -> None:
     # servers written with the TypeScript SDK (the filesystem server of the README's example) write the
     # answer's id after the result: an oversized one must still be matched to its call, not left to time out

@@ -589,7 +589,7 @@ class McpToolSource:
                 self._lost(live, how)
 
             return bounded_stdio_client(cfg.command, cfg.args, dict(cfg.env) or None, self._log_stderr,
-                                        on_exit=exited)
+                                        on_exit=exited, name=cfg.name)
         from mcp.client.streamable_http import streamable_http_client
 
         assert cfg.url is not None

@@ -61,11 +61,13 @@ CUT_WORD = re.compile(r"(?<=\s)\S{1,256}$")
 @contextlib.asynccontextmanager
 async def bounded_stdio_client(command: str, args: Sequence[str], env: Mapping[str, str] | None,
                                stderr: Callable[[str], None], on_exit: Callable[[int | None], None] | None = None,
-                               max_message_bytes: int = MAX_MESSAGE_BYTES) -> AsyncIterator[tuple[Any, Any]]:
+                               max_message_bytes: int = MAX_MESSAGE_BYTES,
+                               name: str = "?") -> AsyncIterator[tuple[Any, Any]]:
     """Start the server and yield (read stream, write stream) for ``mcp.ClientSession``.
 
     ``stderr`` gets each line the server writes to its stderr; ``on_exit`` the server's exit status (None
-    when it closed its stdout but had not exited a moment later) once its stdout ends."""
+    when it closed its stdout but had not exited a moment later) once its stdout ends. ``name`` (the
+    server's name in the config) is in every warning about what the server wrote."""
     if sys.platform == "win32":  # pragma: no cover - the SDK spawns in a Job Object there
         from mcp import StdioServerParameters
         from mcp.client.stdio import stdio_client
@@ -93,7 +95,7 @@ async def bounded_stdio_client(command: str, args: Sequence[str], env: Mapping[s
 
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(_read, process, read_writer, max_message_bytes, exited)
+            group.start_soon(_read, process, read_writer, max_message_bytes, exited, name)
             group.start_soon(_watch_exit, process, read_writer, exited)
             group.start_soon(_write, process, write_reader, read_writer)
             group.start_soon(_read_stderr, process, stderr, stderr_done)
@@ -111,7 +113,7 @@ async def bounded_stdio_client(command: str, args: Sequence[str], env: Mapping[s
 
 
 async def _read(process: Process, out: MemoryObjectSendStream[Any], limit: int,
-                on_exit: Callable[[int | None], None] | None) -> None:
+                on_exit: Callable[[int | None], None] | None, name: str) -> None:
     assert process.stdout is not None
     head = bytearray()
     tail = bytearray()
@@ -133,7 +135,7 @@ async def _read(process: Process, out: MemoryObjectSendStream[Any], limit: int,
                         del tail[:-TAIL_BYTES]
                     if newline < 0:
                         break
-                    message = _message(bytes(head), size, limit, bytes(tail))
+                    message = _message(bytes(head), size, limit, bytes(tail), name)
                     head.clear()
                     tail.clear()
                     size = 0
@@ -248,24 +250,25 @@ async def _exited(process: Process, timeout: float) -> bool:
     return False
 
 
-def _message(line: bytes, size: int, limit: int, tail: bytes = b"") -> Any:
+def _message(line: bytes, size: int, limit: int, tail: bytes = b"", name: str = "?") -> Any:
     """One line as a SessionMessage (a parse error is handed on as the value, as the SDK does), or None
     for a blank line or an oversized one that cannot be matched to a request."""
     from mcp.shared.message import SessionMessage
     from mcp.types import jsonrpc_message_adapter
 
     if size > limit:
-        return salvage(line, size, tail)
+        return salvage(line, size, tail, name)
     if not line.strip():
         return None
     try:
         return SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:
-        log.warning("an MCP server sent a line that is not a JSON-RPC message (%d bytes)", size)
+        log.warning("MCP server %r wrote a line to its stdout that is not a JSON-RPC message (%d bytes; a server "
+                    "must log to stderr)", name, size)
         return exc
 
 
-def salvage(head: bytes, size: int, tail: bytes = b"") -> Any:
+def salvage(head: bytes, size: int, tail: bytes = b"", name: str = "?") -> Any:
     """A small, valid message standing for an oversized one of ``size`` bytes whose first bytes are
     ``head``: a tool result keeps its text so far, any other answer becomes an error. Which request it
     answers is read from the head, or from ``tail``, its last bytes, where a server writes the ``id`` after the
@@ -284,7 +287,8 @@ def salvage(head: bytes, size: int, tail: bytes = b"") -> Any:
         if found is not None:
             partial["id"] = pydantic_core.from_json(found.group(1))
     if not isinstance(partial, dict) or not _is_id(partial.get("id")):
-        log.warning("dropped an MCP message of %d bytes that does not say which request it answers", size)
+        log.warning("dropped a message of %d bytes from MCP server %r that does not say which request it answers",
+                    size, name)
         return None
     note = (f"[The tool's result was {size:,} bytes; only its first {len(head):,} bytes were read. "
             "It begins:]")

@@ -6,6 +6,7 @@ The tool ``big`` answers with a text of ``size`` characters, its answer's ``id``
 (the order of the TypeScript SDK's servers). With ``LISTING_HELPER`` set it starts a helper process that
 inherits its stdio and outlives it (as many servers' helpers do); ``pid`` and ``helper`` answer with the two
 process ids. ``block`` never answers, and stops the server answering anything (it sleeps on the only thread).
+``chatty`` writes a line of debug output to stdout, where only protocol messages belong, before its answer.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ for line in sys.stdin:
         result = json.dumps({"content": [{"type": "text", "text": text}], "isError": False})
         sys.stdout.write(f'{{"result":{result},"jsonrpc":"2.0","id":{json.dumps(request_id)}}}\n')
         sys.stdout.flush()
+    elif method == "tools/call" and message["params"]["name"] == "chatty":
+        sys.stdout.write("debug: starting the work\n")
+        answer(request_id, {"content": [{"type": "text", "text": "chatty"}]})
     elif method == "tools/call" and message["params"]["name"] == "block":
         time.sleep(600)
     elif method == "tools/call" and message["params"]["name"] in ("pid", "helper"):
