@@ -27,7 +27,7 @@ from core.delivery import PlainSender
 from core.envelope import InboundEnvelope
 from core.failover import SessionFailover
 from core.failures import TurnFailurePresenter
-from core.session import Admitted, Job, SessionManager
+from core.session import Admitted, Job, Place, SessionManager
 from core.settings import CoreSettings
 from core.store import InboundServedError, Store
 from core.supervisor import ShuttingDownError, SupervisorClosedError, TaskSupervisor
@@ -116,7 +116,8 @@ class IngressRouter:
 
         Raises RouterClosedError while shutting down and AdmissionError when the message could not be
         stored; in both cases nothing marks it as seen and the channel must not acknowledge it. A caller
-        cancelled while the message is being stored may leave it stored: the next start answers it."""
+        cancelled while the message is being stored does not cut the storing short: once stored, the message
+        is queued and answered (a redelivery then finds it a duplicate)."""
         if self._closed:
             raise RouterClosedError("chatbridge is shutting down and accepts no new messages")
         try:
@@ -128,6 +129,22 @@ class IngressRouter:
                 return await self._busy(envelope)
         except SupervisorClosedError as exc:
             raise RouterClosedError("chatbridge is shutting down and accepts no new messages") from exc
+        try:
+            admission = self._supervisor.spawn(f"admit:{envelope.key()}", self._admit(envelope, place))
+        except SupervisorClosedError as exc:
+            place.give_back()
+            raise RouterClosedError("chatbridge is shutting down and accepts no new messages") from exc
+        # The caller may give up waiting (a channel that must answer its platform in time): the admission
+        # goes on and settles the message's place itself, so a message that gets stored is also served.
+        result = await asyncio.shield(admission)
+        if isinstance(result, AdmissionError):
+            raise result
+        return result
+
+    async def _admit(self, envelope: InboundEnvelope, place: Place) -> SubmitResult | AdmissionError:
+        """Store the message and settle its place, as one step: a message stored is queued (its place
+        filled), one not stored gives its place back. Runs as a task of its own, so a caller cancelled
+        while the message is being stored cannot leave it stored but unserved until the next start."""
         self._admitting += 1
         self._admitted.clear()
         try:
@@ -137,9 +154,11 @@ class IngressRouter:
         except Exception as exc:
             place.give_back()
             log.error("storing an inbound message of %s failed: %s", envelope.key(), exc)
-            raise AdmissionError("the message could not be stored") from exc
+            error = AdmissionError("the message could not be stored")
+            error.__cause__ = exc
+            return error
         except BaseException:
-            place.give_back()
+            place.give_back()  # cancelled at shutdown: a write already on its way is answered at the next start
             raise
         finally:
             self._admitting -= 1

@@ -212,6 +212,45 @@ async def test_shutdown_while_a_message_is_being_stored_loses_nothing(tmp_path, 
     await h2.core.shutdown()
 
 
+class SlowAnswerStore(SqliteStore):
+    """Storing a message lands at once; its answer is held at ``gate`` (a slow fsync). As with the SQLite writer,
+    a write on its way lands even when its caller stops waiting for the answer."""
+
+    gate: asyncio.Event | None = None
+    held = 0
+
+    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds, key=None):  # type: ignore[override]
+        write = asyncio.ensure_future(super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds,
+                                                            key=key))
+        if self.gate is not None:
+            self.held += 1
+            await self.gate.wait()
+        return await asyncio.shield(write)
+
+
+async def test_a_message_stored_after_its_sender_stopped_waiting_is_answered_once(tmp_path, fake_openai):
+    # A channel that must answer its platform in time (Slack: 3 s) stops waiting for a slow store; the message
+    # is stored all the same, and the platform's redelivery is then a duplicate: unless the message is also
+    # queued, nobody answers it until the next start.
+    fake_openai.default = Function(echo)
+    store = SlowAnswerStore(tmp_path / "chat.db")
+    h = await make_harness(tmp_path, fake_openai, store=store)
+    store.gate = asyncio.Event()
+    submitting = asyncio.create_task(h.say("are you there?", event_id="e1"))
+    await h.wait_for(lambda: store.held == 1)
+    submitting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await submitting
+    store.gate.set()
+    store.gate = None
+    await h.wait_for(lambda: "echo: are you there?" in h.platform.visible("c1"))
+    assert await h.say("are you there?", event_id="e1") is SubmitResult.DUPLICATE  # the redelivery
+    await h.settle()
+    assert h.platform.visible("c1") == ["echo: are you there?"]
+    assert await store.waiting_inbound() == []
+    await h.core.shutdown()
+
+
 async def test_new_ends_the_conversation_for_the_messages_waiting_before_it(tmp_path, fake_openai):
     hold = asyncio.Event()
     fake_openai.script(Text("remembering banana slowly", hold=hold, hold_after=11))
