@@ -22,11 +22,22 @@
 - **Signals** over the cluster bus (``core.bus``): ``/stop`` and ``/new`` sent to a process
   that does not hold the session are forwarded to the holder (``session.stop``, ``session.new``). Messages
   need no signal: a holder reads the store after each turn and once more after releasing its lease.
-  A forwarded ``/new`` is durable: it is stored with the session's messages first (``waiting`` hands it
-  back as a job in its place, taking the messages before it), and the signal only makes the holder stop
-  the reply being written and read the store. A holder that dies as the signal is sent leaves the stored
-  ``/new`` to the process that takes the session over, which applies it in order. It is carried out once:
-  ``Store.new_context`` takes it only while it still waits (``InboundServedError``), like a message.
+  A forwarded command is durable: it is stored with the session's messages first (``StoredCommand``), and
+  the signal only tells the holder to act on it now. A signal can be missed (the bus says so afterwards,
+  ``ClusterBus.on_gap``: notes sent while the holder's listening connection was down are gone), so after a
+  gap the holder reads the commands stored for the sessions it serves and acts on them as on their
+  signals: a ``/stop`` sent then still stops the reply being written. (The other way, the sender repeating
+  the signal until the holder acknowledges it, would need the very channel that failed, for as long as
+  it fails; the stored command also reaches a holder that lets the session go or dies before it heard.)
+
+  - A stored ``/stop`` is carried out once, by whoever finishes its record (``Store.finish_inbound``): the
+    holder on its signal or after a gap, stopping the running turn; else the session's next reader between
+    turns (``waiting``: the turn it was sent for has ended), answering that nothing runs.
+  - A stored ``/new`` comes back from ``waiting`` as a job in its place, taking the messages before it;
+    its signal (or a gap) only makes the holder stop the reply being written and read the store. A holder
+    that dies as the signal is sent leaves it to the process that takes the session over, which applies
+    it in order. It is carried out once: ``Store.new_context`` takes it only while it still waits
+    (``InboundServedError``), like a message.
 - **Sweeper**: every ``ttl / 2`` the sessions with work (waiting messages, a turn left running — its own or a
   subagent's) and no live lease are woken here; whichever process gets the lease takes them over. That is what
   moves a dead holder's sessions; at start-up it runs at once, instead of the recovery of every session a
@@ -71,14 +82,22 @@ SWEEP_LIMIT = 100
 
 
 class StoredCommand(BaseModel):
-    """A command stored with a session's messages for whichever process serves the session next (a forwarded
-    ``/new``). Its JSON is not an envelope's: a process that does not know it drops it as unreadable rather
-    than answering it as a message."""
+    """A command stored with a session's messages for the process that serves the session (a forwarded
+    ``/stop`` or ``/new``). Its JSON is not an envelope's: a process that does not know it drops it as
+    unreadable rather than answering it as a message."""
 
     model_config = ConfigDict(frozen=True)
 
-    command: Literal["new"]
-    envelope: InboundEnvelope
+    command: Literal["new", "stop"]
+    envelope: InboundEnvelope | None
+    """The command as received; None for a ``/stop`` that came without one (a web page's stop button)."""
+
+    @classmethod
+    def read(cls, payload: str) -> StoredCommand | None:
+        try:
+            return cls.model_validate_json(payload)
+        except ValueError:
+            return None
 
 
 class Recovery(Protocol):
@@ -115,6 +134,9 @@ class SessionFailover:
         self.sessions: SessionManager | None = None
         self._unsubscribe: list[Callable[[], None]] = []
         self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._taken: set[str] = set()
+        """Sessions whose lease this process was granted (``take``) and may still hold: where a gap may have
+        hidden a command (kept to those it holds at every heartbeat)."""
         self.settle = sum(settings.redelivery_delays) + 2 * leases.ttl
         """Seconds after its end before another process sends an undelivered turn again."""
 
@@ -130,7 +152,8 @@ class SessionFailover:
         """Subscribe to the signals, start the heartbeat and the sweeper (which sweeps at once)."""
         if self._bus is not None:
             self._unsubscribe = [self._bus.subscribe(STOP, self._on_stop),
-                                 self._bus.subscribe(NEW, self._on_new)]
+                                 self._bus.subscribe(NEW, self._on_new),
+                                 self._bus.on_gap(self._on_gap)]
         self._supervisor.spawn("leases:heartbeat", self._heartbeat())
         self._supervisor.spawn("leases:sweeper", self._sweeper())
 
@@ -142,6 +165,7 @@ class SessionFailover:
     # -- what a worker calls (core.session.Takeover)
 
     async def take(self, key: str) -> None:
+        self._taken.add(key)
         # the session's own turn and its subagents' (they ran inside it, in the same process); the subagents'
         # notices first, so once the chat is told (the parent's notice) every child's history says so too
         closed = await self._store.close_interrupted_turns(key=key, prefix=key + CHILD_MARK)
@@ -161,7 +185,12 @@ class SessionFailover:
             try:
                 envelope = InboundEnvelope.model_validate_json(record.payload)
             except ValueError:
-                job = self._stored_job(record.payload, record.seq)
+                stored = StoredCommand.read(record.payload)
+                if stored is not None and stored.command == "stop":
+                    # read between turns: the turn it was sent for ended before the holder acted on it
+                    await self._stop(key, record.seq, stored.envelope)
+                    continue
+                job = self._stored_job(stored, record.seq) if stored is not None else None
                 if job is not None:  # a command is applied whatever its age: it answers nothing
                     fresh.append(job)
                     continue
@@ -175,10 +204,8 @@ class SessionFailover:
                 await self._recovery.too_old(envelope, record.seq, age)
         return fresh
 
-    def _stored_job(self, payload: str, seq: int) -> StoredJob | None:
-        try:
-            stored = StoredCommand.model_validate_json(payload)
-        except ValueError:
+    def _stored_job(self, stored: StoredCommand, seq: int) -> StoredJob | None:
+        if stored.envelope is None:
             return None
         job = self._recovery.stored_job(stored.command, stored.envelope, seq)
         return StoredJob(stored.command, job, seq) if job is not None else None
@@ -187,10 +214,15 @@ class SessionFailover:
 
     async def forward_stop(self, key: str, envelope: InboundEnvelope | None = None) -> bool:
         """Stop ``key``'s turn in the live process that holds the session (True: sent there; the holder stops
-        it, or answers ``envelope``'s chat that nothing runs); False when no other process holds it."""
+        it, or answers ``envelope``'s chat that nothing runs); False when no other process holds it. The stop
+        is stored with the session's messages first, then the holder is told (see the module docstring)."""
         if self._bus is None or not await self._leases.held_elsewhere(key):
             return False
-        await self._publish(STOP, key, envelope)
+        stored = StoredCommand(command="stop", envelope=envelope)
+        channel = envelope.channel if envelope is not None else key.partition(":")[0]
+        seq = await self._store.admit_inbound(channel, None, stored.model_dump_json(),
+                                              ttl_seconds=self._settings.dedupe_ttl_seconds, key=key)
+        await self._publish(STOP, key, envelope, seq)
         return True
 
     async def forward_new(self, envelope: InboundEnvelope) -> None:
@@ -204,10 +236,10 @@ class SessionFailover:
         if self._bus is not None:
             await self._publish(NEW, envelope.key(), None)
 
-    async def _publish(self, topic: str, key: str, envelope: InboundEnvelope | None) -> None:
+    async def _publish(self, topic: str, key: str, envelope: InboundEnvelope | None, seq: int | None = None) -> None:
         assert self._bus is not None
         note = {"id": uuid.uuid4().hex, "key": key,
-                "envelope": envelope.model_dump_json() if envelope is not None else None}
+                "envelope": envelope.model_dump_json() if envelope is not None else None, "seq": seq}
         await self._bus.publish(topic, json.dumps(note))
 
     # -- signals from the other processes (a note may come twice: its id is remembered)
@@ -216,29 +248,64 @@ class SessionFailover:
         note = self._note(payload)
         if note is None:
             return
-        key, envelope = note
+        key, envelope, seq = note
         if not self._manager().holds(key):
-            return
-        if envelope is not None:
+            return  # (the stored stop waits for the session's next reader)
+        if seq is not None:
+            self._spawn(f"command:stop:{key}", self._stop(key, seq, envelope))
+        elif envelope is not None:  # (a process of an older version stored nothing)
             self._spawn(f"command:stop:{key}", self._recovery.stop_here(envelope))
         else:
             self._spawn(f"command:stop:{key}", self._manager().stop(key))
 
     def _on_new(self, payload: str) -> None:
         note = self._note(payload)
-        if note is None:
-            return
-        key, _ = note
+        if note is not None:
+            self._new_waits(note[0])
+
+    def _new_waits(self, key: str) -> None:
         if self._manager().holds(key):  # (else its lease is free: the store is read by whoever takes it)
             self._manager().cancel_running(key)
             self._wake(key)
 
-    def _note(self, payload: str) -> tuple[str, InboundEnvelope | None] | None:
+    async def _stop(self, key: str, seq: int, envelope: InboundEnvelope | None) -> None:
+        """Carry out the ``/stop`` stored as ``seq``, unless that was done already (its signal came twice, or
+        after a gap, or the session's next reader took it first)."""
+        if not await self._store.finish_inbound([seq]):
+            return
+        if envelope is not None:
+            await self._recovery.stop_here(envelope)
+        else:
+            await self._manager().stop(key)
+
+    def _on_gap(self) -> None:
+        self._spawn("commands:after-gap", self._missed(sorted(self._taken)))
+
+    async def _missed(self, keys: list[str]) -> None:
+        """After a gap in the bus: act on the commands stored for the sessions served here, as their signals,
+        which may have been missed, would have."""
+        for key in keys:
+            if not self._manager().holds(key):
+                continue
+            try:
+                for record in await self._store.waiting_inbound(key=key):
+                    stored = StoredCommand.read(record.payload)
+                    if stored is None:
+                        continue
+                    if stored.command == "stop":
+                        await self._stop(key, record.seq, stored.envelope)
+                    else:
+                        self._new_waits(key)
+            except Exception as exc:  # the holder still reads the store after the turn
+                log.warning("reading the commands stored for %s after a gap in the bus failed: %s", key, exc)
+
+    def _note(self, payload: str) -> tuple[str, InboundEnvelope | None, int | None] | None:
         try:
             note = json.loads(payload)
-            note_id, key, raw = str(note["id"]), str(note["key"]), note["envelope"]
+            note_id, key, raw, seq = str(note["id"]), str(note["key"]), note["envelope"], note.get("seq")
             envelope = InboundEnvelope.model_validate_json(raw) if raw is not None else None
-        except (ValueError, KeyError, TypeError):
+            seq = int(seq) if seq is not None else None
+        except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("an unreadable session note was ignored")
             return None
         if note_id in self._seen:
@@ -246,7 +313,7 @@ class SessionFailover:
         self._seen[note_id] = None
         while len(self._seen) > SEEN_NOTES:
             self._seen.popitem(last=False)
-        return key, envelope
+        return key, envelope, seq
 
     def _wake(self, key: str) -> None:
         try:
@@ -277,6 +344,7 @@ class SessionFailover:
                 continue
             if lost:
                 self._manager().lost(lost)
+            self._taken = {key for key in self._taken if self._manager().holds(key)}
             if self._processes is not None:
                 try:
                     await self._processes.renewed(lost)
