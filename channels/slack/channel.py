@@ -41,9 +41,12 @@ also after a restart. A press is remembered with ``host.mark_seen`` so a redeliv
 What reaches core (``channels.slack.inbound`` says what an event is): DMs; in channels (``group_policy``)
 an @mention, answered in a thread rooted at it, and later messages of a thread the bot has joined (kept as
 channel state, so it survives a restart) under ``mention``, every message under ``all``, nothing under
-``off``. ``allow_from`` (user ids or usernames) is checked first. Commands are message text: ``/stop`` (or
-just ``stop``) in a DM, ``@bot stop`` in a thread; the four commands also work as Slack slash commands in
-a DM when the app registers them.
+``off``. ``allow_from`` (user ids or usernames) is checked for every message that would reach core, before
+anything is stored. A username is matched through ``users.info``; only a definite mismatch drops a message: when
+Slack does not say who the sender is (a 5xx, a 429, a timeout), the event is left unacknowledged and Slack
+delivers it again, and a slash command is answered "could not be taken just now; please try again". Commands
+are message text: ``/stop`` (or just ``stop``) in a DM, ``@bot stop`` in a thread; the four commands also work
+as Slack slash commands in a DM when the app registers them.
 
 Files shared with a message travel as ``MediaItem``s; core downloads them during the turn through
 ``fetch_attachment`` (``core.media.fetch.AttachmentSource``).
@@ -92,7 +95,7 @@ from channels.slack.context import SlackContext
 from channels.slack.inbound import CHANNEL, BotIdentity, SlackInbound, normalize
 from channels.slack.posting import FindablePost, carries_button, carries_key, keyed
 from channels.slack.render import PART_LIMIT, SlackRenderer, message_args
-from channels.slack.sdk_log import sdk_logger
+from channels.slack.sdk_log import LeftForRedelivery, sdk_logger
 from channels.slack.settings import EVENTS_PATH, SlackConfig
 from channels.slack.sink import Destination, PromptHandle, SlackOps, SlackPrompts, SlackSink
 from core.channel import ERROR, SinkError
@@ -112,6 +115,8 @@ CHANNEL_COMMAND_HINT = "In a channel, mention me in the reply's thread instead, 
 _INVALID_AUTH = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked",
                            "not_allowed_token_type"})
 _USER_ID = re.compile(r"^[UW][A-Z0-9]{2,}$")
+NO_SUCH_USER = frozenset({"user_not_found", "user_not_visible"})
+"""``users.info`` errors that say who the user is, definitely: nobody this bot may know (so no names)."""
 MAX_REMEMBERED = 1024
 LOCATE_SKEW = 600.0
 """Seconds before our clock's time of a post that its message is looked for from (Slack's clock may differ)."""
@@ -169,6 +174,11 @@ class AllowList:
         self.everyone = "*" in items
         self.ids = {e for e in items if _USER_ID.match(e)}
         self.names = {e.lstrip("@").lower() for e in items if e != "*" and e not in self.ids}
+
+
+class UserUnknownError(LeftForRedelivery):
+    """Whether a user is in ``allow_from`` could not be decided (``users.info`` failed): their event is left
+    unacknowledged (Slack delivers it again), their slash command answered "please try again"."""
 
 
 def command_text(text: str, *, addressed: bool) -> str:
@@ -496,12 +506,14 @@ class SlackChannel:
             log.debug("Slack event ignored: %s", inbound.ignore)
             return
         async with asyncio.timeout(self.settings.submit_timeout):
-            if not await self._allowed(inbound.user):
-                return
             if not await self._addressed(inbound):
                 return
             envelope = self._envelope(inbound)
             if envelope is None:
+                return
+            # who the sender is could not be learned (users.info failed): UserUnknownError leaves the event
+            # unacknowledged, so Slack delivers it again and the next try may learn it
+            if not await self._allowed(inbound.user):
                 return
             if inbound.channel_type != "im" and inbound.reply_thread_ts:
                 # the bot answers in this thread: later messages in it need no mention
@@ -511,6 +523,8 @@ class SlackChannel:
             log.debug("Slack message %s:%s (retry %s): %s", inbound.channel, inbound.ts, retry, result.value)
 
     async def _allowed(self, user: str) -> bool:
+        """Whether ``allow_from`` lets ``user`` in. False only for a definite mismatch; raises UserUnknownError
+        when the answer depends on the user's names and Slack did not say them (``_user_names``)."""
         allow = self.allow
         if allow.everyone or user in allow.ids:
             return True
@@ -519,7 +533,11 @@ class SlackChannel:
         return any(n.lower() in allow.names for n in await self._user_names(user))
 
     async def _user_names(self, user: str) -> tuple[str, ...]:
-        """The user's username and display name (``users.info``, remembered)."""
+        """The user's username (``users.info``'s ``name``, remembered): unique in the workspace and not theirs
+        to change. Never the display name, which any member may set to anyone else's username (and which the
+        core's approval check, reading a press's ``username``, does not see either). A user Slack does not know has
+        none; any other failure (a 5xx, a 429, a timeout, a refusal such as a missing ``users:read``) raises
+        UserUnknownError: not knowing who someone is never means they are not allowed."""
         cached = self._names.get(user)
         if cached is not None:
             return cached
@@ -527,11 +545,14 @@ class SlackChannel:
         try:
             info = await self.api.call("users.info", lambda: client.users_info(user=user), retry=False)
         except PlatformError as exc:
-            log.info("users.info failed for %s: %s", user, exc)
-            return ()
+            if error_code(exc) in NO_SUCH_USER:
+                log.info("users.info: Slack does not know %s (%s)", user, error_code(exc))
+                return ()
+            log.warning("could not learn who Slack user %s is, for allow_from (%s): their message is not dropped "
+                        "(an event is left for Slack to deliver again)", user, exc)
+            raise UserUnknownError(f"users.info failed for {user}: {exc}") from None
         data = info.get("user") or {}
-        profile = data.get("profile") or {}
-        names = tuple(str(n) for n in (data.get("name"), profile.get("display_name")) if n)
+        names = (str(data["name"]),) if data.get("name") else ()
         if len(self._names) >= MAX_REMEMBERED:
             self._names.pop(next(iter(self._names)))
         self._names[user] = names

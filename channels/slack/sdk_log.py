@@ -4,7 +4,8 @@ slack_sdk logs a failed listener with its traceback (``logger.exception``). One 
 anyone's: answering an envelope on a connection that is closing (Slack, or the network, dropped the socket
 while the acknowledgement was on its way). Slack delivers an unacknowledged envelope again and the durable
 dedupe answers it once, so that failure is one warning line, without the traceback an operator would read as
-a crash. Every other failure keeps its traceback.
+a crash. So is a listener that failed on purpose to leave its event for Slack to deliver again
+(``LeftForRedelivery``: the channel logged why already). Every other failure keeps its traceback.
 """
 
 from __future__ import annotations
@@ -16,12 +17,18 @@ import aiohttp
 NAME = "chatbridge.slack.bolt"
 
 
+class LeftForRedelivery(Exception):
+    """Raised by a listener to leave its event unacknowledged, so that Slack delivers it again: an expected
+    condition the channel has logged, not a bug."""
+
+
 class ConnectionDrops(logging.Filter):
-    """A record whose exception is a dropped connection becomes a warning without its traceback."""
+    """A record whose exception is a dropped connection, or ``LeftForRedelivery``, becomes a warning without its
+    traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, (ConnectionError, aiohttp.ClientConnectionError)):
+        if isinstance(error, (ConnectionError, aiohttp.ClientConnectionError, LeftForRedelivery)):
             record.exc_info = None
             record.exc_text = None
             record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)

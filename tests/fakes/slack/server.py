@@ -282,8 +282,10 @@ class FakeSlack(UserActions):
     # ---- set-up and driving it from a test ---------------------------------------------------------
 
     def add_user(self, user_id: str, name: str, real_name: str, *, is_bot: bool = False,
-                 bot_id: str | None = None) -> None:
-        profile: dict[str, Any] = {"real_name": real_name, "display_name": name}
+                 bot_id: str | None = None, display_name: str | None = None) -> None:
+        """``name`` is the username (unique, set by the workspace); ``display_name`` (the username unless given)
+        is what the member chose to be called, which may be anything."""
+        profile: dict[str, Any] = {"real_name": real_name, "display_name": name if display_name is None else display_name}
         if bot_id:
             profile["bot_id"] = bot_id
         self.users[user_id] = {"id": user_id, "team_id": self.team_id, "name": name, "real_name": real_name,
