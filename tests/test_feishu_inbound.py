@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from channels.feishu.inbound import normalize
+from channels.feishu.inbound import normalize, read_message
 from core.envelope import MediaItem, ReplyTo, ThreadRef
 from tests.fakes.feishu.events import Mention, message_event, post_content
 
@@ -117,3 +117,33 @@ def test_our_own_and_unreadable_messages_are_dropped():
     broken["event"]["message"]["content"] = "not json"
     m = normalize(broken, BOT)
     assert m is not None and m.text == ""
+
+
+def test_a_users_message_of_a_kind_it_cannot_read_is_read_as_unreadable_not_dropped():
+    # so the channel can tell its sender (normalize still gives None: nothing for a model)
+    m = read_message(event(message_type="merge_forward", chat_type="p2p",
+                           content=json.dumps({"content": "Merged and Forwarded Message"})), BOT)
+    assert m is not None and not m.readable and m.message_type == "merge_forward" and m.text == ""
+    assert m.media == () and m.chat_type == "p2p"
+    mentioned = read_message(event("@_user_1", message_type="share_chat", mentions=[Mention("chatbridge", BOT)],
+                                   content=json.dumps({"chat_id": "oc_x"})), BOT)
+    assert mentioned is not None and not mentioned.readable and mentioned.mentioned_bot
+    assert read_message(event(message_type="system", content="{}"), BOT) is None  # nobody's words
+    assert read_message(event(message_type="interactive", content="{}", sender_open_id=BOT), BOT) is None
+    text = read_message(event(message_type="text"), BOT)
+    assert text is not None and text.readable
+
+
+def test_a_location_becomes_its_place_and_coordinates_in_words():
+    def location(content: dict) -> str | None:
+        m = normalize(event(message_type="location", content=json.dumps(content)), BOT)
+        return None if m is None else m.text
+
+    assert location({"name": "Office", "longitude": "116.397", "latitude": "39.908"}) == \
+        "[location] Office (latitude 39.908, longitude 116.397)"
+    assert location({"name": "Office", "address": "1 Main St"}) == "[location] Office, 1 Main St"
+    assert location({"longitude": 2.5, "latitude": -1}) == "[location] latitude -1, longitude 2.5"
+    assert location({"name": "Here", "longitude": "NaN", "latitude": "1"}) == "[location] Here"
+    assert location({}) is None  # nothing to say: the sender is told it cannot be read
+    empty = read_message(event(message_type="location", content="{}"), BOT)
+    assert empty is not None and not empty.readable

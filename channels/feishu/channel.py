@@ -29,7 +29,11 @@ documents, are answered once, also after a restart); a press's ``header.event_id
 ``host.mark_seen``.
 
 Then: our own messages are ignored, ``allow_from`` (open_id, user_id or union_id) and ``group_policy``
-(``mention``: a group message only when the bot is @mentioned) apply before anything reaches core.
+(``mention``: a group message only when the bot is @mentioned) apply before anything reaches core. A message
+of a kind the bridge cannot read (a forwarded conversation, a shared chat or contact, a card, a vote, …:
+``channels.feishu.inbound``) reaches no model: in a private chat, or @mentioning the bot in a group, its sender
+is told once (``UNREADABLE``, a reply to it; the message id goes through ``host.mark_seen``, and the reply's
+``uuid`` derives from it, so a re-push is not told twice); anywhere else it is ignored.
 Commands (``/stop``, ``/new``, ``/help``, ``/compact``) are message text, with or without the @mention
 (the bot's mention is removed from the text).
 
@@ -63,6 +67,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import secrets
 import threading
 import time
@@ -85,7 +90,7 @@ from channels.common.throttle import Scope, Throttle
 from channels.feishu import approvals, render
 from channels.feishu.api import FeishuApi
 from channels.feishu.context import FeishuContext
-from channels.feishu.inbound import CHANNEL, FeishuMessage, Sender, normalize
+from channels.feishu.inbound import CHANNEL, FeishuMessage, Sender, read_message
 from channels.feishu.settings import WEBHOOK_PATH, FeishuConfig
 from channels.feishu.sink import (
     Destination,
@@ -105,6 +110,9 @@ log = logging.getLogger(__name__)
 
 _OPERATOR = FeishuConfig()
 TRY_AGAIN = "Please try again in a moment."
+UNREADABLE = "I can't read this kind of message ({kind}) yet; please send it as text."
+"""The answer to a message of a kind the bridge cannot read (``{kind}``: Feishu's message type)."""
+_MESSAGE_TYPE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 FRESHNESS = 300.0
 """Seconds a signed webhook request may be old (or early)."""
 WORKING_SIGN_DELAY = 0.25
@@ -512,15 +520,20 @@ class FeishuChannel:
 
     async def accept(self, payload: dict[str, Any]) -> bool:
         """Hand one ``im.message.receive_v1`` body to core. False when it is not for core (ours, not allowed,
-        not addressed, nothing to answer); raises AdmissionError / ShuttingDownError when core did not store
-        it."""
-        message = normalize(payload, self.bot_open_id)
+        not addressed, nothing to answer, or a kind it cannot read); raises AdmissionError / ShuttingDownError
+        when core did not store it (or, for a message it cannot read, could not start telling its sender)."""
+        message = read_message(payload, self.bot_open_id)
         if message is None or not self.allow.allows(message.sender):
             return False
         if message.chat_type == "group":
             policy = self.settings.group_policy
             if policy == "off" or (policy == "mention" and not message.mentioned_bot):
                 return False
+        if not message.readable:
+            # never in a group unless it is addressed to the bot (under "all" too: not a word per shared card)
+            if message.chat_type == "p2p" or message.mentioned_bot:
+                self.host.spawn("feishu:unreadable", self._tell_unreadable(message))
+            return False
         if not message.text.strip() and not message.media:
             return False
         # attachments go as media items: core downloads them in the turn (fetch_attachment)
@@ -531,6 +544,21 @@ class FeishuChannel:
             channel_context=self._context(message).wrap())
         await self.host.submit(envelope)
         return True
+
+    async def _tell_unreadable(self, message: FeishuMessage) -> None:
+        """Tell the sender of a message the bridge cannot read, once: the message id is marked seen first (a
+        re-push, also to another process or after a restart, is told nothing), and the reply's ``uuid`` derives
+        from the message (``send_plain``), so a retried send is not shown twice either."""
+        if not await self.host.mark_seen(f"unreadable:{message.message_id}"):
+            return
+        kind = message.message_type if _MESSAGE_TYPE.match(message.message_type) else "unknown"
+        log.info("a Feishu message of a kind the bridge cannot read (%s) in %s: its sender is told", kind,
+                 message.chat_id)
+        try:
+            await self.send_plain(self._target_of(message), UNREADABLE.format(kind=kind))
+        except SinkError as exc:
+            log.warning("could not tell the sender of a %s message in %s that it cannot be read: %s", kind,
+                        message.chat_id, exc)
 
     @staticmethod
     def _context(message: FeishuMessage) -> FeishuContext:

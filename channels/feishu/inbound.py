@@ -12,7 +12,10 @@ bot's own open_id; it decides nothing about policy (allow lists, group policy, d
 - Media: images, files, voice messages (``audio``) and videos (``media``), as message types of their own or
   as images and videos inside a post, become ``Attachment``s and travel as ``MediaItem``s (the key is what
   the message-resource API downloads). A sticker cannot be downloaded (Feishu hands out no sticker
-  resources): it is the text ``[sticker]``.
+  resources): it is the text ``[sticker]``. A location is its name (or address) and coordinates as text.
+- Kinds of message nothing here can read (a forwarded conversation ``merge_forward``, a shared chat or
+  contact, a card, a vote, a task, …): ``read_message`` gives them with ``readable`` False and no text, so the
+  channel can tell the sender; ``normalize`` gives None for them. System messages are nobody's and give None.
 - Threads: a message with a ``thread_id`` is in a thread (a topic group's topic, or a "reply in thread");
   its session is the thread's. ``root_id``/``parent_id`` of a plain quote reply only name the message
   answered (``reply_to``): the conversation stays the chat's. Feishu gives ``thread_id`` on every message
@@ -39,6 +42,9 @@ ChatType = Literal["p2p", "group"]
 _MEDIA_TYPES = ("image", "file", "audio", "media")
 _MEDIA_KINDS = {"image": "photo", "file": "document", "audio": "voice", "media": "video"}
 STICKER = "[sticker]"
+LOCATION = "[location]"
+NOBODYS = frozenset({"", "system"})
+"""Message types that are no one's words (a system message: someone joined, the chat was renamed)."""
 _PLACEHOLDER = re.compile(r"@_user_\d+|@_all")
 
 
@@ -82,6 +88,8 @@ class FeishuMessage:
     thread_id: str | None = None
     attachments: tuple[Attachment, ...] = ()
     create_time_ms: int | None = None
+    readable: bool = True
+    """False for a user's message of a kind this bridge cannot read (``message_type`` says which)."""
 
     @property
     def thread(self) -> ThreadRef | None:
@@ -210,9 +218,41 @@ def _post_text(content: Mapping[str, Any], attachments: list[Attachment]) -> str
     return "\n".join(lines)
 
 
+def _location_text(content: Mapping[str, Any]) -> str | None:
+    """A shared location (``{"name", "longitude", "latitude"}``, an ``address`` in some clients) as one line of
+    text; None when it carries neither a place nor coordinates."""
+    place = ", ".join(dict.fromkeys(p for p in (_str(content.get("name")), _str(content.get("address"))) if p))
+    lat, lon = _coordinate(content.get("latitude")), _coordinate(content.get("longitude"))
+    where = f"latitude {lat}, longitude {lon}" if lat is not None and lon is not None else ""
+    if not place and not where:
+        return None
+    if place and where:
+        return f"{LOCATION} {place} ({where})"
+    return f"{LOCATION} {place or where}"
+
+
+def _coordinate(value: Any) -> str | None:
+    """A latitude or longitude as Feishu gives it (a string or a number), if it is a finite number."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return str(value).strip() if math.isfinite(number) else None
+
+
 def normalize(event: Mapping[str, Any], bot_open_id: str | None) -> FeishuMessage | None:
     """The message in an ``im.message.receive_v1`` body (``{"schema": "2.0", "header", "event"}``), or None
     when it is not a user's message this bridge can read."""
+    message = read_message(event, bot_open_id)
+    return message if message is not None and message.readable else None
+
+
+def read_message(event: Mapping[str, Any], bot_open_id: str | None) -> FeishuMessage | None:
+    """The message in an ``im.message.receive_v1`` body, or None when it is not a user's message (ours, a
+    system message, another event, a body without the ids). A user's message of a kind this bridge cannot read
+    comes with ``readable`` False and no text."""
     header, body = _map(event.get("header")), _map(event.get("event"))
     if header and header.get("event_type") not in (None, "im.message.receive_v1"):
         return None
@@ -235,6 +275,10 @@ def normalize(event: Mapping[str, Any], bot_open_id: str | None) -> FeishuMessag
         content = {}
     content = _map(content)
     attachments: list[Attachment] = []
+    readable = True
+    location = _location_text(content) if message_type == "location" else None
+    if message_type in NOBODYS:
+        return None
     if message_type == "text":
         raw_text = str(content.get("text") or "")
     elif message_type == "post":
@@ -247,8 +291,10 @@ def normalize(event: Mapping[str, Any], bot_open_id: str | None) -> FeishuMessag
         if key:
             attachments.append(Attachment(message_type, key, _str(content.get("file_name")),
                                           _whole(content.get("duration"))))
-    else:
-        return None  # cards, shares, system messages, …: nothing a model could answer
+    elif location is not None:
+        raw_text = location
+    else:  # forwarded conversations, shares, cards, votes, …: nothing a model could answer
+        raw_text, readable = "", False
     mentions = _mentions(message)
     create_time = message.get("create_time")
     return FeishuMessage(
@@ -259,4 +305,4 @@ def normalize(event: Mapping[str, Any], bot_open_id: str | None) -> FeishuMessag
         mentions_all="@_all" in raw_text,
         root_id=_str(message.get("root_id")), parent_id=_str(message.get("parent_id")),
         thread_id=_str(message.get("thread_id")), attachments=tuple(attachments),
-        create_time_ms=_whole(create_time))
+        create_time_ms=_whole(create_time), readable=readable)

@@ -101,8 +101,9 @@ class FeishuHarness:
         return dict(answer.data or {})
 
     async def settle(self, timeout: float = 10.0) -> None:
-        """Every handed-over event taken by core, and the chain idle."""
-        await self.wait_for(lambda: not any(t.get_name() == "feishu:event" for t in asyncio.all_tasks()), timeout)
+        """Every handed-over event taken by core (or its sender told it cannot be read), and the chain idle."""
+        await self.wait_for(lambda: not any(t.get_name() in ("feishu:event", "feishu:unreadable")
+                                            for t in asyncio.all_tasks()), timeout)
         await asyncio.sleep(0.05)
         await self.h.settle(timeout)
 
