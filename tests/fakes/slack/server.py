@@ -285,7 +285,8 @@ class FakeSlack(UserActions):
                  bot_id: str | None = None, display_name: str | None = None) -> None:
         """``name`` is the username (unique, set by the workspace); ``display_name`` (the username unless given)
         is what the member chose to be called, which may be anything."""
-        profile: dict[str, Any] = {"real_name": real_name, "display_name": name if display_name is None else display_name}
+        shown = name if display_name is None else display_name
+        profile: dict[str, Any] = {"real_name": real_name, "display_name": shown}
         if bot_id:
             profile["bot_id"] = bot_id
         self.users[user_id] = {"id": user_id, "team_id": self.team_id, "name": name, "real_name": real_name,
