@@ -86,8 +86,8 @@ async def test_one_process_polls_and_another_takes_over_after_a_sigkill_losing_n
         # before saving the offset past them, and does not fetch m4.
         holder = await asyncpg.connect(dsn)
         await holder.execute("BEGIN")
-        assert await holder.fetchval("SELECT value FROM channel_state WHERE channel = 'telegram' AND name = 'offset'"
-                                     " FOR UPDATE") == str(m1["update_id"] + 1)
+        assert await holder.fetchval("SELECT value FROM channel_state WHERE channel = 'telegram'"
+                                     " AND name LIKE 'offset:%' FOR UPDATE") == str(m1["update_id"] + 1)
         m2, _ = tg.user_message("m2", chat_id=2), tg.user_message("m3", chat_id=3)
         await wait_for(lambda: answers(tg, 2) == ["echo: m2"] and answers(tg, 3) == ["echo: m3"], bridges,
                        what="m2 and m3 answered by the leader", timeout=60)

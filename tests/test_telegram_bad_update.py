@@ -9,7 +9,7 @@ import logging
 import aiohttp
 from aiohttp import web
 
-from channels.telegram.channel import OFFSET_KEY, SECRET_HEADER, WEBHOOK_PATH
+from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
 from tests.fakes.openai_server import Text
 from tests.fakes.telegram.harness import telegram_harness
 
@@ -33,7 +33,7 @@ async def test_an_update_the_handler_fails_on_is_skipped_and_the_next_message_is
         skipped = [r for r in caplog.records if r.levelno == logging.ERROR and "skipped" in r.getMessage()]
         assert len(skipped) == 1 and str(bad["update_id"]) in skipped[0].getMessage()
         assert tg.token not in caplog.text
-        offset = await t.channel.host.get_state(OFFSET_KEY)
+        offset = await t.channel.host.get_state(t.channel.offset_key)
         assert offset is not None and int(offset) > bad["update_id"]
     finally:
         await t.close()

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from channels.telegram.channel import OFFSET_KEY, SECRET_HEADER, WEBHOOK_PATH
+from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
 from core.host import SessionHost
 from tests.fakes.openai_server import Text
 from tests.fakes.telegram.harness import TelegramHarness, telegram_harness
@@ -45,7 +45,7 @@ async def test_a_message_with_a_field_aiogram_cannot_read_is_answered_and_does_n
         assert all(len(tg.visible(chat)) == 1 for chat in (CHAT, 556, 557))
         assert sorted(user_text(r).split("\n\n")[0] for r in fake_openai.requests) == [
             "after", "before, in confidence", "forwarded"]
-        offset = await t.channel.host.get_state(OFFSET_KEY)
+        offset = await t.channel.host.get_state(t.channel.offset_key)
         assert offset is not None and int(offset) > odd["update_id"]
         told = [r.getMessage() for r in caplog.records if str(odd["update_id"]) in r.getMessage()]
         assert told and "message.forward_origin" in told[0]
@@ -68,7 +68,7 @@ async def test_an_update_whose_message_cannot_be_read_is_skipped_and_the_rest_an
         skipped = [r for r in caplog.records if r.levelno == logging.ERROR and "skipped" in r.getMessage()]
         assert len(skipped) == 1 and str(unreadable["update_id"]) in skipped[0].getMessage()
         assert "message.date" in skipped[0].getMessage() and "yesterday" not in caplog.text
-        offset = await t.channel.host.get_state(OFFSET_KEY)
+        offset = await t.channel.host.get_state(t.channel.offset_key)
         assert offset is not None and int(offset) > unreadable["update_id"]
     finally:
         await t.close()
@@ -138,13 +138,13 @@ class FlakyOffsets:
         self.failed: list[str] = []
 
     async def get_state(self, name: str) -> str | None:
-        if self.fail == "read" and name == OFFSET_KEY and not self.failed:
+        if self.fail == "read" and name.startswith("offset") and not self.failed:
             self.failed.append("read")
             raise RuntimeError("database is locked")
         return await self.host.get_state(name)
 
     async def set_state(self, name: str, value: str) -> None:
-        if self.fail == "write" and name == OFFSET_KEY and not self.failed:
+        if self.fail == "write" and name.startswith("offset") and not self.failed:
             self.failed.append(value)
             raise RuntimeError("database is locked")
         await self.host.set_state(name, value)
@@ -166,7 +166,7 @@ async def test_polling_outlasts_an_offset_write_that_fails(tmp_path, fake_openai
         tg.user_message("second, after the hiccup")
         await t.wait_for(lambda: tg.visible(CHAT) == ["a1", "a2"])
         assert t.channel.state() == "polling"
-        offset = await t.channel.host.get_state(OFFSET_KEY)
+        offset = await t.channel.host.get_state(t.channel.offset_key)
         assert offset is not None and int(offset) > int(flaky.failed[0])  # written with the next batch
     finally:
         await t.close()

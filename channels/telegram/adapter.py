@@ -6,14 +6,21 @@
   "*" for everyone, an empty list for nobody.
 - Groups follow ``group_policy``: ``mention`` answers only a message that mentions the bot (an @username
   mention entity, or a text mention of the bot) or replies to one of its messages, plus commands meant
-  for it; ``all`` answers every message; ``off`` ignores groups.
+  for it; ``all`` answers every message; ``off`` ignores groups. A command addressed to another bot
+  (``/help@other_bot``) is never ours, under any policy and in private chats too: it is left out.
 - Captions count as text; photos (the largest size Telegram offers), documents, audio, voice notes, video
   and video notes become MediaItems, which core downloads in the turn (``TelegramChannel.fetch_attachment``).
   A message with an attachment and no caption is answered too.
+- An album (several messages sharing a ``media_group_id``) is one message to core, addressed when any of its
+  parts is: ``album_part`` normalises each part, ``channels.telegram.albums`` collects and merges them.
 - Edited messages are ignored: the original was answered already, and answering the edit would be a
   second reply to one message. (Their update_id still advances the polling offset.)
-- The envelope's event_id is "<chat_id>:<message_id>", so core's durable dedupe drops a re-delivered
-  update even after a restart.
+- The envelope's event_id is "<bot id>:<chat_id>:<message_id>", so core's durable dedupe drops a re-delivered
+  update even after a restart, and never the message of another bot that uses the same database (message ids
+  are numbered per chat as each bot sees it: two bots in one chat, or a token replaced, repeat them). A
+  message stored before ids named the bot and delivered again after the upgrade (a crash between storing it
+  and saving the offset, across the upgrade) is not recognised; the offset, taken over, keeps that to the
+  last batch.
 - The reply's destination (chat type, message id, forum topic) is typed here, once, as a
   ``TelegramContext`` that travels with the turn target.
 """
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 
 from aiogram.types import Message, User
 
+from channels.telegram.albums import ALBUM_ID, AlbumPart
 from channels.telegram.context import TelegramContext
 from core.envelope import InboundEnvelope, MediaItem, ReplyTo, ThreadRef
 from core.router import parse_command
@@ -97,6 +105,19 @@ def _command_for_bot(message: Message, me: BotIdentity) -> bool:
     return "@" not in head or head.split("@", 1)[1].lower() == me.username.lower()
 
 
+_ADDRESSED_COMMAND = re.compile(r"/\w+@(\S+)")
+
+
+def command_for_another_bot(text: str, me: BotIdentity) -> bool:
+    """Whether ``text`` begins with a command addressed to a bot other than ours (``/help@other_bot``, with or
+    without words after it). Core takes ``/new@<any name>`` for its own ``/new``, so such a message must not
+    reach it; the name is compared as core reads it (anything up to the first space), case-insensitively, as
+    Telegram compares usernames."""
+    words = text.strip().split(maxsplit=1)
+    found = _ADDRESSED_COMMAND.fullmatch(words[0]) if words else None
+    return found is not None and found.group(1).lower() != me.username.lower()
+
+
 def addressed(message: Message, me: BotIdentity) -> bool:
     """Whether a group message is meant for the bot (``group_policy = "mention"``)."""
     reply = message.reply_to_message
@@ -136,17 +157,55 @@ def sender_name(user: User) -> str:
 def normalize(message: Message, me: BotIdentity, *, allow: AllowList, group_policy: str) -> InboundEnvelope | None:
     """The envelope for ``message``, or None when it must not reach core (unauthorised, not addressed,
     nothing to answer)."""
+    prepared = prepare(message, me, allow=allow, group_policy=group_policy, only_addressed=True)
+    return prepared[0] if prepared is not None else None
+
+
+def album_part(message: Message, me: BotIdentity, *, allow: AllowList, group_policy: str) -> AlbumPart | None:
+    """``message`` as one part of its album (``channels.telegram.albums``), or None when it must not reach core
+    even as part of one (unauthorised, groups off, nothing in it). Whether the album is addressed to the bot is
+    decided over all its parts: the mention is usually in the caption of the first only."""
+    album_id = message.media_group_id
+    prepared = prepare(message, me, allow=allow, group_policy=group_policy, only_addressed=False)
+    if album_id is None or prepared is None:
+        return None
+    envelope, is_addressed = prepared
+    return AlbumPart(chat_id=envelope.chat_id, album_id=album_id, message_id=message.message_id,
+                     envelope=envelope, addressed=is_addressed)
+
+
+def in_album(message: Message) -> bool:
+    """Whether ``message`` is one of an album's, to be collected with the others (``channels.telegram.albums``)."""
+    album_id = message.media_group_id
+    return album_id is not None and ALBUM_ID.fullmatch(album_id) is not None
+
+
+def prepare(message: Message, me: BotIdentity, *, allow: AllowList, group_policy: str,
+            only_addressed: bool) -> tuple[InboundEnvelope, bool] | None:
+    """The envelope for ``message`` and whether it is addressed to the bot (always, outside groups and under
+    ``group_policy = "all"``); None when it must not reach core whoever it is addressed to, and, with
+    ``only_addressed``, when it is not addressed to the bot."""
     user = message.from_user
     chat = message.chat
     if user is None or user.is_bot or chat.type == "channel":
         return None
     if not allow.allows(user):
         return None
-    if chat.type in GROUP_TYPES:
-        if group_policy == "off" or (group_policy == "mention" and not addressed(message, me)):
-            return None
     text = message.text if message.text is not None else (message.caption or "")
+    if command_for_another_bot(text, me):
+        # A command for another bot (``/new@other_bot``) is that bot's business, whatever the group policy: in
+        # a group with several bots its user expects only that bot to act, and our bot to stay silent, as it
+        # does for any message not meant for it. Passing it on as plain text instead would have our model
+        # answer a command it was not sent (and core would still read ``/new@...`` as its own /new). In a
+        # private chat with our bot no other bot reads it, but it is still not addressed to us: left out too.
+        return None
+    is_addressed = True
     if chat.type in GROUP_TYPES:
+        if group_policy == "off":
+            return None
+        is_addressed = group_policy != "mention" or addressed(message, me)
+        if only_addressed and not is_addressed:
+            return None
         text = _strip_mention(text, me)
     media = media_items(message)
     if not text.strip() and not media:
@@ -158,9 +217,10 @@ def normalize(message: Message, me: BotIdentity, *, allow: AllowList, group_poli
     if reply is not None and not (thread is not None and reply.message_id == message.message_thread_id):
         reply_to = ReplyTo(message_id=str(reply.message_id), text=reply.text or reply.caption,
                            sender_id=str(reply.from_user.id) if reply.from_user else None)
-    return InboundEnvelope(
+    envelope = InboundEnvelope(
         channel=CHANNEL, chat_id=str(chat.id), sender_id=str(user.id), content=text,
         sender_name=sender_name(user), media=tuple(media), reply_to=reply_to, thread=thread,
-        event_id=f"{chat.id}:{message.message_id}",
+        event_id=f"{me.id}:{chat.id}:{message.message_id}",
         channel_context=TelegramContext.model_validate(
             {"chat_type": chat.type, "message_id": message.message_id, "topic_id": topic}).wrap())
+    return envelope, is_addressed

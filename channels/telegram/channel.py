@@ -1,13 +1,15 @@
 """TelegramChannel: the Telegram ``Channel`` (core.channel), working through its ``ChannelHost``.
 
-Receiving: long polling with the update offset kept as the channel's durable state (``offset``), so a
-restart neither replays nor loses updates; or a webhook on the web server's ``/telegram/webhook`` with the
+Receiving: long polling with the update offset kept as the channel's durable state, per bot
+(``offset:<bot id>``: update ids are numbered per bot, so another bot on the same database starts from its own),
+so a restart neither replays nor loses updates; or a webhook on the web server's ``/telegram/webhook`` with the
 secret-token header checked in constant time. Either way each update goes through the adapter (authorize,
 normalise) and ``host.submit``, which returns once core has stored the message; only then is the update
 acknowledged (the offset saved, the webhook answered 200). A message core could not store is not
-acknowledged, so Telegram delivers it again; core's durable dedupe on "<chat_id>:<message_id>" makes a
-re-delivered update harmless. The updates of one polled batch are handed over chat by chat at once
-(each chat's in order), so a burst is stored together; the batch is acknowledged up to its first update
+acknowledged, so Telegram delivers it again; core's durable dedupe on "<bot id>:<chat_id>:<message_id>" makes
+a re-delivered update harmless. The messages of an album are kept by ``channels.telegram.albums`` (durably,
+before they are acknowledged) and reach core as one. The updates of one polled batch are handed over chat by
+chat at once (each chat's in order), so a burst is stored together; the batch is acknowledged up to its first update
 core did not take. An update our own code fails on unexpectedly (a shape it does not expect, a
 bug) is logged and skipped — acknowledged like a handled one — so one bad update neither ends the receiving
 of those after it nor comes back forever. An update aiogram cannot read whole (a field of a kind newer than
@@ -67,9 +69,10 @@ from channels.common.download import stream_url
 from channels.common.errors import PlatformError
 from channels.common.live_sink import LiveSettings, LiveSink
 from channels.common.splitter import split_text
-from channels.common.throttle import Throttle
+from channels.common.throttle import Clock, Throttle
 from channels.telegram import render
-from channels.telegram.adapter import CHANNEL, AllowList, BotIdentity, normalize
+from channels.telegram.adapter import CHANNEL, AllowList, BotIdentity, album_part, in_album, normalize
+from channels.telegram.albums import Albums
 from channels.telegram.approvals import ApprovalButtons
 from channels.telegram.client import TelegramClient
 from channels.telegram.settings import WEBHOOK_PATH, TelegramConfig
@@ -86,7 +89,16 @@ log = logging.getLogger(__name__)
 
 _OPERATOR = TelegramConfig()
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
-OFFSET_KEY = "offset"
+LEGACY_OFFSET_KEY = "offset"
+"""Where builds before offsets were kept per bot kept the one offset of whichever bot polled: taken over once."""
+
+
+def offset_key(bot_id: int) -> str:
+    """The channel state holding the polling offset of the bot ``bot_id``: update ids are numbered per bot, so
+    another bot's offset (a token replaced, another config on the same database) would skip its updates."""
+    return f"offset:{bot_id}"
+
+
 STANDBY = "standby"
 """The state of a polling channel while another process sharing the database polls its bot."""
 ALLOWED_UPDATES = ("message", "edited_message", "callback_query")
@@ -118,6 +130,11 @@ class TelegramSettings:
     bot_sends_per_second: float = BOT_SENDS_PER_SECOND
     poll_timeout: int = 25
     poll_backoff: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
+    album_window: float = 1.0
+    """An album (photos sent together) is complete once none of its messages has come for this many seconds
+    (``channels.telegram.albums``)..."""
+    album_max_wait: float = 5.0
+    """...and at the latest this many seconds after its first one."""
 
     @classmethod
     def of(cls, config: TelegramConfig) -> TelegramSettings:
@@ -130,7 +147,7 @@ class TelegramChannel:
     name = CHANNEL
 
     def __init__(self, host: ChannelHost, bot: Bot, settings: TelegramSettings, *, calls: Calls | None = None,
-                 limit: int = render.MESSAGE_LIMIT) -> None:
+                 limit: int = render.MESSAGE_LIMIT, album_clock: Clock | None = None) -> None:
         self.host = host
         self.bot = bot
         self.settings = settings
@@ -144,6 +161,9 @@ class TelegramChannel:
         self.live = LiveSettings(first_chars=settings.first_chars, first_delay=settings.first_delay)
         self.allow = AllowList(settings.allow_from)
         self.approval_buttons = ApprovalButtons(self)
+        self.offset_key = offset_key(bot.id)
+        self.albums = Albums(host, bot.id, window=settings.album_window, max_wait=settings.album_max_wait,
+                             clock=album_clock)
         self.me: BotIdentity | None = None
         self.drafts_rejected = False
         self._state = "stopped"
@@ -226,10 +246,20 @@ class TelegramChannel:
                 self._state = ERROR
                 log.error("Telegram set-up failed (%s); retrying in %.0fs", exc, delay)
                 await asyncio.sleep(delay)
+        await self._recover_albums()
         self._state = self.settings.mode
         self.ready.set()
         if self.settings.mode == "polling":
             await run_as_leader(self._await_lead, self._poll, on_change=self._on_lead)
+
+    async def _recover_albums(self) -> None:
+        """Hand over the albums a previous run stored but did not hand over. A store that fails here leaves
+        them stored for the next start: receiving starts regardless."""
+        try:
+            await self.albums.recover()
+        except Exception as exc:
+            log.warning("could not look for Telegram albums left stored (%s); looking again at the next start",
+                        exc)
 
     async def _await_lead(self) -> Lead:
         """Telegram serves a bot's updates to one poller at a time (a second ``getUpdates`` ends the first
@@ -253,6 +283,7 @@ class TelegramChannel:
             poller.cancel()
             with contextlib.suppress(BaseException):
                 await poller
+        await self.albums.close()  # what was collected goes to core now (or stays stored for the next start)
         if self.settings.mode == "webhook" and self.ready.is_set() and not self.host.shared:
             # deleted when this is the only process; processes sharing a database keep receiving through it
             try:
@@ -298,7 +329,7 @@ class TelegramChannel:
         while self._receiving:
             if not loaded:
                 try:
-                    stored = await self.host.get_state(OFFSET_KEY)
+                    stored = await self._load_offset()
                 except Exception as exc:  # the store failed for a moment: polling starts once it answers
                     delay = self.settings.poll_backoff[min(failures, len(self.settings.poll_backoff) - 1)]
                     failures += 1
@@ -334,7 +365,7 @@ class TelegramChannel:
                 # changes nothing else: the next getUpdates confirms the batch all the same, and the offset
                 # is written with the next batch (a restart before then fetches this one again, as above)
                 try:
-                    await self.host.set_state(OFFSET_KEY, str(offset))
+                    await self.host.set_state(self.offset_key, str(offset))
                     stored = str(offset)
                 except Exception as exc:
                     log.warning("could not save the Telegram update offset (%s); saving it with the next batch",
@@ -345,6 +376,21 @@ class TelegramChannel:
                 delay = self.settings.poll_backoff[0]
                 log.warning("a Telegram update could not be stored; fetching it again in %.0fs", delay)
                 await asyncio.sleep(delay)
+
+    async def _load_offset(self) -> str | None:
+        """This bot's saved offset. A database written before offsets were per bot holds one under
+        ``LEGACY_OFFSET_KEY``, which is most likely this bot's (a bridge upgraded with its token unchanged): the
+        first bot to poll after the upgrade takes it over and removes it, so that no other bot ever starts
+        from it. Raises what the store raises (read again later)."""
+        stored = await self.host.get_state(self.offset_key)
+        if stored is not None:
+            return stored
+        legacy = await self.host.get_state(LEGACY_OFFSET_KEY)
+        if legacy is not None:
+            await self.host.set_state(self.offset_key, legacy)
+            await self.host.delete_state(LEGACY_OFFSET_KEY)
+            log.info("Telegram: the update offset saved before offsets were per bot is now bot %d's", self.bot.id)
+        return legacy
 
     async def _hand_over(self, updates: list[Update]) -> tuple[str, int | None]:
         """Hand one batch of updates to core: each chat's in order, different chats' at once, so that core
@@ -398,10 +444,17 @@ class TelegramChannel:
             return True  # edited messages and other update kinds are ignored (see adapter)
         if self.me is None:
             return False  # not receiving yet (the webhook answers 503 before set-up is done)
-        envelope = normalize(message, self.me, allow=self.allow, group_policy=self.settings.group_policy)
-        if envelope is None:
-            return True
+        policy = self.settings.group_policy
         try:
+            if in_album(message):  # collected with the rest of its album, and kept durably before it is confirmed
+                part = album_part(message, self.me, allow=self.allow, group_policy=policy)
+                if part is not None:
+                    await self.albums.add(part)
+                return True
+            envelope = normalize(message, self.me, allow=self.allow, group_policy=policy)
+            if envelope is None:
+                return True
+            await self.albums.flush_chat(envelope.chat_id)  # an album sent before this message goes first
             await self.host.submit(envelope)
         except ShuttingDownError:
             return False

@@ -20,7 +20,8 @@ from tests.fakes.telegram.server import FakeTelegram
 from tests.support.harness import Harness, make_harness
 
 TEST_SETTINGS = TelegramSettings(edit_interval=0.1, first_chars=24, first_delay=0.2, poll_timeout=1,
-                                 poll_backoff=(0.05, 0.1), stream_transport="edit")
+                                 poll_backoff=(0.05, 0.1), stream_transport="edit", album_window=0.2,
+                                 album_max_wait=2.0)
 
 
 class TelegramHarness:
@@ -46,8 +47,8 @@ class TelegramHarness:
         hold.set()
 
     async def settle(self, timeout: float = 10.0) -> None:
-        """Every queued update fetched and handed over, and the chain idle."""
-        await self.wait_for(lambda: self.consumed(), timeout)
+        """Every queued update fetched and handed over (albums collected ones too), and the chain idle."""
+        await self.wait_for(lambda: self.consumed() and not self.channel.albums.pending, timeout)
         await asyncio.sleep(0.05)  # let a just-submitted message reach its session
         await self.h.settle(timeout)
 
@@ -71,12 +72,13 @@ async def telegram_harness(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTele
                            clock: Clock | None = None, core: dict[str, Any] | None = None,
                            start: bool = True, limit: int = 4096, call_timeout: float | None = 5.0,
                            transcriber: Transcriber | None = None, connections: int = 100,
-                           **settings: Any) -> TelegramHarness:
+                           album_clock: Clock | None = None, **settings: Any) -> TelegramHarness:
     h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber, **(core or {}))
     s = dataclasses.replace(TEST_SETTINGS, **settings)
     bot = make_bot(tg.token, tg.base_url, connections=connections)
     calls = Calls(Throttle(clock=clock), CallPolicy(initial_wait=0.01, max_wait=0.05, timeout=call_timeout))
-    channel = TelegramChannel(h.core.host_for("telegram"), bot, s, calls=calls, limit=limit)
+    channel = TelegramChannel(h.core.host_for("telegram"), bot, s, calls=calls, limit=limit,
+                              album_clock=album_clock)
     h.core.add_channel(channel)
     await h.core.start()  # after the channel is registered: it tells chats about turns a crash interrupted
     th = TelegramHarness(h, channel, tg)

@@ -245,12 +245,13 @@ class FakeTelegram:
     def user_message(self, text: str | None = None, *, chat_id: int = 555, user_id: int = 777,
                      username: str | None = "alice", chat_type: str = "private", thread_id: int | None = None,
                      entities: list[dict[str, Any]] | None = None, reply_to: dict[str, Any] | None = None,
-                     caption: str | None = None, photo: bool = False, document: dict[str, Any] | None = None,
+                     caption: str | None = None, photo: bool | str = False, document: dict[str, Any] | None = None,
                      voice: dict[str, Any] | None = None,
                      edited: bool = False, message_id: int | None = None, is_forum: bool = False,
                      extra: dict[str, Any] | None = None, enqueue: bool = True) -> dict[str, Any]:
         """Build (and by default queue for getUpdates) an update carrying a user's message; ``extra`` adds (or
-        replaces) fields of the message as given, e.g. a field of a kind newer than the client knows."""
+        replaces) fields of the message as given, e.g. a field of a kind newer than the client knows (or the
+        ``media_group_id`` of an album). ``photo``: True, or the file id of its largest size (default "big")."""
         mid = message_id if message_id is not None else next(self._ids(chat_id))
         chat: dict[str, Any] = {"id": chat_id, "type": chat_type}
         if chat_type == "private":
@@ -272,7 +273,8 @@ class FakeTelegram:
         if photo:
             message["photo"] = [
                 {"file_id": "small", "file_unique_id": "s", "width": 90, "height": 90, "file_size": 1000},
-                {"file_id": "big", "file_unique_id": "b", "width": 1280, "height": 960, "file_size": 90000}]
+                {"file_id": "big" if photo is True else photo, "file_unique_id": "b", "width": 1280, "height": 960,
+                 "file_size": 90000}]
         if document:
             message["document"] = {"file_unique_id": "d", **document}
         if voice:
