@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -18,7 +19,7 @@ from bridge.channels import factory_for
 from bridge.config import AppConfig
 from bridge.exit_codes import ExitCode
 from bridge.logs import configure_logging
-from bridge.mcp import start_mcp_servers
+from bridge.mcp import mcp_manager, start_mcp_servers
 from channels.common.errors import ChannelStartupError
 from channels.common.http import has_own_body_limit
 from channels.common.masking import mask
@@ -41,6 +42,8 @@ from core.tools.builtin import CurrentTime, FetchUrl
 from core.tools.mcp import McpManager
 
 log = logging.getLogger("chatbridge")
+
+T = TypeVar("T")
 
 
 
@@ -284,10 +287,40 @@ def build_http_app(channels: list[Channel], mcp: McpManager | None = None, *, me
     return app
 
 
+SHUTDOWN_CLOSE_MARGIN = 5.0
+"""Seconds past ``[bridge] shutdown_timeout`` for closing what is left once the turns are done: the store, the
+platforms' connections, the web server and the MCP servers (a server that ignores the end of its input and
+SIGTERM is killed about 4 s after it was asked to stop)."""
+
+FORCED_CLOSE_SECONDS = 1.0
+"""How long a forced exit (a second SIGINT/SIGTERM) still tries to close the store."""
+
+
+class _Signals:
+    """SIGINT/SIGTERM: the first one sets ``stop`` (the orderly shutdown), the next one sets ``forced``."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+        self.forced = asyncio.Event()
+
+    def received(self, sig: signal.Signals) -> None:
+        if not self.stop.is_set():
+            log.info("%s received", sig.name)
+            self.stop.set()
+        elif not self.forced.is_set():
+            log.warning("%s received again: forced exit, cutting the shutdown short", sig.name)
+            self.forced.set()
+
+
 async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.Event | None = None,
                   on_started: Callable[[], None] | None = None) -> int:
     """Run until SIGINT/SIGTERM (or ``stop`` is set); returns the process exit code. ``on_started`` runs
-    once everything is up (the CLI tunes the garbage collector there)."""
+    once everything is up (the CLI tunes the garbage collector there).
+
+    The signal handlers are installed before anything starts: a signal during start-up (MCP servers
+    starting, ``core.start`` telling interrupted chats through a slow platform) cuts start-up short and
+    shuts down what had started. The shutdown is bounded as a whole by ``[bridge] shutdown_timeout`` plus
+    ``SHUTDOWN_CLOSE_MARGIN``; a second signal forces the exit (``ExitCode.FORCED``)."""
     configure_logging(config.bridge.log_level, config.secret_values())
     try:
         check_channels(config)
@@ -299,36 +332,101 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
         print(f"chatbridge: {exc}", file=sys.stderr)
         return ExitCode.STARTUP
 
-    # MCP servers start before the core, so their tools are in the registry from the first turn; one that
-    # fails is logged and left out, and the rest keep working.
-    mcp = await start_mcp_servers(config)
-    tools = build_tools(config)
-    tools.extend(mcp.tools())
-    data_dir = Path(config.bridge.data_dir)
-    core = ChatCore(store=store, provider=provider,
-                    settings=core_settings_for(config), tools=tools, media_dir=data_dir / "media",
-                    transcriber=build_transcriber(config), bus=bus, leadership=leadership,
-                    leases=build_leases(config))
     stop = stop or asyncio.Event()
+    signals = _Signals(stop)
     loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, signals.received, sig)
+            installed.append(sig)
+    run = _Run(config, config_path, provider=provider, store=store, leadership=leadership, bus=bus,
+               on_started=on_started)
+    try:
+        return await run.main(stop, signals.forced)
+    finally:
+        for sig in installed:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
 
-    channels: list[Channel] = []
-    all_started = asyncio.Event()
-    app = build_http_app(channels, mcp, metrics=core.metrics, metrics_token=config.web.auth_token,
-                         started=all_started)
-    try:
-        channels.extend(build_channels(config, core, app))
-    except (StartupError, ChannelStartupError) as exc:
-        print(f"chatbridge: {exc}", file=sys.stderr)
-        await core.shutdown()
-        await _quietly(mcp.aclose(), "closing MCP servers")
-        return ExitCode.STARTUP
-    runner: web.AppRunner | None = None
-    started: list[Channel] = []
-    try:
+
+class _Run:
+    """One ``run``: start-up, waiting for the stop, and the bounded shutdown of what had started."""
+
+    def __init__(self, config: AppConfig, config_path: str | None, *, provider: LLMProvider, store: Store,
+                 leadership: Leadership, bus: ClusterBus | None, on_started: Callable[[], None] | None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.provider = provider
+        self.store = store
+        self.leadership = leadership
+        self.bus = bus
+        self.on_started = on_started
+        self.mcp = mcp_manager(config)
+        self.core: ChatCore | None = None
+        self.channels: list[Channel] = []
+        self.started: list[Channel] = []
+        self.runner: web.AppRunner | None = None
+
+    async def main(self, stop: asyncio.Event, forced: asyncio.Event) -> int:
+        loop = asyncio.get_running_loop()
+        startup = asyncio.create_task(self.start_up(), name="chatbridge:start-up")
+        stopping = asyncio.create_task(stop.wait(), name="chatbridge:stop")
+        forcing = asyncio.create_task(forced.wait(), name="chatbridge:forced")
+        try:
+            await asyncio.wait({startup, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            code: int = ExitCode.OK
+            error: BaseException | None = None
+            why = ""
+            if not startup.done():
+                why = ": start-up cut short"
+                startup.cancel()
+            elif startup.cancelled():
+                raise asyncio.CancelledError
+            elif (error := startup.exception()) is None:
+                failed = startup.result()
+                if failed is not None:
+                    code = failed
+                else:
+                    await stopping
+            began = loop.time()
+            shutdown = asyncio.create_task(self.shut_down(startup, began, why), name="chatbridge:shutdown")
+            await asyncio.wait({shutdown, forcing}, return_when=asyncio.FIRST_COMPLETED)
+            if not shutdown.done():
+                await self.force(startup, shutdown)
+                return ExitCode.FORCED
+            shutdown.result()
+            if error is not None:
+                raise error
+            return code
+        except asyncio.CancelledError:
+            startup.cancel()
+            raise
+        finally:
+            stopping.cancel()
+            forcing.cancel()
+
+    async def start_up(self) -> int | None:
+        """Everything up to "chatbridge started"; an ExitCode when the bridge cannot start, else None."""
+        config = self.config
+        # MCP servers start before the core, so their tools are in the registry from the first turn; one that
+        # fails is logged and left out, and the rest keep working.
+        await start_mcp_servers(config, manager=self.mcp)
+        tools = build_tools(config)
+        tools.extend(self.mcp.tools())
+        data_dir = Path(config.bridge.data_dir)
+        core = self.core = ChatCore(store=self.store, provider=self.provider,
+                                    settings=core_settings_for(config), tools=tools, media_dir=data_dir / "media",
+                                    transcriber=build_transcriber(config), bus=self.bus,
+                                    leadership=self.leadership, leases=build_leases(config))
+        all_started = asyncio.Event()
+        app = build_http_app(self.channels, self.mcp, metrics=core.metrics, metrics_token=config.web.auth_token,
+                             started=all_started)
+        try:
+            self.channels.extend(build_channels(config, core, app))
+        except (StartupError, ChannelStartupError) as exc:
+            print(f"chatbridge: {exc}", file=sys.stderr)
+            return ExitCode.STARTUP
         try:
             await core.start()
         except StoreError as exc:
@@ -340,9 +438,9 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
                   f"{exc.strerror or exc}", file=sys.stderr)
             return ExitCode.STARTUP
         if config.web.enabled:
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, config.web.host, config.web.port)
+            self.runner = web.AppRunner(app, access_log=None)
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, config.web.host, config.web.port)
             try:
                 await site.start()
             except OSError as exc:
@@ -350,37 +448,91 @@ async def run_app(config: AppConfig, *, config_path: str | None, stop: asyncio.E
                       file=sys.stderr)
                 return ExitCode.STARTUP
             log.info("listening on http://%s:%d", config.web.host, config.web.port)
-        for channel in channels:
+        for channel in self.channels:
             try:
                 await channel.start()
             except ChannelStartupError as exc:
                 print(f"chatbridge: {exc}", file=sys.stderr)
                 return ExitCode.STARTUP
-            started.append(channel)
+            self.started.append(channel)
             log.info("channel %s: %s", channel.name, channel.state())
         all_started.set()
-        log.info("chatbridge started (config: %s, data: %s)", config_path or "embedded default", data_dir)
-        if on_started is not None:
-            on_started()
-        await stop.wait()
-        log.info("shutting down")
-        return ExitCode.OK
-    finally:
-        # Stop input first, let the core finish running turns through still-open transports, then close.
-        for channel in reversed(started):
-            await _quietly(channel.stop(), f"stopping channel {channel.name}")
-        stragglers = await core.shutdown()
-        if stragglers:
-            log.warning("abandoned tasks at shutdown: %s", ", ".join(stragglers))
-        for channel in reversed(channels):
-            await _quietly(channel.close(), f"closing channel {channel.name}")
-        await _quietly(mcp.aclose(), "closing MCP servers")
-        if runner is not None:
-            await runner.cleanup()
+        log.info("chatbridge started (config: %s, data: %s)", self.config_path or "embedded default", data_dir)
+        if self.on_started is not None:
+            self.on_started()
+        return None
+
+    async def shut_down(self, startup: asyncio.Task[int | None], began: float, why: str = "") -> None:
+        """Stop input, let the core end the running turns through still-open transports, then close; all of
+        it within ``shutdown_timeout`` from ``began`` (the signal), plus ``SHUTDOWN_CLOSE_MARGIN`` for the
+        closing. Whatever a bound cuts is logged once."""
+        loop = asyncio.get_running_loop()
+        budget = self.config.core_settings().shutdown_timeout
+        deadline = began + budget
+        end = deadline + SHUTDOWN_CLOSE_MARGIN
+        core = self.core
+        if core is not None:  # queued messages stay stored: the next start answers them; running turns go on
+            core.stop_new_turns()
+        log.info("shutting down%s", why)
+        if not startup.done():
+            startup.cancel()
+            await asyncio.wait({startup}, timeout=max(0.0, began + budget / 2 - loop.time()))
+            if not startup.done():
+                log.warning("start-up did not end within %.1fs of the signal; going on with the shutdown",
+                            budget / 2)
+        # input stops on every channel at once, within half the budget: the rest is the turns'
+        await _steps({f"stopping channel {c.name}": c.stop() for c in reversed(self.started)},
+                     began + budget / 2, "channels")
+        if core is not None:
+            ended = await _steps({"core shutdown": core.shutdown(max(0.0, deadline - loop.time()))}, end, "core")
+            stragglers = ended.get("core shutdown")
+            if stragglers:
+                log.warning("abandoned tasks at shutdown: %s", ", ".join(stragglers))
+        closing: dict[str, Awaitable[object]] = {f"closing channel {c.name}": c.close()
+                                                 for c in reversed(self.channels)}
+        closing["closing MCP servers"] = self.mcp.aclose(max(0.0, end - loop.time()))
+        if self.runner is not None:
+            closing["closing the web server"] = self.runner.cleanup()
+        await _steps(closing, end, "closing")
+
+    async def force(self, startup: asyncio.Task[int | None], shutdown: asyncio.Task[None]) -> None:
+        """A second signal: cancel what is left, close the store if it can within ``FORCED_CLOSE_SECONDS``."""
+        startup.cancel()
+        shutdown.cancel()
+        if self.core is not None:
+            await self.core.supervisor.shutdown(0)
+        # (the MCP servers' tasks are cancelled with the rest as the event loop ends: each server is still
+        # stopped, killed if it must be, so none is left running)
+        await asyncio.wait({startup, shutdown}, timeout=FORCED_CLOSE_SECONDS)
+        try:
+            await asyncio.wait_for(self.store.close(), FORCED_CLOSE_SECONDS)
+        except Exception as exc:
+            log.warning("forced exit: the store could not be closed (%s)", exc or type(exc).__name__)
+        log.warning("forced exit")
 
 
-async def _quietly(step: Awaitable[None], what: str) -> None:
-    try:
-        await asyncio.wait_for(step, 10)
-    except Exception:
-        log.exception("%s failed", what)
+async def _steps(steps: dict[str, Awaitable[T]], until: float, phase: str) -> dict[str, T]:
+    """Run ``steps`` concurrently until the loop time ``until``; a step that fails is logged with its
+    traceback, those still running then are cancelled and named in one warning. Returns the results of the
+    steps that ended."""
+    if not steps:
+        return {}
+    loop = asyncio.get_running_loop()
+    tasks = {asyncio.ensure_future(step): what for what, step in steps.items()}
+    done, pending = await asyncio.wait(tasks, timeout=max(0.0, until - loop.time()))
+    for task in pending:
+        task.cancel()
+    if pending:
+        log.warning("shutdown (%s): cut short by the shutdown deadline: %s", phase,
+                    ", ".join(sorted(tasks[t] for t in pending)))
+        await asyncio.wait(pending, timeout=1.0)
+    results: dict[str, T] = {}
+    for task in done:
+        if task.cancelled():
+            continue
+        exc = task.exception()
+        if exc is not None:
+            log.error("%s failed", tasks[task], exc_info=exc)
+        else:
+            results[tasks[task]] = task.result()
+    return results

@@ -16,5 +16,7 @@ class ExitCode(IntEnum):
     STARTUP = 3
     """run: the config is valid but the bridge cannot start with it here (a provider or channel this build
     or installation lacks, a channel that refused to start, the port is taken)."""
+    FORCED = 4
+    """run: a second SIGINT/SIGTERM forced the exit before the orderly shutdown had finished."""
     INTERRUPTED = 130
     """run: Ctrl-C before the bridge had installed its own signal handling."""

@@ -40,13 +40,21 @@ def _manager(config: AppConfig, restart: RestartPolicy | None = None) -> McpMana
     return McpManager(restart=restart, redact=lambda line: mask(line, secrets))
 
 
-async def start_mcp_servers(config: AppConfig, *, restart: RestartPolicy | None = None) -> McpManager:
-    """Start every configured server (each bounded by its start-up timeout); log one line per server.
+def mcp_manager(config: AppConfig, *, restart: RestartPolicy | None = None) -> McpManager:
+    """The manager ``start_mcp_servers`` starts the servers in (made first, so that a start cut short by a
+    signal can still be closed through it)."""
+    return _manager(config, restart)
+
+
+async def start_mcp_servers(config: AppConfig, *, restart: RestartPolicy | None = None,
+                            manager: McpManager | None = None) -> McpManager:
+    """Start every configured server (each bounded by its start-up timeout) in ``manager`` (default: a new
+    one); log one line per server.
 
     A server that fails is logged and left out; the others' tools are in ``manager.tools()``, and each of
     them is brought back whenever it goes away (``restart``, default ``RestartPolicy()``).
     """
-    manager = _manager(config, restart)
+    manager = manager or _manager(config, restart)
     configs = server_configs(config)
     if not configs:
         return manager

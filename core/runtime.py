@@ -402,10 +402,18 @@ class ChatCore:
             return None
         return await self.media.get(key, attachment_id)
 
-    async def shutdown(self) -> list[str]:
-        """Bounded shutdown: no new input, running turns end once, every task is reclaimed.
+    def stop_new_turns(self) -> None:
+        """The first step of a shutdown: no session starts a new turn or job from now on, while the running
+        turns go on (the channels are stopped meanwhile). Messages still accepted stay stored and are
+        answered at the next start; ``shutdown`` then stops what still runs."""
+        self.sessions.stop_starting()
+
+    async def shutdown(self, timeout: float | None = None) -> list[str]:
+        """Bounded shutdown: no new input, running turns end once, every task is reclaimed, within ``timeout``
+        seconds (default ``shutdown_timeout``), then the store is closed.
         Returns the names of tasks that had to be abandoned."""
-        total = self.settings.shutdown_timeout
+        self.sessions.stop_starting()
+        total = self.settings.shutdown_timeout if timeout is None else max(0.0, timeout)
         self.router.close()
         if self.failover is not None:
             self.failover.close()

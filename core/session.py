@@ -471,6 +471,13 @@ class SessionManager:
                 refill.append(place)
             session.items.extendleft(reversed(refill))
 
+    def stop_starting(self) -> None:
+        """Shutdown begins: start no new turn or job, while the running ones go on. Whatever is queued stays
+        stored (the next start resumes it); a worker ends once its current item is done."""
+        self._closing = True
+        for session in self._active.values():
+            session.wakeup.set()  # an idle worker ends now rather than at its idle timeout
+
     async def shutdown(self, timeout: float) -> None:
         """Stop running turns (their terminal state is delivered once) and wait at most ``timeout`` for the
         workers. Queued messages stay stored for the next start."""
