@@ -15,6 +15,7 @@ from tests.fakes.openai_server import Function, Text, last_user_text
 from tests.support import db
 from tests.support.channel import TestChannel
 from tests.support.harness import make_harness
+from tests.support.store import SlowAnswerStore
 
 
 def echo(body):
@@ -210,22 +211,6 @@ async def test_shutdown_while_a_message_is_being_stored_loses_nothing(tmp_path, 
     await h2.settle()
     assert h.platform.visible("c1") == ["echo: in flight"]
     await h2.core.shutdown()
-
-
-class SlowAnswerStore(SqliteStore):
-    """Storing a message lands at once; its answer is held at ``gate`` (a slow fsync). As with the SQLite writer,
-    a write on its way lands even when its caller stops waiting for the answer."""
-
-    gate: asyncio.Event | None = None
-    held = 0
-
-    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds, key=None):  # type: ignore[override]
-        write = asyncio.ensure_future(super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds,
-                                                            key=key))
-        if self.gate is not None:
-            self.held += 1
-            await self.gate.wait()
-        return await asyncio.shield(write)
 
 
 async def test_a_message_stored_after_its_sender_stopped_waiting_is_answered_once(tmp_path, fake_openai):

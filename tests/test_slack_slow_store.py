@@ -7,25 +7,9 @@ import asyncio
 
 import pytest
 
-from core.sqlite_store import SqliteStore
 from tests.fakes.openai_server import Text
 from tests.fakes.slack.harness import slack_harness
-
-
-class SlowAnswerStore(SqliteStore):
-    """Storing a message lands at once; its answer is held at ``gate`` (a slow fsync). As with the SQLite writer,
-    a write on its way lands even when its caller stops waiting for the answer."""
-
-    gate: asyncio.Event | None = None
-    held = 0
-
-    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds, key=None):  # type: ignore[override]
-        write = asyncio.ensure_future(super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds,
-                                                            key=key))
-        if self.gate is not None:
-            self.held += 1
-            await self.gate.wait()
-        return await asyncio.shield(write)
+from tests.support.store import SlowAnswerStore
 
 
 @pytest.mark.parametrize("mode", ["socket", "http"])
