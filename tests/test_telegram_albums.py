@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-from aiohttp import web
 
 from channels.common.throttle import Clock
-from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
+from channels.telegram.channel import SECRET_HEADER
 from core.sqlite_store import SqliteStore
 from core.store import StoreError
 from tests.fakes.openai_server import Text, image_parts, last_user_text
@@ -276,13 +275,7 @@ async def test_an_album_by_webhook_is_one_answer(tmp_path, fake_openai, tg):
     clock = StepClock()
     t = await harness(tmp_path, fake_openai, tg, clock, mode="webhook",
                       webhook_url="https://bot.example.com/telegram/webhook", webhook_secret="s3cret")
-    app = web.Application()
-    t.channel.routes(app)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}{WEBHOOK_PATH}"
+    url = await t.serve_webhook()
     try:
         parts = [tg.user_message(caption="by webhook" if i == 0 else None, photo=p, enqueue=False,
                                  extra={"media_group_id": "70"}) for i, p in enumerate(("p1", "p2"))]
@@ -298,4 +291,3 @@ async def test_an_album_by_webhook_is_one_answer(tmp_path, fake_openai, tg):
         assert tg.visible(CHAT) == ["via webhook"]
     finally:
         await t.close()
-        await runner.cleanup()

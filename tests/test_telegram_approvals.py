@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from channels.telegram.approvals import GONE, NOT_YOURS
-from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
+from channels.telegram.channel import SECRET_HEADER
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.openai_server import Text, ToolCalls
 from tests.fakes.telegram import FakeTelegram, Shown
@@ -159,13 +158,7 @@ async def test_webhook_mode_delivers_the_press(tmp_path, fake_openai, tg, tool):
     fake_openai.script(ASK, Text("Via webhook: 42 apples."))
     t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool)}, mode="webhook",
                                webhook_url="https://bot.example.com/telegram/webhook", webhook_secret="s3cret")
-    app = web.Application()
-    t.channel.routes(app)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}{WEBHOOK_PATH}"
+    url = await t.serve_webhook()
     try:
         async with aiohttp.ClientSession() as http:
             async def deliver(update: dict) -> None:
@@ -188,7 +181,6 @@ async def test_webhook_mode_delivers_the_press(tmp_path, fake_openai, tg, tool):
         assert tg.count("getUpdates") == 0
     finally:
         await t.close()
-        await runner.cleanup()
 
 
 # ---- what will run is shown, within Telegram's limit ---------------------------------------------------

@@ -9,10 +9,9 @@ import logging
 import aiohttp
 import pytest
 from aiogram.types import Message
-from aiohttp import web
 
 from channels.telegram.adapter import AllowList, BotIdentity, normalize
-from channels.telegram.channel import SECRET_HEADER, WEBHOOK_PATH
+from channels.telegram.channel import SECRET_HEADER
 from core.envelope import TurnTarget
 from core.messages import MessageSource, NewMessage
 from core.sqlite_store import SqliteStore
@@ -197,13 +196,7 @@ async def test_webhook_mode_checks_the_secret_and_answers(tmp_path, fake_openai,
     fake_openai.script(Text("via webhook"))
     t = await telegram_harness(tmp_path, fake_openai, tg, mode="webhook",
                                webhook_url="https://bot.example.com/telegram/webhook", webhook_secret="s3cret")
-    app = web.Application()
-    t.channel.routes(app)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}{WEBHOOK_PATH}"
+    url = await t.serve_webhook()
     try:
         assert tg.webhook is not None and tg.webhook["secret_token"] == "s3cret"
         update = tg.user_message("hi by webhook", enqueue=False)
@@ -221,7 +214,6 @@ async def test_webhook_mode_checks_the_secret_and_answers(tmp_path, fake_openai,
         assert tg.webhook is None  # deleted at stop
     finally:
         await t.close()
-        await runner.cleanup()
 
 
 class GatedAdmissions(SqliteStore):
@@ -262,13 +254,7 @@ async def test_webhook_answers_only_after_the_message_is_stored(tmp_path, fake_o
     store = GatedAdmissions(tmp_path / "chat.db")
     t = await telegram_harness(tmp_path, fake_openai, tg, core={"store": store}, mode="webhook",
                                webhook_url="https://bot.example.com/telegram/webhook", webhook_secret="s3cret")
-    app = web.Application()
-    t.channel.routes(app)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}{WEBHOOK_PATH}"
+    url = await t.serve_webhook()
     headers = {SECRET_HEADER: "s3cret"}
     try:
         update = tg.user_message("hi by webhook", enqueue=False)
@@ -288,7 +274,6 @@ async def test_webhook_answers_only_after_the_message_is_stored(tmp_path, fake_o
         assert tg.visible(555) == ["via webhook"] and len(fake_openai.requests) == 1
     finally:
         await t.close()
-        await runner.cleanup()
 
 
 async def test_private_chat_streams_as_a_draft_then_sends_the_final_once(tmp_path, fake_openai, tg):

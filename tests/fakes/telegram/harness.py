@@ -10,9 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from channels.common.calls import CallPolicy, Calls
 from channels.common.throttle import Clock, Throttle
-from channels.telegram.channel import TelegramChannel, TelegramSettings
+from channels.telegram.channel import WEBHOOK_PATH, TelegramChannel, TelegramSettings
 from channels.telegram.factory import make_bot
 from core.media.transcribe import Transcriber
 from tests.fakes.openai_server import FakeOpenAI
@@ -31,6 +33,16 @@ class TelegramHarness:
         self.channel = channel
         self.tg = tg
         self._closed = False
+        self._runner: web.AppRunner | None = None
+
+    async def serve_webhook(self) -> str:
+        """Serve the channel's webhook route on 127.0.0.1 (until ``close``); its address."""
+        app = web.Application()
+        self.channel.routes(app)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{self._runner.addresses[0][1]}{WEBHOOK_PATH}"
 
     async def wait_for(self, cond: Callable[[], Any], timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
@@ -66,6 +78,8 @@ class TelegramHarness:
         await self.channel.stop()
         await self.core.shutdown()
         await self.channel.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
 
 
 async def telegram_harness(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, *,
