@@ -79,6 +79,12 @@ class TurnSink(Protocol):
         case the fallback carries the whole text."""
         ...
 
+    def final_in_doubt(self) -> bool:
+        """After an ``abort``: whether a call of ``finish`` that edits a message the chat shows was cut off on
+        its way (or timed out), so the platform may show the terminal snapshot after all, although
+        ``undelivered`` counts that edit as not made."""
+        ...
+
     def paused_seconds(self) -> float:
         """Seconds of platform-imposed pause (429 retry_after) this turn's chat has been under since the sink
         opened; core's wait for ``finish`` is stretched by them, however long."""

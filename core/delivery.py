@@ -7,6 +7,10 @@ and says Ok (None) or Err (DeliveryError). The fallback decision is the executor
 Core does not retry platform calls: the sink and ``send_plain`` do, within their channel's bounds (one
 retry policy per platform call, ``channels.common``). Core bounds how long it waits for the terminal
 content, and stretches that bound by every pause the platform imposed on the chat (429 retry_after).
+
+A shutdown whose bound runs out cancels the wait: ``DeliveryHandle.cut`` aborts the sink and reports what its
+ledger says the chat shows, and whether a final edit was cut off on its way (it may have landed); the
+executor decides from that whether the next start may send the terminal message (``core.executor``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,18 @@ class DeliveryError:
     """What the platform does not show of the terminal text; None = unknown (send it all)."""
     maybe_shown: bool = False
     """The final's send of what is not shown timed out: the platform may show it after all."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """What the chat shows of a turn whose delivery the process stopped waiting for (``DeliveryHandle.cut``)."""
+
+    undelivered: str | None
+    """What the sink's ledger says the chat does not show of the terminal text ("": all of it shows; None:
+    unknown)."""
+    final_in_doubt: bool = False
+    """A final edit of a message the chat shows was cut off on its way: the chat may show the terminal
+    state after all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +135,26 @@ class DeliveryHandle:
             log.warning("could not tell what turn %s's chat shows: %s", snapshot.turn_id, exc)
             return None
 
+
+    async def cut(self) -> Cut:
+        """The process stopped waiting for the terminal content (the shutdown's bound cancelled the wait):
+        stop following the turn at once (the sink is aborted: the chat stays as it is, no call is waited
+        for) and say what the chat shows of it, from the sink's ledger, and whether a final edit was on its
+        way when the abort came."""
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task  # its cancellation aborts the sink
+        task = self._task
+        if task.done() and not task.cancelled() and task.exception() is None and task.result() is None:
+            return Cut("")  # it landed just before the cut
+        with contextlib.suppress(Exception):  # (again, when the task ended before its abort could run)
+            async with asyncio.timeout(5):
+                await self._sink.abort()
+        try:
+            doubt = bool(self._sink.final_in_doubt())
+        except Exception:  # a sink bug: nothing is taken as shown
+            doubt = False
+        return Cut(self._undelivered(), doubt)
 
     async def abandon(self) -> None:
         """Stop following the turn at once and show nothing more of it (the sink is aborted, its terminal

@@ -20,6 +20,23 @@ with its interrupted notice (``core.failover``): the chat sees one terminal outc
 processes read a message as waiting (the old holder's lease ran out while its step 1 was on its way), the
 first write to land serves it and the other's step 1 finds it no longer waiting (``InboundServedError``):
 that turn ends there, showing nothing; the first one's turn, or the notice closing it, answers the message.
+
+A shutdown stops the running turns (each commits and shows its stopped notice) and waits for their delivery
+only within its bound; one that runs out cancels the wait in step 5 (``DeliveryHandle.cut``). What happens
+next is decided by the same truth as every fallback, the sink's ledger (``channels.common.ledger``: it
+changes only on a platform's answer), plus the one thing a ledger cannot know: whether a final edit was on
+its way when the abort came (``TurnSink.final_in_doubt``; Telegram, say, carries an edit out and answers
+late). A turn whose chat shows all of its terminal text is marked delivered. A stopped or failed turn whose
+final edit was cut off on its way is marked delivered too: that edit may have landed, and the next start's
+redelivery (``ChatCore._redeliver``), an ordinary new message that cannot edit or recognise the one the
+platform may show, would then be a second terminal message (rule 6); its partial answer is in the message
+the edit was for, where it stays (rule 4: never sent again), and what may be missing is the stopped or
+failure notice under it. Any other cut turn stays undelivered and the next start sends its terminal message
+once, as after a crash: a completed answer is never given up on a maybe (it may then show twice, as after
+a final edit that timed out). Waiting longer instead would not help: the bound is the operator's, and a
+platform answering late answers later than any bound inside it. The turn's log line names how it had
+ended and what its cut delivery left (``cancelled (the shutdown cut its final edit on its way; …)``), not
+"abandoned", which stays for a turn cut before it ended.
 """
 
 from __future__ import annotations
@@ -36,6 +53,7 @@ from core.committer import TurnCommitter
 from core.context_cache import ContextCache
 from core.controller import TurnController
 from core.delivery import (
+    Cut,
     DeliveryError,
     DeliveryHandle,
     DeliveryStartError,
@@ -56,7 +74,7 @@ from core.settings import CoreSettings
 from core.snapshot import TurnSnapshot
 from core.store import InboundServedError, Store, TurnState
 from core.title import TitleService
-from core.turn_log import turn_scope
+from core.turn_log import TurnOutcome, turn_scope
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +115,13 @@ class ConversationExecutor:
         Everything logged for the turn (in tasks it spawns too) carries its id; it ends with one INFO line."""
         turn_id = uuid.uuid4().hex
         with turn_scope(turn_id, envelope.key(), self._on_turn_end) as result:
-            result.outcome = await self._execute(envelope, cancel, context, turn_id, inbound)
+            result.outcome = await self._execute(envelope, cancel, context, turn_id, inbound, result)
         return result.outcome
 
     async def _execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache,
-                       turn_id: str, inbound: int | None) -> str:
-        """The six steps; returns how the turn ended (for the turn's log line)."""
+                       turn_id: str, inbound: int | None, result: TurnOutcome) -> str:
+        """The six steps; returns how the turn ended (for the turn's log line; ``result.cut`` says it when
+        the shutdown cuts step 5)."""
         target = envelope.target()
         key = target.session_key
 
@@ -178,7 +197,12 @@ class ConversationExecutor:
 
         # 5. wait for the sink; fall back to one plain message if the terminal content is not visible; marked
         # delivered only once the chat shows it (from then on a crash no longer leaves the chat without it)
-        await self._deliver_terminal(turn_id, target, handle, outcome, terminal)
+        try:
+            await self._deliver_terminal(turn_id, target, handle, outcome, terminal, result)
+        except asyncio.CancelledError:
+            if result.cut is None:  # (cut in its fallback: the next start sends what is not marked delivered)
+                result.cut = f"{_outcome_label(outcome)} (the shutdown cut its delivery)"
+            raise
         if committed.result is None:  # the commit (and the trace with it) did not land: try the trace alone
             await self._write_trace(key, turn_id, trace)
 
@@ -253,9 +277,16 @@ class ConversationExecutor:
         return controller.finish("failed" if isinstance(outcome, Failed) else "cancelled", error=notice)
 
     async def _deliver_terminal(self, turn_id: str, target: TurnTarget, handle: DeliveryHandle | None,
-                                outcome: TurnRunOutcome, terminal: TurnSnapshot) -> None:
-        err = DeliveryError("no live delivery") if handle is None else \
-            await handle.wait(self._settings.delivery_wait_timeout)
+                                outcome: TurnRunOutcome, terminal: TurnSnapshot, result: TurnOutcome) -> None:
+        err: DeliveryError | None
+        if handle is None:
+            err = DeliveryError("no live delivery")
+        else:
+            try:
+                err = await handle.wait(self._settings.delivery_wait_timeout)
+            except asyncio.CancelledError:
+                result.cut = await self._cut(turn_id, handle, outcome)
+                raise
         if err is None:  # rule 2: delivered → no plain message
             await self._redelivery.mark_delivered(turn_id)
             return
@@ -273,6 +304,29 @@ class ConversationExecutor:
         if rest.text:
             log.warning("the fallback for %s failed too", target.session_key)
             self._redelivery.schedule(turn_id, target, rest)
+
+    async def _cut(self, turn_id: str, handle: DeliveryHandle, outcome: TurnRunOutcome) -> str:
+        """The shutdown's bound cancelled the wait for the terminal delivery (see the module docstring):
+        record what the sink's ledger says the chat shows, so that the next start sends the turn's terminal
+        message only when that cannot show it twice. Returns the turn's log line's words."""
+        label = _outcome_label(outcome)
+        try:
+            cut = await handle.cut()
+        except Exception as exc:  # a bug: the next start sends it
+            log.warning("the delivery of turn %s was cut by the shutdown and could not be read: %s", turn_id, exc)
+            cut = Cut(None)
+        if cut.undelivered == "":
+            await self._redelivery.mark_delivered(turn_id)
+            return f"{label} (its delivery was cut by the shutdown; the chat shows all of it)"
+        if cut.final_in_doubt and not isinstance(outcome, Completed):
+            # its final edit may have landed: a terminal message at the next start could be a second one
+            # (rule 6), and its partial answer is in the message that edit was for (rule 4: never again)
+            await self._redelivery.mark_delivered(turn_id)
+            log.warning("the shutdown cut the final edit of turn %s on its way; its message stays as the chat "
+                        "shows it, and the next start sends nothing more of it", turn_id)
+            return f"{label} (the shutdown cut its final edit on its way; the chat keeps its message)"
+        log.warning("the shutdown cut the delivery of turn %s; the next start sends its terminal message", turn_id)
+        return f"{label} (the shutdown cut its delivery; the next start sends it)"
 
     def _fallback_text(self, outcome: TurnRunOutcome, terminal: TurnSnapshot, err: DeliveryError) -> str:
         if isinstance(outcome, Completed):

@@ -32,6 +32,8 @@ class TurnOutcome:
     """How the turn ended, as the executor reports it: completed, cancelled, stale, failed (kind)."""
 
     outcome: str = "failed"
+    cut: str | None = None
+    """How the turn had ended when the process stopped waiting for its delivery (shutdown), if it had."""
 
 
 @contextmanager
@@ -44,7 +46,9 @@ def turn_scope(turn_id: str, session_key: str,
     try:
         yield result
     except asyncio.CancelledError:
-        result.outcome = "abandoned"  # the process stopped waiting for it (shutdown past its bound)
+        # the process stopped waiting for it (shutdown past its bound): before it ended, or while its end
+        # was on its way to the chat (then the executor says how it ended and what the chat shows)
+        result.outcome = result.cut or "abandoned"
         raise
     except Exception:
         result.outcome = "crashed"

@@ -43,7 +43,8 @@ this is the rest of the ``TurnSink`` contract:
   removed, so every message, and what a native stream leaves in the chat (``NativeStream.leftover``),
   counts for the words it shows, and ``undelivered`` names only the rest. A call the abort cut off may
   have been carried out: an edit or a send counts as not made (its text may then show twice, never be
-  lost), a delete as made.
+  lost), a delete as made. A final edit cut off so is also reported (``final_in_doubt``): the core then
+  knows the chat may show the terminal state after all (``core.executor``: a turn the shutdown stopped).
 - Approvals: a new pending approval is posted at once by the platform's prompts; one that ended without
   a press is marked with how it ended.
 - Subagents: while child sessions of the turn run, the last streamed message carries one status line per
@@ -167,7 +168,17 @@ class _Paced:
 
     async def edit(self, message_id: str, part: Part) -> None:
         s = self._sink
-        await s.calls.call(lambda: s.ops.edit(message_id, part), scopes=s.ops.scopes, retry=s.final)
+        if not s.final:
+            await s.calls.call(lambda: s.ops.edit(message_id, part), scopes=s.ops.scopes, retry=False)
+            return
+        s.finishing = message_id  # cleared when the platform answered, not when an abort cuts the call off
+        try:
+            await s.calls.call(lambda: s.ops.edit(message_id, part), scopes=s.ops.scopes, retry=True)
+        except PlatformError as exc:
+            if not exc.outcome_unknown:  # refused: not carried out
+                s.finishing = None
+            raise
+        s.finishing = None
 
     async def delete(self, message_id: str) -> None:
         s = self._sink
@@ -207,6 +218,9 @@ class LiveSink:
         """Set once the turn is over: calls are then retried within the policy."""
         self.deleting: str | None = None
         """The message a delete is on its way for (an abort counts it as deleted)."""
+        self.finishing: str | None = None
+        """The message a final edit is on its way for, or whose final edit timed out: the chat may show the
+        edit after all (``final_in_doubt``)."""
         self._loop = asyncio.get_running_loop()
         self._opened = self._loop.time()
         self._typing_at = -1e9
@@ -377,6 +391,12 @@ class LiveSink:
 
     def undelivered(self, snapshot: TurnSnapshot) -> str | None:
         return "\n\n".join(self.ledger.unshown(self._final_parts(snapshot)))
+
+    def final_in_doubt(self) -> bool:
+        """Whether a final edit of a message the chat shows was cut off by the abort (or timed out): it may
+        have been carried out, so the chat may show the terminal state although the ledger counts it as not
+        made."""
+        return self.finishing is not None
 
     def paused_seconds(self) -> float:
         return max(0.0, self.calls.throttle.paused_total(self.ops.scopes) - self._paused_at_open)

@@ -116,6 +116,9 @@ class TestSink:
     def undelivered(self, snapshot: TurnSnapshot) -> str | None:
         return None
 
+    def final_in_doubt(self) -> bool:
+        return False
+
 
 class TestChannel:
     __test__ = False  # not a pytest class

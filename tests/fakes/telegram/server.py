@@ -102,6 +102,8 @@ class Fault:
     """Carry the call out, then answer with the error (a response lost after the work was done); with
     ``hang``, carried out before the wait (a call that lands but whose answer comes too late)."""
     hang: float = 0.0
+    until: asyncio.Event | None = None
+    """Like ``hang``, until this event is set (a call whose answer comes only when the test says so)."""
     body: str | None = None
     """Answer with this text instead of Telegram's JSON error (a gateway's HTML page, a truncated answer)."""
     content_type: str = "text/html"
@@ -404,6 +406,8 @@ class FakeTelegram:
                 await handler(params)
             if fault.hang:
                 await asyncio.sleep(fault.hang)
+            if fault.until is not None:
+                await fault.until.wait()
             call.status = fault.status
             if fault.body is not None:
                 return web.Response(text=fault.body, status=fault.status, content_type=fault.content_type)
