@@ -13,7 +13,7 @@ from typing import Any
 from tests.fakes.openai_server import FakeOpenAI, Function, Text, ToolCalls, image_parts, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.support.media import jpeg
-from tests.support.process import BridgeProcess, fetched_past, open_approvals, wait_for
+from tests.support.process import BridgeProcess, fetched_past, open_approvals, telegram_config, wait_for
 
 CHAT = 555
 INTERRUPTED = "⚠️ The bridge restarted while answering your last message. Please send it again."
@@ -21,32 +21,7 @@ INTERRUPTED = "⚠️ The bridge restarted while answering your last message. Pl
 
 
 def write_config(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> Path:
-    config = tmp_path / "chatbridge.toml"
-    config.write_text(f"""
-[bridge]
-data_dir = "{tmp_path / 'data'}"
-shutdown_timeout = 5
-
-[llm]
-provider = "openai"
-model = "fake-model"
-base_url = "{fake_openai.base_url}"
-api_key = "sk-test"
-request_timeout = 30
-
-[agent]
-titles = false
-
-[web]
-enabled = false
-
-[channels.telegram]
-enabled = true
-token = "{tg.token}"
-api_base = "{tg.base_url}"
-edit_interval_ms = 100
-""")
-    return config
+    return telegram_config(tmp_path, fake_openai.base_url, tg, shutdown_timeout=5)
 
 
 async def test_sigkill_with_five_messages_queued_loses_none_and_answers_none_twice(

@@ -17,39 +17,14 @@ from pathlib import Path
 
 from tests.fakes.openai_server import FakeOpenAI, Text
 from tests.fakes.telegram import FakeTelegram
-from tests.support.process import BridgeProcess, wait_for
+from tests.support.process import BridgeProcess, telegram_config, wait_for
 
 CHAT = 555
 STOPPED = "⏹ Stopped."
 
 
 def write_config(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram) -> Path:
-    config = tmp_path / "chatbridge.toml"
-    config.write_text(f"""
-[bridge]
-data_dir = "{tmp_path / 'data'}"
-shutdown_timeout = 4
-
-[llm]
-provider = "openai"
-model = "fake-model"
-base_url = "{fake_openai.base_url}"
-api_key = "sk-test"
-request_timeout = 30
-
-[agent]
-titles = false
-
-[web]
-enabled = false
-
-[channels.telegram]
-enabled = true
-token = "{tg.token}"
-api_base = "{tg.base_url}"
-edit_interval_ms = 100
-""")
-    return config
+    return telegram_config(tmp_path, fake_openai.base_url, tg, shutdown_timeout=4)
 
 
 def shown(tg: FakeTelegram) -> list[str]:

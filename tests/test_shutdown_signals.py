@@ -21,7 +21,7 @@ from bridge.exit_codes import ExitCode
 from tests.fakes.openai_server import FakeOpenAI, Function, Text, last_user_text
 from tests.fakes.telegram import FakeTelegram
 from tests.support.ports import free_port
-from tests.support.process import BridgeProcess, wait_for
+from tests.support.process import BridgeProcess, telegram_config, wait_for
 
 CHAT = 555
 SECRET = "hookSECRET_0123456789abcdef"
@@ -29,31 +29,11 @@ SECRET = "hookSECRET_0123456789abcdef"
 
 def webhook_config(tmp_path: Path, fake_openai: FakeOpenAI, tg: FakeTelegram, port: int,
                    shutdown_timeout: float) -> Path:
-    p = tmp_path / "chatbridge.toml"
-    p.write_text(f"""
-[bridge]
-data_dir = "{tmp_path / 'data'}"
-shutdown_timeout = {shutdown_timeout}
-[llm]
-provider = "openai"
-model = "fake-model"
-base_url = "{fake_openai.base_url}"
-api_key = "sk-test"
-request_timeout = 60
-[agent]
-titles = false
-[web]
-port = {port}
-[channels.telegram]
-enabled = true
-token = "{tg.token}"
-api_base = "{tg.base_url}"
-mode = "webhook"
+    return telegram_config(tmp_path, fake_openai.base_url, tg, shutdown_timeout=shutdown_timeout, port=port,
+                           telegram=f"""mode = "webhook"
 webhook_url = "https://bot.example.com/telegram/webhook"
 webhook_secret = "{SECRET}"
-edit_interval_ms = 100
 """)
-    return p
 
 
 async def post_update(port: int, tg: FakeTelegram, text: str) -> int:
@@ -234,26 +214,7 @@ async def test_sigterm_while_start_up_waits_on_the_platform_ends_it(
     tg.drafts_supported = False
     hold = asyncio.Event()
     fake_openai.script(Text("A slow answer " + "word " * 30, chunk_size=6, delay=0.02, hold=hold, hold_after=40))
-    cfg = tmp_path / "chatbridge.toml"
-    cfg.write_text(f"""
-[bridge]
-data_dir = "{tmp_path / 'data'}"
-shutdown_timeout = 1
-[llm]
-provider = "openai"
-model = "fake-model"
-base_url = "{fake_openai.base_url}"
-api_key = "sk-test"
-[agent]
-titles = false
-[web]
-enabled = false
-[channels.telegram]
-enabled = true
-token = "{tg.token}"
-api_base = "{tg.base_url}"
-edit_interval_ms = 100
-""")
+    cfg = telegram_config(tmp_path, fake_openai.base_url, tg, shutdown_timeout=1)
     log = tmp_path / "bridge.log"
     b = await BridgeProcess(cfg, log).start()
     try:

@@ -63,6 +63,41 @@ class BridgeProcess:
         return self.proc.returncode if self.proc.returncode is not None else -1
 
 
+def telegram_config(tmp_path: Path, llm_url: str, tg: FakeTelegram, *, shutdown_timeout: float = 5,
+                    port: int | None = None, telegram: str = "") -> Path:
+    """``chatbridge.toml`` in ``tmp_path`` for a bridge answering the fake Telegram with the fake model at
+    ``llm_url`` (titles off): the web server off unless ``port`` is given, ``telegram`` more keys of the
+    channel (a webhook's, say)."""
+    web = f"port = {port}" if port is not None else "enabled = false"
+    config = tmp_path / "chatbridge.toml"
+    config.write_text(f"""
+[bridge]
+data_dir = "{tmp_path / 'data'}"
+shutdown_timeout = {shutdown_timeout}
+
+[llm]
+provider = "openai"
+model = "fake-model"
+base_url = "{llm_url}"
+api_key = "sk-test"
+request_timeout = 30
+
+[agent]
+titles = false
+
+[web]
+{web}
+
+[channels.telegram]
+enabled = true
+token = "{tg.token}"
+api_base = "{tg.base_url}"
+edit_interval_ms = 100
+{telegram}
+""")
+    return config
+
+
 async def wait_for(cond: Callable[[], Any], bridges: BridgeProcess | Sequence[BridgeProcess],
                    timeout: float = 60.0, what: str = "") -> None:
     """Poll ``cond`` (a function, or a coroutine function) until true (a bound on a hang, never a measure of
