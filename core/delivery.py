@@ -135,7 +135,6 @@ class DeliveryHandle:
             log.warning("could not tell what turn %s's chat shows: %s", snapshot.turn_id, exc)
             return None
 
-
     async def cut(self) -> Cut:
         """The process stopped waiting for the terminal content (the shutdown's bound cancelled the wait):
         stop following the turn at once (the sink is aborted: the chat stays as it is, no call is waited

@@ -97,25 +97,31 @@ def _mentions_bot(message: Message, me: BotIdentity) -> bool:
     return False
 
 
+_ADDRESSED_COMMAND = re.compile(r"/\w+@(\S*)")
+
+
+def _addressee(text: str) -> str | None:
+    """The bot a leading command names (``/help@other_bot`` → "other_bot", read as core reads it: anything up
+    to the first space), lower-cased as Telegram compares usernames; None for a command naming none."""
+    words = text.strip().split(maxsplit=1)
+    found = _ADDRESSED_COMMAND.fullmatch(words[0]) if words else None
+    return found.group(1).lower() if found is not None else None
+
+
 def _command_for_bot(message: Message, me: BotIdentity) -> bool:
-    text = (message.text or "").strip()
-    if parse_command(text) is None:
+    text = message.text or ""
+    if parse_command(text.strip()) is None:
         return False
-    head = text.split()[0]
-    return "@" not in head or head.split("@", 1)[1].lower() == me.username.lower()
-
-
-_ADDRESSED_COMMAND = re.compile(r"/\w+@(\S+)")
+    name = _addressee(text)
+    return name is None or name == me.username.lower()
 
 
 def command_for_another_bot(text: str, me: BotIdentity) -> bool:
     """Whether ``text`` begins with a command addressed to a bot other than ours (``/help@other_bot``, with or
     without words after it). Core takes ``/new@<any name>`` for its own ``/new``, so such a message must not
-    reach it; the name is compared as core reads it (anything up to the first space), case-insensitively, as
-    Telegram compares usernames."""
-    words = text.strip().split(maxsplit=1)
-    found = _ADDRESSED_COMMAND.fullmatch(words[0]) if words else None
-    return found is not None and found.group(1).lower() != me.username.lower()
+    reach it."""
+    name = _addressee(text)
+    return name is not None and name != me.username.lower()
 
 
 def addressed(message: Message, me: BotIdentity) -> bool:
