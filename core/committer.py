@@ -111,7 +111,7 @@ class TurnCommitter:
             return None
         if isinstance(outcome, Failed):
             return self._presenter.failure(outcome.failure)
-        return self._presenter.cancelled("")
+        return self._presenter.cancelled("", by_shutdown=isinstance(outcome, Cancelled) and outcome.by_shutdown)
 
 
 def turn_messages(outcome: TurnRunOutcome, turn_id: str) -> list[NewMessage]:

@@ -337,8 +337,9 @@ class ConversationExecutor:
             if outcome.partial:
                 return self._presenter.failed_with_partial(outcome.failure, outcome.partial)
             return self._presenter.failure(outcome.failure)
-        partial = outcome.partial if isinstance(outcome, Cancelled) else terminal.text
-        return self._presenter.cancelled(partial)
+        if isinstance(outcome, Cancelled):
+            return self._presenter.cancelled(outcome.partial, by_shutdown=outcome.by_shutdown)
+        return self._presenter.cancelled(terminal.text)
 
     @staticmethod
     def _trace_records(key: str, controller: TurnController) -> list[tuple[str, dict[str, Any]]]:

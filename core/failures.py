@@ -68,8 +68,12 @@ class TurnFailurePresenter:
     def failed_with_partial(self, failure: TurnFailure, partial: str) -> str:
         return f"{partial}\n\n{self.failure(failure)}"
 
-    def cancelled(self, partial: str) -> str:
-        return f"{partial}\n\n⏹ Stopped." if partial else "⏹ Stopped."
+    def cancelled(self, partial: str, *, by_shutdown: bool = False) -> str:
+        """A stopped turn's end: by a user's /stop, or by the bridge shutting down (then it says so, and that
+        the message is not answered by itself later)."""
+        stopped = "⏹ Stopped: the bridge is shutting down. Send your message again once it is back." \
+            if by_shutdown else "⏹ Stopped."
+        return f"{partial}\n\n{stopped}" if partial else stopped
 
     def empty_answer(self) -> str:
         return "⚠️ The model finished without writing an answer. Please try again or rephrase your message."

@@ -47,6 +47,8 @@ class Cancelled:
     partial: str
     rounds: tuple[Round, ...] = ()
     summary: Summary | None = None
+    by_shutdown: bool = False
+    """Stopped because the bridge is shutting down, not by a user's /stop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +110,8 @@ class TurnRunner:
                     await work
         if work.cancelled() or cancel.is_set():
             self._abort(controller)
-            return Cancelled(controller.text, tuple(loop.rounds), compaction[0] if compaction else None)
+            return Cancelled(controller.text, tuple(loop.rounds), compaction[0] if compaction else None,
+                             by_shutdown=cancel.by_shutdown)
         return work.result()
 
     @staticmethod

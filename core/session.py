@@ -485,7 +485,7 @@ class SessionManager:
         workers = []
         for session in list(self._active.values()):
             if session.cancel is not None:
-                session.cancel.set()
+                session.cancel.shutdown()
             elif session.worker is not None:
                 session.worker.cancel()  # idle, or waiting for a place or a job: nothing to finish
             if session.worker is not None:

@@ -15,6 +15,8 @@ from tests.support import db
 from tests.support.harness import API_KEY, make_harness
 
 ANSWER = "The capital of France is Paris."
+SHUT_DOWN = "⏹ Stopped: the bridge is shutting down. Send your message again once it is back."
+"""How a reply the shutdown stopped ends: not like a user's /stop (the user stopped nothing)."""
 
 
 async def test_success_shows_the_answer_once_and_sends_no_fallback(tmp_path, fake_openai):
@@ -147,13 +149,15 @@ async def test_shutdown_mid_reply_produces_one_terminal_message_and_reclaims_eve
     assert stragglers == []
     assert len(h.core.supervisor) == 0
     live = [m for m in h.platform.messages.values() if m.kind == "live"]
-    assert [m.text for m in live] == ["Streaming\n\n⏹ Stopped."]
+    assert [m.text for m in live] == [f"Streaming\n\n{SHUT_DOWN}"]
     # the queued message stays stored, unanswered: the next start answers it, once
     assert h.platform.plain("c1") == []
     fake_openai.script(Text("Answered after the restart"))
     h2 = await make_harness(tmp_path, fake_openai, platform=h.platform)
     await h2.settle()
-    assert h.platform.visible("c1") == ["Streaming\n\n⏹ Stopped.", "Answered after the restart"]
+    assert h.platform.visible("c1") == [f"Streaming\n\n{SHUT_DOWN}", "Answered after the restart"]
+    _, history = await h2.core.history("test:c1")
+    assert ("notice", SHUT_DOWN) in [(m.source.kind, m.content) for m in history]
     assert fake_openai.requests[-1]["messages"][-1]["content"].startswith("queued behind")
     await h2.core.shutdown()
 

@@ -46,7 +46,7 @@ from tests.support.process import open_approvals
 
 INTERRUPTED = "⚠️ The bridge restarted while answering your last message. Please send it again."
 TOO_OLD = "too old to answer"
-STOPPED = "⏹ Stopped."  # how a reply cut short by a shutdown ends, in its own message
+STOPPED = "⏹ Stopped: the bridge is shutting down"  # how a reply cut short by a shutdown ends, in its own message
 RESTARTED = "Denied: the bridge restarted"  # Feishu escapes the full stop in card Markdown
 FEISHU_TOKEN = "vt_crash_verification_token"
 FEISHU_KEY = "ek_crash_encrypt_key"
@@ -62,7 +62,7 @@ def ends_with_id(text: str, ident: str) -> bool:
 
 
 def is_notice(text: str) -> bool:
-    return INTERRUPTED in text or TOO_OLD in text or text.rstrip().endswith(STOPPED)
+    return INTERRUPTED in text or TOO_OLD in text or STOPPED in text
 
 
 async def healthz(port: int) -> dict[str, Any]:
