@@ -403,9 +403,9 @@ class ChatCore:
         return await self.media.get(key, attachment_id)
 
     def stop_new_turns(self) -> None:
-        """The first step of a shutdown: no session starts a new turn or job from now on, while the running
-        turns go on (the channels are stopped meanwhile). Messages still accepted stay stored and are
-        answered at the next start; ``shutdown`` then stops what still runs."""
+        """The first step of a shutdown: no session starts a new turn from now on, while the running turns go
+        on (the channels are stopped meanwhile; a ``/new`` queued behind a turn is still carried out). Messages
+        still accepted stay stored and are answered at the next start; ``shutdown`` then stops what still runs."""
         self.sessions.stop_starting()
 
     async def shutdown(self, timeout: float | None = None) -> list[str]:

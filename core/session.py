@@ -322,6 +322,8 @@ class SessionManager:
                     session.busy = False
                     # messages stored by other processes meanwhile are read before the next one is served
                     session.refresh = shared
+            if session.leased and (not shared or self._leases.holds(session.key)):
+                await self._run_jobs_left(session)
         finally:
             if self._active.get(session.key) is session:
                 del self._active[session.key]
@@ -471,9 +473,22 @@ class SessionManager:
                 refill.append(place)
             session.items.extendleft(reversed(refill))
 
+    async def _run_jobs_left(self, session: _ActiveSession) -> None:
+        """Shutdown: the jobs still queued (a ``/new`` waiting for the reply it stopped, a too-old notice) answer
+        what a user already sent and are short: they are carried out now, within the shutdown's bound (a
+        ``/new`` is not stored: left, it would be lost). The messages still queued stay stored."""
+        jobs = [item for item in session.items if isinstance(item, _Job)]
+        session.items = collections.deque(item for item in session.items if not isinstance(item, _Job))
+        for job in jobs:
+            session.busy = True
+            try:
+                await self._run_job(session, job)
+            finally:
+                session.busy = False
+
     def stop_starting(self) -> None:
-        """Shutdown begins: start no new turn or job, while the running ones go on. Whatever is queued stays
-        stored (the next start resumes it); a worker ends once its current item is done."""
+        """Shutdown begins: start no new turn, while the running ones go on. Whatever is queued stays stored
+        (the next start resumes it); a worker ends once its current item and the jobs queued are done."""
         self._closing = True
         for session in self._active.values():
             session.wakeup.set()  # an idle worker ends now rather than at its idle timeout

@@ -263,6 +263,32 @@ async def test_new_ends_the_conversation_for_the_messages_waiting_before_it(tmp_
     await h2.core.shutdown()
 
 
+async def test_a_new_waiting_for_its_stopped_turn_at_a_shutdown_is_still_carried_out(tmp_path, fake_openai):
+    """/new stops the running reply and waits for it to end; a shutdown that begins meanwhile let the worker
+    end after that reply, so the /new was never carried out: no answer to it, the old context kept, the
+    messages it ended answered after the restart."""
+    hold = asyncio.Event()
+    fake_openai.script(Text("remembering banana slowly", hold=hold, hold_after=11))
+    fake_openai.default = Function(echo)
+    h = await make_harness(tmp_path, fake_openai)
+    await h.say("remember banana")
+    await h.wait_for(lambda: len(fake_openai.requests) == 1)  # its reply is being written
+    await h.say("waiting")
+    assert await h.say("/new") is SubmitResult.COMMAND  # the reply is stopping, not stopped yet
+    assert await h.core.shutdown() == []
+    shown = h.platform.visible("c1")
+    assert shown[0].endswith("⏹ Stopped.")  # stopped by /new, not by the shutdown
+    assert shown[1:] == ["🆕 Started a new conversation. Earlier messages stay in the history but are no longer "
+                         "sent to the model. The message you sent before /new was not answered."]
+    h2 = await make_harness(tmp_path, fake_openai, platform=h.platform)
+    await h2.say("after new")
+    await h2.settle()
+    assert h2.platform.visible("c1")[2:] == ["echo: after new"]  # "waiting" is not answered after the restart
+    assert [m["content"].split("\n\n")[0] for m in fake_openai.requests[-1]["messages"] if m["role"] == "user"] \
+        == ["after new"]
+    await h2.core.shutdown()
+
+
 async def test_a_failed_new_leaves_the_waiting_messages_to_be_answered(tmp_path, fake_openai):
     class NoNewContext(SqliteStore):
         async def new_context(self, key, **kw):  # type: ignore[override]
