@@ -53,6 +53,12 @@ class TurnFeed(Protocol):
         A waiter that gives up cancels it."""
         ...
 
+    def approval_unshown(self, call_id: str, origin: tuple[str, ...] = ()) -> None:
+        """The sink could not show this pending approval request (``ApprovalRequest.call_id`` and ``origin``)
+        after the channel's retries: core denies it at once, telling the model the request could not be shown,
+        and the turn goes on (nothing happens if it is no longer pending)."""
+        ...
+
 
 class TurnSink(Protocol):
     """Live rendering of one turn on one platform. Created by ``Channel.open_sink``."""

@@ -76,6 +76,7 @@ class TurnController:
         self._separate = False  # the next request's first text starts after a blank line
         self._closed = False
         """Set by an abort event or the terminal state: later events are ignored."""
+        self._unshown: Callable[[str, tuple[str, ...]], object] | None = None
         self.trace: list[TurnEvent] = []
         """Every complete (non-partial) event in stream order; written to the store after the turn. Events
         forwarded from child sessions are not part of it (each child keeps its own trace)."""
@@ -107,6 +108,26 @@ class TurnController:
         """Get every turn event of this turn, in stream order (listeners must not block)."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def on_unshown(self, handler: Callable[[str, tuple[str, ...]], object]) -> Callable[[], None]:
+        """Who denies a pending request the chat could not show (the turn's runner: ``approval_unshown``);
+        returns the function that takes it back."""
+        self._unshown = handler
+
+        def remove() -> None:
+            if self._unshown is handler:
+                self._unshown = None
+
+        return remove
+
+    def approval_unshown(self, call_id: str, origin: tuple[str, ...] = ()) -> None:
+        """A sink could not show this pending approval request (its post failed, after the channel's retries):
+        it is denied at once, and the model is told why, rather than the turn waiting for a press nobody can
+        make until the approval timeout. Nothing happens when it is no longer pending."""
+        if self._closed or self._unshown is None:
+            return
+        if any(a.call_id == call_id and a.origin == origin for a in self._approvals):
+            self._unshown(call_id, origin)
 
     def changed(self, *, urgent_only: bool = False) -> asyncio.Future[None]:
         """A future resolved by the next change (``urgent_only``: the next change of the pending approvals or

@@ -6,9 +6,10 @@ smaller budget, so the prompt and runtime context are attached exactly once eith
 
 Attachments (``core.media``) ride on their user message: documents and transcripts as text blocks after the
 user's words, images as image parts while the model takes images (``VisionPolicy``) and they fit the budget,
-newest first; an older image that no longer fits, or whose file expired, is described in one line instead.
-The images of the newest user message are always shown (when the model takes images): they are what the
-user is asking about.
+newest first, and while the request's image bytes stay within ``MAX_IMAGE_BYTES``; an older image that no
+longer fits, or whose file expired, is described in one line instead. The images of the newest user message
+are always shown (when the model takes images): they are what the user is asking about. After a context
+overflow (or a request over the server's size limit, HTTP 413) only those are shown.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ CHARS_PER_TOKEN = 4
 IMAGE_CHARS = 6400
 """What an image costs in the budget: about 1,600 tokens, the most Anthropic charges for one (OpenAI's
 high-detail images cost less)."""
+
+MAX_IMAGE_BYTES = 20_000_000
+"""The most image bytes one request carries (base64 makes 20 MB about 27 MB: under Anthropic's 32 MB request
+limit and OpenAI's 50 MB). Older images past it are described; the newest user message's are always shown."""
 
 ImageLoader = Callable[[AttachmentRef], Awaitable[LLMImage | None]]
 
@@ -114,7 +119,8 @@ class TurnInputBuilder:
                                  cache=cache)
 
     async def recover_after_overflow(self, prev: PreparedTurnInput) -> PreparedTurnInput:
-        """The model said the prompt does not fit: rebuild with half the history budget."""
+        """The model said the prompt does not fit (or the request was over the server's size limit): rebuild
+        with half the history budget, showing only the newest user message's images."""
         return await self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars // 2,
                                  prev.history, prev.summary, recovered=True)
 
@@ -133,26 +139,32 @@ class TurnInputBuilder:
         messages = assemble(self._settings.system_prompt, list(rest), runtime, budget, summary, convert,
                             shown=shown if vision else None)
         if shown:
-            messages = await self._with_images(messages, shown)
+            messages = await self._with_images(messages, shown, 0 if recovered else MAX_IMAGE_BYTES)
         tokens = (len(self._settings.system_prompt) // CHARS_PER_TOKEN
                   + (estimate_tokens(summary.message()) if summary is not None else 0)
                   + sum(estimate_tokens(m) for m in rest))
         return PreparedTurnInput(key, messages, base_state_version, budget, runtime, recovered,
                                  rest, summary, tokens)
 
-    async def _with_images(self, messages: tuple[LLMMessage, ...],
-                           shown: dict[int, tuple[AttachmentRef, ...]]) -> tuple[LLMMessage, ...]:
-        """Load the images ``assemble`` chose; one whose file is gone (expired) is described instead."""
+    async def _with_images(self, messages: tuple[LLMMessage, ...], shown: dict[int, tuple[AttachmentRef, ...]],
+                           cap: int) -> tuple[LLMMessage, ...]:
+        """Load the images ``assemble`` chose, newest first; one whose file is gone (expired) is described
+        instead, and so is an older one past ``cap`` image bytes (the newest user message's are always shown)."""
         assert self._images is not None
         out = list(messages)
-        for index, refs in shown.items():
+        newest_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+        total = 0
+        for index in sorted(shown, reverse=True):
             images: list[LLMImage] = []
             missing: list[str] = []
-            for ref in refs:
+            for ref in shown[index]:
                 image = await self._images(ref)
                 if image is None:
                     missing.append(image_description(ref, gone=True))
+                elif index != newest_user and total + len(image.data) > cap:
+                    missing.append(image.description)
                 else:
+                    total += len(image.data)
                     images.append(image)
             m = out[index]
             content = "\n\n".join(part for part in (m.content, *missing) if part)

@@ -99,15 +99,27 @@ class TurnRunner:
         compaction: list[Summary] = []
         work = self._supervisor.spawn(f"turn:{snap.turn_id}:loop",
                                       self._run_loop(loop, prepared, controller, compaction))
-        unsubscribe = cancel.on_set(work.cancel)  # /stop cancels the work directly
+        key = snap.session_key
+
+        def stop() -> None:
+            # In the same step as the stop: its pending approvals (and its subagents') close now, so a press
+            # from here on is answered "no longer pending" and no decision starts a tool after the stop.
+            self._broker.stop(key)
+            work.cancel()  # /stop cancels the work directly
+
+        unsubscribe = cancel.on_set(stop)
+        unshown = controller.on_unshown(lambda call_id, origin: self._broker.unshown(
+            origin[-1] if origin else key, call_id))
         try:
             await asyncio.wait({work})
         finally:
             unsubscribe()
+            unshown()
             if not work.done():
                 work.cancel()
                 with contextlib.suppress(BaseException):
                     await work
+            self._broker.resume(key)
         if work.cancelled() or cancel.is_set():
             self._abort(controller)
             return Cancelled(controller.text, tuple(loop.rounds), compaction[0] if compaction else None,

@@ -57,7 +57,7 @@ class ApprovalOutcome:
     origin: tuple[str, ...]
     """As the request's (``ApprovalRequest.origin``)."""
     decision: Literal["allow", "deny"]
-    reason: Literal["policy", "user", "timeout", "abort"]
+    reason: Literal["policy", "user", "timeout", "abort", "unshown"]
     shown_by: str = ""
     """Who decided, as the chat shows them (when a user did and their channel named them)."""
 

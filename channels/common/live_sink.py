@@ -46,7 +46,10 @@ this is the rest of the ``TurnSink`` contract:
   lost), a delete as made. A final edit cut off so is also reported (``final_in_doubt``): the core then
   knows the chat may show the terminal state after all (``core.executor``: a turn the shutdown stopped).
 - Approvals: a new pending approval is posted at once by the platform's prompts; one that ended without
-  a press is marked with how it ended.
+  a press is marked with how it ended. One that could not be posted (after the call policy's retries) is
+  reported to core (``TurnFeed.approval_unshown``), which denies it at once: the turn goes on, and the model
+  is told the request could not be shown, instead of waiting for a press nobody can make. A post whose
+  outcome is unknown (it may show) leaves the request pending.
 - Subagents: while child sessions of the turn run, the last streamed message carries one status line per
   running child (``channels.common.status``) where it fits; the final reply never does. A stream that
   shows activity itself (the web chat's cards) gets none.
@@ -116,6 +119,8 @@ def ended_line(snapshot: TurnSnapshot, call_id: str, origin: tuple[str, ...] = (
     their channel named them; failing that, from the tool's status (for a subagent's call, from its child's
     state: its tools are not the turn's)."""
     outcome = next((o for o in reversed(snapshot.decided) if o.call_id == call_id and o.origin == origin), None)
+    if outcome is not None and outcome.reason == "unshown":
+        return "⚠️ Denied: the request could not be shown in the chat."
     if outcome is not None and outcome.reason in ("user", "timeout"):
         if outcome.reason == "timeout":
             return "⌛ Denied: nobody decided in time."
@@ -647,7 +652,7 @@ class LiveSink:
             if (request.origin, request.call_id) not in self._asked:
                 asked = _Asked(None)
                 asked.posting = self._spawn(f"approval:{request.call_id}",
-                                            self._post(prompts, asked, snapshot.session_key, request))
+                                            self._post(prompts, asked, snapshot.session_key, request, self._feed))
                 self._asked[(request.origin, request.call_id)] = asked
         for (origin, call_id), asked in self._asked.items():
             if (origin, call_id) not in pending and not asked.ended:
@@ -656,11 +661,24 @@ class LiveSink:
                             self._end(prompts, asked, ended_line(snapshot, call_id, origin)))
 
     @staticmethod
-    async def _post(prompts: ApprovalPrompts, asked: _Asked, session_key: str, request: ApprovalRequest) -> None:
+    async def _post(prompts: ApprovalPrompts, asked: _Asked, session_key: str, request: ApprovalRequest,
+                    turn: TurnFeed | None) -> None:
+        """Post one request. When it cannot be shown (the post failed after the call policy's retries), core
+        is told (``TurnFeed.approval_unshown``): it denies the call at once, saying why, instead of the turn
+        waiting for a press nobody can make until the approval timeout. A post whose outcome is unknown (it
+        may show, with its buttons) leaves the request pending: a press on it still decides it."""
         try:
             asked.handle = await prompts.post(session_key, request)
         except PlatformError as exc:
+            if exc.outcome_unknown:
+                log.warning("no answer to the approval request for %s (it may show); it stays pending: %s",
+                            request.tool_name, exc)
+                return
             log.warning("could not post the approval request for %s: %s", request.tool_name, exc)
+        except Exception as exc:  # the prompt's own bookkeeping failed: nothing to press
+            log.warning("could not post the approval request for %s: %s", request.tool_name, exc)
+        if asked.handle is None and turn is not None:
+            turn.approval_unshown(request.call_id, request.origin)
 
     @staticmethod
     async def _end(prompts: ApprovalPrompts, asked: _Asked, line: str) -> None:

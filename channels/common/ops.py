@@ -136,7 +136,9 @@ class Renderer(Protocol):
 class ApprovalPrompts(Protocol):
     async def post(self, session_key: str, request: ApprovalRequest) -> Any:
         """Post the approval request with its buttons; returns a handle for ``ended`` (raise or return
-        None when nothing could be posted)."""
+        None when nothing could be posted: the sink then tells core, which denies the call at once, as one
+        nobody could approve. A post that may have been shown, its outcome unknown, returns a handle or raises
+        a ``PlatformError`` with ``outcome_unknown``: the request stays pending)."""
         ...
 
     async def ended(self, handle: Any, line: str) -> None:

@@ -21,7 +21,7 @@ from core.snapshot import ShownArgument
 Phase = Literal["start", "delta", "stop"]
 RequestStatus = Literal["completed", "failed", "timeout", "malformed", "aborted", "auth"]
 Decision = Literal["allow", "deny"]
-DecisionReason = Literal["policy", "user", "timeout", "abort"]
+DecisionReason = Literal["policy", "user", "timeout", "abort", "unshown"]
 OutputStatus = Literal["done", "failed", "denied", "aborted"]
 
 

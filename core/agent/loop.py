@@ -55,6 +55,7 @@ from core.llm.provider import (
 )
 from core.llm.retry import retry_policy
 from core.llm.silence import bounded
+from core.media.vision import says_no_vision
 from core.retrying import run_with_retries
 from core.settings import CoreSettings
 from core.text import sound_text
@@ -65,6 +66,8 @@ log = logging.getLogger(__name__)
 MAX_TOOL_OUTPUT_CHARS = 16_000
 EMPTY_TOOL_OUTPUT = "[no output]"
 ABORTED_TOOL_OUTPUT = "Tool call aborted: the user stopped the turn before it finished."
+NOT_RUN_TOOL_OUTPUT = "Tool call denied: the user stopped the turn before it ran; it was not run."
+"""The output of a call the stop left waiting (for approval, or behind one): it never started."""
 
 
 def normalize_output(text: str, limit: int = MAX_TOOL_OUTPUT_CHARS) -> str:
@@ -91,6 +94,8 @@ class Round:
     """The child session each ``run_subagent`` call of this round ran, by call id (kept with its result)."""
     finish_reason: str | None = None
     """Why the model stopped writing (``StreamEnd``): "stop", "length", "content_filter", …"""
+    started: set[str] = field(default_factory=set)
+    """The calls whose tool was started (allowed, and run): one without an output was cut off while running."""
 
     @property
     def text(self) -> str:
@@ -99,8 +104,12 @@ class Round:
         return self.pieces[0] if self.pieces else ""
 
     def output_for(self, call_id: str) -> str:
+        """The call's output; for one the stop left without any, whether it was cut off while running or never
+        started (left waiting for approval: the stop denied it)."""
         out = self.outputs.get(call_id)
-        return out.output if out is not None else ABORTED_TOOL_OUTPUT
+        if out is not None:
+            return out.output
+        return ABORTED_TOOL_OUTPUT if call_id in self.started else NOT_RUN_TOOL_OUTPUT
 
     def messages(self) -> list[LLMMessage]:
         """The round as model context: the assistant's calls, then one output per call in call order."""
@@ -148,7 +157,7 @@ class AgentLoop:
                  settings: CoreSettings, session_key: str, turn_id: str, requested_by: str | None,
                  emit: Callable[[TurnEvent], None], spawn: Spawn, depth: int = 0,
                  on_model_retry: Callable[[], None] | None = None,
-                 images_rejected: Callable[[], None] | None = None,
+                 images_rejected: Callable[..., None] | None = None,
                  abandoned: Callable[[], bool] | None = None) -> None:
         self._provider = provider
         self._tools = tools
@@ -168,16 +177,24 @@ class AgentLoop:
         """Set when the loop stopped on max_turns, or the last answer was cut off (the notice the user saw)."""
         self._can_recover = False
         """Whether a context overflow of the current request is met by rebuilding the input (``run``)."""
+        self._used_ids: set[str] = set()
+        """The tool call ids of the context and of this turn (``_unique_call_id``)."""
 
     async def run(self, base: tuple[LLMMessage, ...],
                   recover: Callable[[], Awaitable[tuple[LLMMessage, ...]]] | None = None) -> None:
         """Run requests until the model answers without tool calls (or max_turns). ProviderError propagates
         (after at most one overflow recovery through ``recover``, which rebuilds the base context).
 
-        A request with images that the model refuses (a 400: a model without vision) is made once more with
-        every image described in words; when that one is taken, ``images_rejected`` is told (vision policy)."""
+        A request with images that the model refuses (a 400) is made again with images described in words:
+        first those before the newest message with images (an older unreadable image; the user's new photo still
+        shown), then all of them; the descriptions stay with this request. When one is taken,
+        ``images_rejected(session_key, unsupported=...)`` is told (the vision policy: ``unsupported`` when the
+        error said the model takes no images at all, ``core.media.vision.says_no_vision``). A request with
+        images still too large after the overflow recovery is made once more with them all described."""
         recovered = False
-        described = False
+        described = 0  # 1: the images before the newest message with images are described; 2: all are
+        refused: ProviderError | None = None  # the first refusal of a request with images (a 400)
+        self._note_ids(base)
         while True:
             request_no = len(self.rounds) + 1
             messages = base + tuple(m for r in self.rounds for m in r.messages())
@@ -190,15 +207,19 @@ class AgentLoop:
                     recovered = True
                     log.info("context overflow in %s; rebuilding the input once", self._key)
                     base = await recover()
-                    if described:
-                        base = without_images(base)
+                    self._note_ids(base)
+                    base = _describe(base, described)
                     continue
-                if exc.kind is ProviderErrorKind.BAD_REQUEST and not described and has_images(messages) \
-                        and not rnd.calls and not rnd.text:
-                    described = True
-                    log.info("the model refused a request with images in %s (%s); asking again with the images "
-                             "described", self._key, exc)
-                    base = without_images(base)
+                if described < 2 and has_images(messages) and not rnd.calls and not rnd.text and (
+                        exc.kind is ProviderErrorKind.BAD_REQUEST
+                        or (exc.kind is ProviderErrorKind.CONTEXT_OVERFLOW and recovered)):
+                    if exc.kind is ProviderErrorKind.BAD_REQUEST and refused is None:
+                        refused = exc
+                    no_vision = says_no_vision(exc.detail)
+                    described = 2 if described or no_vision or not _older_images(base) else 1
+                    log.info("the model refused a request with images in %s (%s); asking again with %s images "
+                             "described", self._key, exc, "all" if described == 2 else "the older")
+                    base = _describe(base, described)
                     continue
                 if rnd.calls or rnd.text:
                     self.rounds.append(rnd)
@@ -208,8 +229,9 @@ class AgentLoop:
                     self.rounds.append(rnd)  # abort: what was committed enters the next context
                 raise
             self.rounds.append(rnd)
-            if described and self._images_rejected is not None:
-                self._images_rejected()  # the same request without images was taken: they were the problem
+            if refused is not None and self._images_rejected is not None:
+                # the same request with images described was taken: they were the problem
+                self._images_rejected(self._key, unsupported=says_no_vision(refused.detail))
                 self._images_rejected = None
             if not rnd.calls:
                 cut = cut_off_notice(rnd.finish_reason, self._settings.max_output_tokens)
@@ -222,6 +244,36 @@ class AgentLoop:
                                f"max_turns = {self._settings.max_turns}). Send another message to continue.")
                 self._emit(Notice(self.notice))
                 return
+
+    def _note_ids(self, messages: tuple[LLMMessage, ...]) -> None:
+        for m in messages:
+            self._used_ids.update(c.id for c in m.tool_calls)
+            if m.tool_call_id is not None:
+                self._used_ids.add(m.tool_call_id)
+
+    def _unique_call_id(self, call_id: str) -> str:
+        """``call_id``, or a new id for the call when the provider repeated one already used in this session.
+
+        Some providers and servers number their calls per response ("call_0") and so repeat ids across requests
+        and turns. An approval is decided by (session, call id): a button of an earlier request still shown
+        somewhere (another device, a failed update) would then decide a later, different call. So a repeated id
+        (in the context, in this turn, or asked for approval in this session by this process: ``/new`` and
+        compaction drop old calls from the context, not their buttons from the chat) is replaced here, before
+        anything shows it, by one made unique with this turn's id. Everything after uses it: the events, the
+        approval, the stored history and what the model is sent back (the model only needs the ids of a call
+        and of its output to agree). Ids the provider did not repeat are kept as they are."""
+        used = self._used_ids
+        asked = self._broker.asked(self._key)
+        if call_id in used or call_id in asked:
+            base = f"{call_id}_{self._turn_id[:8]}"
+            candidate, n = base, 1
+            while candidate in used or candidate in asked:
+                n += 1
+                candidate = f"{base}_{n}"
+            log.info("the model repeated tool call id %r in %s; using %r", call_id, self._key, candidate)
+            call_id = candidate
+        used.add(call_id)
+        return call_id
 
     def _recovers(self, err: ProviderError, rnd: Round) -> bool:
         """Whether ``run`` makes the request again on a rebuilt input after ``err`` (what it streamed is then
@@ -251,7 +303,8 @@ class AgentLoop:
         queue: MergeQueue[TurnEvent] = MergeQueue(consume, self._spawn)
 
         def start_tool(call: CompleteToolCall) -> None:
-            queue.add_producer(f"turn:{self._turn_id}:tool:{call.call_id}", self._execute(call, queue))
+            if queue.add_producer(f"turn:{self._turn_id}:tool:{call.call_id}", self._execute(call, queue)):
+                rnd.started.add(call.call_id)
 
         gate = ApprovalGate(queue=queue, tools=self._tools, broker=self._broker, session_key=self._key,
                             requested_by=self._requested_by, timeout=self._settings.approval_timeout,
@@ -282,7 +335,8 @@ class AgentLoop:
             attempt_no += 1
             rnd.pieces.clear()
             queue.push(RequestBegin(rnd.request_no, attempt_no))
-            asm = _Assembler(queue.push, rnd, gate, f"call_{self._turn_id[:8]}_{rnd.request_no}")
+            asm = _Assembler(queue.push, rnd, gate, f"call_{self._turn_id[:8]}_{rnd.request_no}",
+                             self._unique_call_id, self._used_ids.discard)
             try:
                 async for event in bounded(self._provider.stream(request), self._settings.request_timeout):
                     asm.feed(event)
@@ -349,11 +403,16 @@ class _Assembler:
     start while the stream goes on, even when a server interleaves the fragments of parallel calls;
     anything still open completes when the stream ends."""
 
-    def __init__(self, push: Callable[[TurnEvent], None], rnd: Round, gate: ApprovalGate, id_prefix: str) -> None:
+    def __init__(self, push: Callable[[TurnEvent], None], rnd: Round, gate: ApprovalGate, id_prefix: str,
+                 unique: Callable[[str], str] = str, unused: Callable[[str], None] = lambda _: None) -> None:
+        """``unique`` gives a new call its id (``AgentLoop._unique_call_id``); ``unused`` takes back the id of a
+        call the failed attempt abandoned (its retry streams it again)."""
         self._push = push
         self._rnd = rnd
         self._gate = gate
         self._id_prefix = id_prefix
+        self._unique = unique
+        self._unused = unused
         self._segment: str | None = None  # "text" | "reasoning"
         self._parts: list[str] = []
         self._calls: dict[int, _CallBuffer] = {}
@@ -396,6 +455,7 @@ class _Assembler:
         self._segment = None
         for buf in self._calls.values():
             self._push(PartialToolCall("stop", buf.call_id, buf.name))
+            self._unused(buf.call_id)
         self._calls.clear()
 
     def _open(self, kind: str) -> None:
@@ -428,7 +488,8 @@ class _Assembler:
             return
         buf = self._calls.get(event.index)
         if buf is None:
-            buf = _CallBuffer(event.index, event.id or f"{self._id_prefix}_{event.index}", event.name or "")
+            buf = _CallBuffer(event.index, self._unique(event.id or f"{self._id_prefix}_{event.index}"),
+                              event.name or "")
             self._calls[event.index] = buf
             self._push(PartialToolCall("start", buf.call_id, buf.name))
         elif event.name and not buf.name:
@@ -447,6 +508,21 @@ class _Assembler:
         self._push(call)
         self._rnd.calls.append(call)
         self._gate.submit(call)
+
+
+def _older_images(messages: tuple[LLMMessage, ...]) -> bool:
+    """Whether a message before the newest one with images has images too."""
+    return sum(1 for m in messages if m.images) > 1
+
+
+def _describe(messages: tuple[LLMMessage, ...], step: int) -> tuple[LLMMessage, ...]:
+    """``messages`` with images described: none (step 0), all but the newest message's (1), all (2)."""
+    if step >= 2:
+        return without_images(messages)
+    if step == 1:
+        newest = max(i for i, m in enumerate(messages) if m.images) if has_images(messages) else -1
+        return tuple(m if i == newest else m.described() for i, m in enumerate(messages))
+    return messages
 
 
 def _is_json_object(text: str) -> bool:

@@ -54,8 +54,15 @@ class MergeQueue(Generic[T]):
         finally:
             self._handling = False
 
-    def add_producer(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Run ``coro`` as a producer; the round stays open until it returns (or raises, or is cancelled)."""
+    def add_producer(self, name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+        """Run ``coro`` as a producer; the round stays open until it returns (or raises, or is cancelled).
+
+        Once the queue is closed, ``coro`` is not run (it is closed) and None is returned: a producer added
+        then (a tool allowed in the instant of an abort) would be in no set ``cancel`` waits on, and would run
+        to completion after the round was given up, its output thrown away."""
+        if self._closed:
+            coro.close()
+            return None
         self._live += 1
 
         async def run() -> None:

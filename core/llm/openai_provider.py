@@ -184,7 +184,7 @@ class OpenAIProvider:
                 return self._error(K.TIMEOUT, exc, status=status)
             if status == 409:  # lock/conflict on the provider side: the SDK itself treats it as retryable
                 return self._error(K.TRANSIENT, exc, status=status)
-            if _is_context_overflow(exc):
+            if status == 413 or _is_context_overflow(exc):  # 413: the request is over the server's size limit
                 return self._error(K.CONTEXT_OVERFLOW, exc, status=status)
             return self._error(K.BAD_REQUEST, exc, status=status)
         if isinstance(exc, openai.APITimeoutError):
