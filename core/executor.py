@@ -13,6 +13,11 @@
    its terminal content, else the missing text is sent again later (``core.redelivery``)
 6. TitleService.schedule (background)
 
+A shutdown that comes during step 1 (fetching the attachments) ends the turn there, storing nothing, like a
+turn abandoned there: the message's inbound record stays waiting, and the next start answers it, fetching
+its attachments then (a partial download is never kept: ``core.media.files``). A user's ``/stop`` during
+step 1 instead stores the message with its attachments unread and stops its turn, as it stops any turn.
+
 A turn whose process lost the session to another one (``CancelSignal.abandon`` when the lease was lost, or
 a commit that finds the turn closed by the new holder) ends before step 4 or at it: it commits nothing,
 sends no terminal message and no fallback, and its live view stops where it is. The new holder closes it
@@ -82,6 +87,9 @@ ABANDONED = "abandoned (the session moved to another process)"
 """How a turn ends in its log line when its process lost the session's lease (``CancelSignal.abandon``)."""
 SERVED_ELSEWHERE = "skipped (the message was served by another process)"
 """How a turn ends in its log line when its message was no longer waiting (``InboundServedError``)."""
+LEFT_FOR_RESTART = "abandoned (the shutdown came while its attachments were fetched; the next start answers it)"
+"""How a turn ends in its log line when the shutdown stopped its step 1: its stored message waits for the next
+start, which answers it."""
 
 
 class ConversationExecutor:
@@ -129,6 +137,12 @@ class ConversationExecutor:
         attachments = await self._take_attachments(envelope, cancel)
         if cancel.abandoned:  # the session moved to another process: it answers the stored message
             return ABANDONED
+        if cancel.by_shutdown and inbound is not None:
+            # the shutdown (not a user's /stop) came while the attachments were fetched: nothing is stored, the
+            # message stays waiting and the next start answers it, its attachments fetched then
+            log.info("the shutdown came while the attachments of a message in %s were fetched; the next start "
+                     "answers it", key)
+            return LEFT_FOR_RESTART
         try:
             message, record = await self._store.append_message(key, NewMessage(
                 role="user", content=envelope.content, received_at=envelope.received_at,
