@@ -7,25 +7,31 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import zlib
 from collections.abc import AsyncGenerator
+from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from core.envelope import MediaItem, TurnTarget
 from core.input_builder import IMAGE_CHARS, RuntimeContext, Summary, TurnInputBuilder, assemble
 from core.llm.anthropic_provider import AnthropicProvider
 from core.llm.local_provider import _message as local_message
 from core.llm.provider import LLMImage, LLMMessage, LLMRequest
+from core.media import digest, intake
 from core.media.fetch import FetchError
+from core.media.files import STALE_PART_SECONDS, MediaFiles
 from core.media.library import display_name
 from core.media.sniff import sniff
+from core.media.transcribe import Transcriber
 from core.media.vision import VisionPolicy, known_vision
 from core.messages import AttachmentRef, ChatMessage, MessageSource
 from tests.fakes.anthropic_server import FakeAnthropic, image_blocks
 from tests.fakes.openai_server import Text, image_parts, last_user_text
 from tests.support.channel import TestChannel
 from tests.support.harness import make_harness
-from tests.support.media import jpeg, pdf, pdf_bomb, png
+from tests.support.media import _document, jpeg, pdf, pdf_bomb, png, voice_ogg
 
 RT = RuntimeContext(channel="test", now=0.0)
 
@@ -291,11 +297,280 @@ def test_what_is_known_of_a_models_vision(provider, model, known):
     assert known_vision(provider, model) is known
 
 
-def test_auto_vision_is_given_up_after_a_rejection_but_true_and_false_are_the_operators_word():
+def test_auto_vision_is_given_up_when_the_model_says_it_takes_no_images_but_true_and_false_are_the_operators_word():
     auto = VisionPolicy("auto", "openai", "llama3.2")
     assert auto.enabled()
-    auto.rejected()
+    auto.rejected("s", unsupported=True)  # more in tests/test_vision_refusals.py
     assert not auto.enabled()
     forced = VisionPolicy(True, "local")
-    forced.rejected()
+    forced.rejected("s", unsupported=True)
     assert forced.enabled() and not VisionPolicy(False, "openai", "gpt-4o").enabled()
+
+
+# ---- transcripts: only a real one, and within the text budget ------------------------------------------
+
+async def transcription_endpoint(answer):
+    """An OpenAI-compatible ``/audio/transcriptions`` on 127.0.0.1 answering ``answer()``; (runner, base_url)."""
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        return answer()
+
+    app = web.Application()
+    app.router.add_post("/v1/audio/transcriptions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+
+
+GARBAGE = {
+    "an HTML page": lambda: web.Response(text="<html><body>Please sign in to the proxy</body></html>",
+                                         content_type="text/html"),
+    "a JSON error": lambda: web.json_response({"error": {"message": "quota exceeded"}}),
+    "a null text": lambda: web.json_response({"text": None}),
+}
+
+
+@pytest.mark.parametrize("answer", list(GARBAGE))
+async def test_an_answer_that_is_not_a_transcript_never_reaches_the_model_as_the_users_words(
+        tmp_path, fake_openai, answer):
+    runner, base = await transcription_endpoint(GARBAGE[answer])
+    transcriber = Transcriber(base, "whisper-1", "", retry_delays=())
+    h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber)
+    channel = DownloadingChannel()
+    h.core.add_channel(channel)
+    await h.core.start()
+    try:
+        channel.files["v"] = voice_ogg()
+        await h.core.submit(channel.envelope("", media=(MediaItem(kind="voice", file_id="v"),)))
+        await h.settle()
+        text = last_user_text(fake_openai.requests[0])
+        assert "It could not be read: it could not be transcribed" in text
+        assert "Voice message, transcribed" not in text and "sign in" not in text and "None" not in text
+    finally:
+        await h.core.shutdown()
+        await runner.cleanup()
+
+
+async def test_a_transcript_is_cut_to_the_text_budget_it_shares_with_the_documents(tmp_path, fake_openai):
+    fake_openai.transcript = "word " * 100_000  # an hour of speech: 500,000 characters
+    transcriber = Transcriber(fake_openai.base_url, "whisper-1", "sk-test", retry_delays=())
+    h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber, media_text_chars=20_000)
+    channel = DownloadingChannel()
+    h.core.add_channel(channel)
+    await h.core.start()
+    try:
+        channel.files.update(v=voice_ogg(), d=b"notes " * 3000)
+        await h.core.submit(channel.envelope("summarise", media=(
+            MediaItem(kind="voice", file_id="v"), MediaItem(kind="document", file_id="d", file_name="notes.txt"))))
+        await h.settle()
+        text = last_user_text(fake_openai.requests[0])
+        transcript = text.split("[Voice message, transcribed]\n", 1)[1].split("\n\n[Attached file:", 1)[0]
+        assert transcript == "word " * 2000 + "\n[… cut here: 489,999 more characters not shown]"  # stripped
+        assert "[… cut here: 8,000 more characters not shown]" in text  # the document's half of the budget
+        assert len(text) < 21_000
+    finally:
+        await h.core.shutdown()
+
+
+# ---- a data directory shared by several processes (PostgreSQL) -----------------------------------------
+
+class GatedChannel(TestChannel):
+    """A download that stops half way until the test lets it go on."""
+
+    def __init__(self) -> None:
+        super().__init__("files")
+        self.data = jpeg(640, 480)
+        self.halfway = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def fetch_attachment(self, item: MediaItem, target: TurnTarget) -> AsyncGenerator[bytes, None]:
+        yield self.data[:2000]
+        self.halfway.set()
+        await asyncio.wait_for(self.go_on.wait(), 10)
+        yield self.data[2000:]
+
+
+async def test_a_process_starting_on_the_same_media_directory_leaves_downloads_in_progress_alone(
+        tmp_path, fake_openai):
+    h = await make_harness(tmp_path, fake_openai, start=False)
+    channel = GatedChannel()
+    h.core.add_channel(channel)
+    await h.core.start()
+    try:
+        await h.core.submit(channel.envelope("what is in this photo?", media=(MediaItem(kind="photo", file_id="p"),)))
+        await asyncio.wait_for(channel.halfway.wait(), 5)
+        assert [p.suffix for p in (tmp_path / "media" / "tmp").iterdir()] == [".part"]
+        await asyncio.to_thread(MediaFiles(tmp_path / "media").prepare)  # another process starts
+        channel.go_on.set()
+        await h.settle()
+        assert image_parts(fake_openai.requests[0]) == [("image/jpeg", channel.data)]
+        assert not [v for v in channel.platform.visible("c1") if "⚠️" in v]
+    finally:
+        await h.core.shutdown()
+
+
+def test_only_writes_abandoned_for_an_hour_are_deleted_at_start(tmp_path):
+    files = MediaFiles(tmp_path)
+    files.prepare()
+    fresh, stale = tmp_path / "tmp" / "a.part", tmp_path / "tmp" / "b.part"
+    fresh.write_bytes(b"in progress")
+    stale.write_bytes(b"left by a process that died")
+    old = time.time() - STALE_PART_SECONDS - 60
+    os.utime(stale, (old, old))
+    files.prepare()
+    assert sorted(p.name for p in (tmp_path / "tmp").iterdir()) == ["a.part"]
+    assert files.remove_stale_parts(now=time.time() + STALE_PART_SECONDS + 1) == 1  # the sweep, an hour on
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+async def test_a_download_on_a_full_disk_tells_the_sender_why_and_keeps_nothing(tmp_path, fake_openai, monkeypatch):
+    h, channel = await downloading_harness(tmp_path, fake_openai)
+    real_open = Path.open
+
+    def open_(self, mode="r", *args, **kwargs):  # the temporary write goes to /dev/full: ENOSPC
+        if self.suffix == ".part" and "w" in mode:
+            return real_open(Path("/dev/full"), mode, *args, **kwargs)
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", open_)
+    channel.files["f"] = b"hello " * 1000
+    await h.core.submit(channel.envelope("here", media=(MediaItem(kind="document", file_id="f", file_name="a.txt"),)))
+    await h.settle()
+    assert channel.platform.plain("c1") == ["⚠️ a.txt: the bridge has no room to store it."]
+    assert "It could not be read: the bridge has no room to store it." in last_user_text(fake_openai.requests[0])
+    assert media_files(tmp_path) == []
+    await h.core.shutdown()
+
+
+def truncated_jpeg() -> bytes:
+    """A JPEG whose header is whole and whose scan data is cut in half (Pillow reads its size all the same)."""
+    import io
+    import random
+
+    from PIL import Image
+    out = io.BytesIO()
+    Image.frombytes("RGB", (400, 300), random.Random(1).randbytes(400 * 300 * 3)).save(out, "JPEG")
+    data = out.getvalue()
+    return data[: len(data) // 2]
+
+
+async def test_a_truncated_image_is_never_sent_to_the_model_and_the_sender_is_told(tmp_path, fake_openai):
+    h, channel = await downloading_harness(tmp_path, fake_openai)
+    channel.files.update(bad=truncated_jpeg())
+    await h.core.submit(channel.envelope("look", media=(MediaItem(kind="photo", file_id="bad"),)))
+    await h.settle()
+    [request] = fake_openai.requests
+    assert image_parts(request) == []
+    assert "It could not be read: the image could not be read (it is broken or cut short)." in last_user_text(request)
+    assert channel.platform.plain("c1") == ["⚠️ photo: the image could not be read (it is broken or cut short)."]
+    await h.core.shutdown()
+
+
+# ---- reading a PDF is bounded ----------------------------------------------------------------------------
+
+def drawing_pdf(pages: int) -> bytes:
+    """Pages of nothing but text-positioning operators: 40 KB that inflate into 7 MB of content a page, which
+    pypdf would take seconds a page to interpret."""
+    content = b"BT /F1 11 Tf 72 740 Td " + b"1 0 Td " * 1_000_000 + b"ET"
+    return _document([zlib.compress(content, 9)] * pages, filters=[True] * pages)
+
+
+async def test_a_pdf_too_complex_to_read_in_time_is_read_only_in_part_and_the_model_is_told(tmp_path, fake_openai):
+    h, channel = await downloading_harness(tmp_path, fake_openai)
+    channel.files["d"] = drawing_pdf(3)
+    started = time.monotonic()
+    await h.core.submit(channel.envelope("summarise", media=(
+        MediaItem(kind="document", file_id="d", file_name="r.pdf"),)))
+    await h.wait_for(lambda: fake_openai.requests, timeout=30)
+    assert time.monotonic() - started < 3  # the unbounded read took about 2.5 s a page here
+    text = last_user_text(fake_openai.requests[0])
+    assert "[Attached PDF: r.pdf (application/pdf, 3 pages," in text
+    assert "[… pages 1–3 not read: the PDF is too long or too complex to read whole]" in text
+    await h.settle()
+    await h.core.shutdown()
+
+
+def test_a_pdf_starts_no_new_page_past_its_time(tmp_path, monkeypatch):
+    path = tmp_path / "r.pdf"
+    path.write_bytes(pdf([["first page"], ["second page"], ["third page"]]))
+    assert digest.pdf_excerpt(path, 1000)[0].count("[Page") == 3
+    monkeypatch.setattr(digest, "PDF_READ_SECONDS", 0.0)
+    text, pages = digest.pdf_excerpt(path, 1000)
+    assert pages == 3
+    assert text == ("[Page 1]\nfirst page\n\n"
+                    "[… pages 2–3 not read: the PDF is too long or too complex to read whole]")
+
+
+# ---- text files that are not UTF-8 -----------------------------------------------------------------------
+
+LEGACY_TEXTS = {
+    "a Windows CSV (cp1252)": ("prices.csv", "name;city;amount\nJosé;Zürich;12,50 €\nRené;Genève;7,00 €\n",
+                               "cp1252"),
+    "a Chinese note (GBK)": ("notes.txt", "会议纪要：明天下午三点开会，请准备季度报告。\n", "gbk"),
+    "a Russian note (cp1251)": ("notes.txt", "Привет! Встреча завтра в три часа, подготовьте отчёт за квартал.\n",
+                                "cp1251"),
+}
+
+
+@pytest.mark.parametrize("case", list(LEGACY_TEXTS))
+async def test_a_text_file_in_a_legacy_encoding_reaches_the_model_as_its_text(tmp_path, fake_openai, case):
+    name, content, encoding = LEGACY_TEXTS[case]
+    h, channel = await downloading_harness(tmp_path, fake_openai)
+    channel.files["f"] = content.encode(encoding)
+    await h.core.submit(channel.envelope("what does it say?", media=(
+        MediaItem(kind="document", file_id="f", file_name=name),)))
+    await h.settle()
+    text = last_user_text(fake_openai.requests[0])
+    assert f"[Attached file: {name} (text/plain, " in text
+    assert f"\n{content}\n[End of {name}]" in text
+    await h.core.shutdown()
+
+
+async def test_a_log_with_terminal_colours_reaches_the_model_without_them(tmp_path, fake_openai):
+    h, channel = await downloading_harness(tmp_path, fake_openai)
+    channel.files["f"] = (b"2024-01-01 \x1b[32mINFO\x1b[0m build started\n"
+                          b"2024-01-01 \x1b[1;31mERROR\x1b[0m test failed\n")
+    await h.core.submit(channel.envelope("why did it fail?", media=(
+        MediaItem(kind="document", file_id="f", file_name="build.log"),)))
+    await h.settle()
+    text = last_user_text(fake_openai.requests[0])
+    assert "\n2024-01-01 INFO build started\n2024-01-01 ERROR test failed\n\n[End of build.log]" in text
+    await h.core.shutdown()
+
+
+class RateLimitedChannel(TestChannel):
+    """A platform whose file download answers 429 with a Retry-After, then serves the file."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__("files")
+        self.retry_after = retry_after
+        self.tries: list[float] = []
+
+    async def fetch_attachment(self, item: MediaItem, target: TurnTarget) -> AsyncGenerator[bytes, None]:
+        self.tries.append(time.monotonic())
+        if len(self.tries) == 1:
+            raise FetchError("HTTP 429", transient=True, retry_after=self.retry_after)
+        yield b"the notes"
+
+
+@pytest.mark.parametrize("retry_after", [0.3, 3600.0])
+async def test_a_rate_limited_download_waits_its_retry_after_unless_that_is_past_the_fetch_timeout(
+        tmp_path, fake_openai, monkeypatch, retry_after):
+    monkeypatch.setattr(intake, "FETCH_RETRY_DELAYS", (0.01, 0.01, 0.01))
+    h = await make_harness(tmp_path, fake_openai, start=False, media_fetch_timeout=5.0)
+    channel = RateLimitedChannel(retry_after)
+    h.core.add_channel(channel)
+    await h.core.start()
+    started = time.monotonic()
+    await h.core.submit(channel.envelope("here", media=(MediaItem(kind="document", file_id="f", file_name="a.txt"),)))
+    await h.settle()
+    text = last_user_text(fake_openai.requests[0])
+    if retry_after < 1:
+        assert len(channel.tries) == 2 and channel.tries[1] - channel.tries[0] >= 0.3
+        assert "\nthe notes\n[End of a.txt]" in text and channel.platform.plain("c1") == []
+    else:  # an hour: not waited for, nor the five seconds of the fetch timeout
+        assert len(channel.tries) == 1 and time.monotonic() - started < 3
+        assert channel.platform.plain("c1") == ["⚠️ a.txt: it could not be downloaded."]
+    await h.core.shutdown()

@@ -5,9 +5,12 @@ the real OpenAI SDK against the fake model server, which records the image parts
 from __future__ import annotations
 
 import pytest
+from aiohttp import web
 
+from core.media import intake
 from tests.fakes.openai_server import Text, image_parts, last_user_text
 from tests.fakes.slack.harness import slack_harness
+from tests.fakes.slack.server import FakeSlack
 from tests.support.media import jpeg
 
 MB = 1_000_000
@@ -89,3 +92,33 @@ async def test_a_file_url_on_another_host_is_refused_and_never_gets_the_token(tm
         assert fake_slack.downloads == [] and stored_files(tmp_path) == []
     finally:
         await t.close()
+
+
+class BusyFileHost(FakeSlack):
+    """Slack's file host answering 503 (under load) ``failures`` times before it serves the file."""
+
+    failures = 1
+
+    async def _file_download(self, request: web.Request) -> web.Response:
+        if self.failures > 0:
+            self.failures -= 1
+            self.downloads.append((request.match_info["file_id"], request.headers.get("Authorization")))
+            return web.Response(status=503, text="Service Unavailable")
+        return await super()._file_download(request)
+
+
+async def test_a_file_download_answered_503_once_is_made_again(tmp_path, fake_openai, monkeypatch):
+    monkeypatch.setattr(intake, "FETCH_RETRY_DELAYS", (0.05, 0.05, 0.05))
+    async with BusyFileHost() as busy:
+        photo = jpeg(800, 600)
+        t = await slack_harness(tmp_path, fake_openai, busy, "socket")
+        try:
+            shared = busy.add_file("F0PHOTO", "IMG_0001.jpg", "image/jpeg", photo)
+            await t.deliver(busy.user_message("what is this?", files=[shared], subtype="file_share"))
+            await t.settle()
+            assert image_parts(fake_openai.requests[0]) == [("image/jpeg", photo)]
+            assert busy.visible(DM) == ["ok"]
+            assert [file_id for file_id, _ in busy.downloads] == ["F0PHOTO", "F0PHOTO"]
+            assert len(stored_files(tmp_path)) == 1
+        finally:
+            await t.close()

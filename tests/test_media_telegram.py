@@ -4,11 +4,16 @@ fake model server, which records the image parts and transcription uploads it re
 
 from __future__ import annotations
 
-import pytest
+import time
 
+import pytest
+from aiohttp import web
+
+from core.media import intake
 from core.media.transcribe import Transcriber
 from tests.fakes.openai_server import HttpError, Text, image_parts, last_user_text
 from tests.fakes.telegram.harness import telegram_harness
+from tests.fakes.telegram.server import FakeTelegram
 from tests.support.media import jpeg, pdf, png_bomb, voice_ogg
 
 CHAT = 555
@@ -236,3 +241,93 @@ async def test_a_file_the_bot_api_will_not_hand_out_is_described(tmp_path, fake_
         assert note == "⚠️ big.bin: it is larger than telegram lets bots download."
     finally:
         await t.close()
+
+
+# ---- a file download that fails transiently is made again ----------------------------------------------
+
+class FlakyFileHost(FakeTelegram):
+    """The Bot API's file URL failing ``failures`` times (``mode``: a 502 page, a 429 with Retry-After, a body
+    cut off half way), then serving the file."""
+
+    def __init__(self, mode: str, failures: int = 1) -> None:
+        super().__init__()
+        self.mode = mode
+        self.failures = failures
+        self.download_times: list[float] = []
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        self.download_times.append(time.monotonic())
+        if self.failures <= 0:
+            return await super()._file(request)
+        self.failures -= 1
+        self.downloads.append(request.match_info["path"])
+        if self.mode == "502":
+            return web.Response(status=502, text="<html>Bad Gateway</html>", content_type="text/html")
+        if self.mode == "429":
+            return web.Response(status=429, headers={"Retry-After": "1"}, text="Too Many Requests")
+        if self.mode == "404":
+            return web.Response(status=404, text="Not Found")
+        data = self.files["big"]  # "cut": the connection drops half way through the body
+        response = web.StreamResponse(headers={"Content-Length": str(len(data))})
+        await response.prepare(request)
+        await response.write(data[: len(data) // 2])
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    monkeypatch.setattr(intake, "FETCH_RETRY_DELAYS", (0.05, 0.05, 0.05))
+
+
+@pytest.mark.parametrize("mode", ["502", "429", "cut"])
+async def test_a_file_download_that_fails_once_is_made_again_and_the_photo_reaches_the_model(
+        tmp_path, fake_openai, quick_retries, mode):
+    async with FlakyFileHost(mode) as flaky:
+        photo = jpeg(1280, 960)
+        flaky.add_file("big", photo, path="photos/file_7.jpg")
+        t = await telegram_harness(tmp_path, fake_openai, flaky)
+        try:
+            flaky.user_message(caption="what is this?", photo=True)
+            await t.settle()
+            [request] = fake_openai.requests
+            assert image_parts(request) == [("image/jpeg", photo)]
+            assert flaky.visible(CHAT) == ["ok"]  # no "could not be downloaded" note
+            assert flaky.downloads == ["photos/file_7.jpg"] * 2
+            if mode == "429":  # its Retry-After was waited out, not the short backoff
+                assert flaky.download_times[1] - flaky.download_times[0] >= 0.95
+            [user] = [m for m in (await t.core.history("telegram:555"))[1] if m.role == "user"]
+            [ref] = user.history_view()["attachments"]
+            assert stored_files(tmp_path) == [ref["id"]]  # the cut try left no partial file behind
+        finally:
+            await t.close()
+
+
+async def test_a_file_download_that_keeps_failing_is_given_up_after_a_bounded_number_of_tries(
+        tmp_path, fake_openai, quick_retries):
+    async with FlakyFileHost("502", failures=100) as flaky:
+        flaky.add_file("big", jpeg(), path="photos/file_7.jpg")
+        t = await telegram_harness(tmp_path, fake_openai, flaky)
+        try:
+            flaky.user_message(caption="what is this?", photo=True)
+            await t.settle()
+            note, answer = flaky.visible(CHAT)
+            assert note == "⚠️ photo: it could not be downloaded." and answer == "ok"
+            assert len(flaky.downloads) == len(intake.FETCH_RETRY_DELAYS) + 1
+            assert stored_files(tmp_path) == []
+        finally:
+            await t.close()
+
+
+async def test_a_file_the_host_does_not_have_is_not_asked_for_again(tmp_path, fake_openai, quick_retries):
+    async with FlakyFileHost("404") as flaky:
+        flaky.add_file("big", jpeg(), path="photos/file_7.jpg")
+        t = await telegram_harness(tmp_path, fake_openai, flaky)
+        try:
+            flaky.user_message(caption="what is this?", photo=True)
+            await t.settle()
+            assert flaky.visible(CHAT)[0] == "⚠️ photo: it could not be downloaded."
+            assert flaky.downloads == ["photos/file_7.jpg"]
+        finally:
+            await t.close()

@@ -3,6 +3,8 @@ server), the message that carries them, the model's request, and downloads serve
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.browser.server import new_session, start_web_chat
@@ -130,3 +132,37 @@ async def test_new_drops_uploads_no_message_refers_to(chat, http, fake_openai, t
             break
         await __import__("asyncio").sleep(0.02)
     assert media_files(tmp_path) == [sent["id"]]  # the message's attachment stays (until it expires)
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """Every temporary write of the media directory goes to /dev/full: the kernel answers ENOSPC."""
+    real_open = Path.open
+
+    def open_(self, mode="r", *args, **kwargs):
+        if self.suffix == ".part" and "w" in mode:
+            return real_open(Path("/dev/full"), mode, *args, **kwargs)
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", open_)
+
+
+async def test_an_upload_on_a_full_disk_is_refused_with_a_reason_the_page_can_show(chat, http, tmp_path, full_disk):
+    sid = await new_session(http, chat.base_url)
+    status, body = await upload(http, chat.base_url, sid, b"hello " * 1000, "notes.txt")
+    assert (status, body) == (507, {"error": "the bridge has no room to store it"})
+    assert media_files(tmp_path) == []
+
+
+async def test_an_empty_file_is_described_to_the_model_as_empty(chat, http, fake_openai):
+    base = chat.base_url
+    sid = await new_session(http, base)
+    status, ref = await upload(http, base, sid, b"", "notes.txt")
+    assert status == 201 and ref["size"] == 0
+    async with http.post(f"{base}/api/sessions/{sid}/messages",
+                         json={"text": "what's in my notes?", "attachments": [ref["id"]]}) as resp:
+        assert resp.status == 202
+    await settle(chat)
+    text = last_user_text(fake_openai.requests[0])
+    assert "[The user attached a file: notes.txt. It is empty (0 bytes).]" in text
+    assert "content is not shown" not in text

@@ -4,7 +4,9 @@ A channel's ``fetch_attachment`` resolves the file with its API (Telegram ``getF
 Feishu's message-resource endpoint is the file's URL itself) and hands the URL to :func:`stream_url`, which
 yields the body in chunks. A redirect is followed only to one of ``allowed_hosts`` (the platform's own), at
 most ``MAX_REDIRECTS`` times, so a file URL can never send the bot token, or the download, to another host.
-Any answer but 200 is a ``FetchError``; no error text carries the URL (it may hold a token). A platform whose
+Any answer but 200 is a ``FetchError``; no error text carries the URL (it may hold a token). One that may
+well succeed if asked again (429 with its ``Retry-After``, 408, 5xx, a broken connection or a body cut short)
+is marked ``transient``: core fetches it again (``core.media.intake``). A platform whose
 refusals carry a business code in a JSON body (Feishu's message resources) passes ``refusal``: it is given
 the status, the headers and at most ``ERROR_BODY`` bytes of the body, and returns the exception to raise.
 
@@ -13,6 +15,7 @@ aiohttp's own redirect handling would follow any host; this loop exists to refus
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncGenerator, Callable, Collection, Mapping
 from urllib.parse import urljoin, urlsplit
 
@@ -45,13 +48,28 @@ async def stream_url(session: aiohttp.ClientSession, url: str, *, allowed_hosts:
                     raise refusal(response.status, dict(response.headers), await _head(response))
                 if response.status != 200:
                     raise FetchError(f"the file download answered HTTP {response.status}",
-                                     too_large=response.status == 413)
+                                     too_large=response.status == 413, transient=_transient(response.status),
+                                     retry_after=_retry_after(response.headers) if response.status == 429
+                                     else None)
                 async for chunk in response.content.iter_chunked(CHUNK):
                     yield chunk
                 return
-        except aiohttp.ClientError as exc:
-            raise FetchError(f"the file download failed: {type(exc).__name__}") from None
+        except aiohttp.ClientError as exc:  # refused, reset, cut short (ClientPayloadError), a read timeout
+            raise FetchError(f"the file download failed: {type(exc).__name__}", transient=True) from None
     raise FetchError(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _transient(status: int) -> bool:
+    return status in (408, 429) or status >= 500
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """``Retry-After`` in seconds (the HTTP-date form is not used by the platforms: it counts as absent)."""
+    try:
+        value = float(headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 async def _head(response: aiohttp.ClientResponse) -> bytes:

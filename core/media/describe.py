@@ -47,6 +47,8 @@ def block(ref: AttachmentRef) -> str | None:
         return f"[The user attached {_WHAT[ref.kind]}: {facts(ref)}. It could not be read: {ref.note}.]"
     if ref.kind == "image":
         return None
+    if ref.size == 0 and ref.id is not None:  # nothing to read: not "a file whose content is not shown"
+        return f"[The user attached a file: {ref.name or 'unnamed'}. It is empty (0 bytes).]"
     if ref.text is not None and ref.kind == "audio":
         return f"[Voice message, transcribed]\n{ref.text}" if ref.text else "[Voice message: no speech in it]"
     if ref.text is not None:

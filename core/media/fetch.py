@@ -14,6 +14,8 @@ user what happened. A fetch that takes longer than the fetch timeout is abandone
 
 The generator raises :class:`FetchError` (with ``too_large`` when the platform itself refuses the size) for
 a file the platform does not hand over; any other exception is treated the same, logged with its type only.
+A FetchError marked ``transient`` (a 429, a 5xx, a connection broken or a body cut short) is fetched again
+from the start, after a backoff (``retry_after`` when the platform said how long), within the fetch timeout.
 It follows no redirect to a host that is not the platform's (``channels.common.download`` does that for
 aiohttp).
 """
@@ -29,9 +31,14 @@ from core.envelope import MediaItem, TurnTarget
 class FetchError(Exception):
     """The platform did not hand the file over. The message is for logs (no secrets: no tokenised URLs)."""
 
-    def __init__(self, detail: str, *, too_large: bool = False) -> None:
+    def __init__(self, detail: str, *, too_large: bool = False, transient: bool = False,
+                 retry_after: float | None = None) -> None:
         super().__init__(detail)
         self.too_large = too_large
+        self.transient = transient
+        """Asking again may well work (429, 5xx, a broken connection): core fetches it again from the start."""
+        self.retry_after = retry_after
+        """Seconds the platform asked to wait before asking again (a 429's ``Retry-After``), if it said."""
 
 
 @runtime_checkable

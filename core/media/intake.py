@@ -7,9 +7,12 @@ never holds up the channel's acknowledgement. For each ``MediaItem`` of the enve
 - a web upload (``attachment_id``) is already stored: it is checked to belong to this session and claimed;
 - anything else is downloaded through the channel's ``AttachmentSource`` (``core.media.fetch``) into the
   library, bounded by ``max_bytes`` (a size the platform declares beyond it is refused without downloading)
-  and by the fetch timeout;
+  and by the fetch timeout; a download that fails transiently (a 429, a 5xx, a body cut short) is made again
+  from the start (``FETCH_RETRY_DELAYS``, at least the platform's ``Retry-After``; tenacity), its partial
+  file deleted first, as long as the fetch timeout leaves time for it;
 - then read for the model: an image gets its scaled copy if it needs one, a text file or PDF its text within
-  the message's character budget, voice and audio their transcript when ``[media.transcription]`` is set.
+  the message's character budget, voice and audio their transcript when ``[media.transcription]`` is set
+  (within the same budget, shared with the documents: a transcript is cut like a document's text).
 
 Whatever cannot be fetched or read becomes a reference with a ``note`` (the model is told in one line) and,
 where the user can do something about it, a short note for the user. Nothing here raises for a bad file.
@@ -20,9 +23,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import tenacity
 
 from core.envelope import InboundEnvelope, MediaItem, TurnTarget
 from core.media import digest
@@ -30,6 +36,7 @@ from core.media.fetch import AttachmentSource, FetchError
 from core.media.library import MediaLibrary, Refusal, display_name
 from core.media.transcribe import Transcriber, TranscriptionError
 from core.messages import AttachmentKind, AttachmentRef
+from core.retrying import run_with_retries
 from core.settings import CoreSettings
 
 log = logging.getLogger(__name__)
@@ -37,6 +44,9 @@ log = logging.getLogger(__name__)
 _FALLBACK_NAMES = {"photo": "photo", "document": "file", "audio": "audio", "voice": "voice message",
                    "video": "video"}
 _KINDS: dict[str, AttachmentKind] = {"photo": "image", "audio": "audio", "voice": "audio", "video": "video"}
+FETCH_RETRY_DELAYS: tuple[float, ...] = (0.5, 2.0, 5.0)
+"""Waits before each new try of a download that failed transiently (so at most four tries), each at least the
+platform's ``Retry-After``; a wait that would end past the fetch timeout is not started."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +84,7 @@ class AttachmentIntake:
             refs.append(ref)
             if note:
                 notes.append(f"⚠️ {name}: {note}.")
-        documents = sum(1 for r in refs if r.id is not None and r.kind in ("text", "pdf") and not r.note)
+        documents = sum(1 for r in refs if r.id is not None and self._reads_text(r) and not r.note)
         budget = max(1000, self._text_budget() // max(documents, 1))
         read = []
         for ref in refs:
@@ -87,6 +97,11 @@ class AttachmentIntake:
             notes.append(f"⚠️ Only the first {limit} attachments of a message are read; {left} "
                          f"{'was' if left == 1 else 'were'} left out.")
         return Intake(tuple(read), tuple(notes))
+
+    def _reads_text(self, ref: AttachmentRef) -> bool:
+        """Whether the model gets text read from ``ref`` (a document, a PDF, a transcript): its share of the
+        message's text budget."""
+        return ref.kind in ("text", "pdf") or (ref.kind == "audio" and self._transcriber is not None)
 
     def _text_budget(self) -> int:
         # about a quarter of the context window (four characters to a token), and never more than configured
@@ -111,10 +126,16 @@ class AttachmentIntake:
         source = self._sources(channel)
         if not isinstance(source, AttachmentSource):
             return unread(item, name=name, note="this chat's files cannot be downloaded"), None
-        chunks = source.fetch_attachment(item, target)
+        async def download() -> AttachmentRef:  # from the start: a failed try's partial file is already deleted
+            chunks = source.fetch_attachment(item, target)
+            async with contextlib.aclosing(chunks):
+                return await self._library.save(key, name, chunks, claimed=True)
+
         try:
-            async with contextlib.aclosing(chunks), asyncio.timeout(self._settings.media_fetch_timeout):
-                ref = await self._library.save(key, name, chunks, claimed=True)
+            async with asyncio.timeout(self._settings.media_fetch_timeout) as bound:
+                when = bound.when()
+                deadline = math.inf if when is None else when
+                ref = await run_with_retries(lambda: _fetch_policy(deadline, channel), download)
         except Refusal as exc:
             return unread(item, name=name, note=str(exc)), str(exc)
         except FetchError as exc:
@@ -127,7 +148,7 @@ class AttachmentIntake:
         except Exception as exc:  # a channel's bug must not cost the user the answer to their caption
             log.warning("downloading an attachment from %s failed: %s", channel, type(exc).__name__)
             return unread(item, name=name, note="it could not be downloaded"), "it could not be downloaded"
-        return ref, None
+        return ref, ref.note  # kept but unreadable (a broken image): the sender is told too
 
     async def _read(self, ref: AttachmentRef, budget: int) -> AttachmentRef:
         """What the model can read of a stored attachment (its text, a transcript, a scaled image)."""
@@ -144,7 +165,7 @@ class AttachmentIntake:
                 text, pages = await asyncio.to_thread(digest.pdf_excerpt, path, budget)
                 return ref.model_copy(update={"text": text, "pages": pages})
             if ref.kind == "audio" and self._transcriber is not None:
-                return await self._transcribe(ref, path)
+                return await self._transcribe(ref, path, budget)
         except digest.Refused as exc:
             await asyncio.to_thread(self._library.files.remove, ref.id)
             return ref.model_copy(update={"id": None, "note": str(exc)})
@@ -155,7 +176,7 @@ class AttachmentIntake:
             return ref.model_copy(update={"note": "it could not be read"})
         return ref
 
-    async def _transcribe(self, ref: AttachmentRef, path: Path) -> AttachmentRef:
+    async def _transcribe(self, ref: AttachmentRef, path: Path, budget: int) -> AttachmentRef:
         assert self._transcriber is not None
         try:
             async with asyncio.timeout(self._settings.media_fetch_timeout):
@@ -163,7 +184,35 @@ class AttachmentIntake:
         except (TranscriptionError, TimeoutError) as exc:
             log.warning("transcription failed: %s", exc)
             return ref.model_copy(update={"note": "it could not be transcribed"})
-        return ref.model_copy(update={"text": text})
+        return ref.model_copy(update={"text": digest.cut(text, budget)})
+
+
+def _fetch_policy(deadline: float, channel: str) -> tenacity.AsyncRetrying:
+    """Fetch again after a transient FetchError: at most ``len(FETCH_RETRY_DELAYS)`` more tries, each after its
+    delay (or the platform's ``retry_after`` if longer), never one whose wait would end past ``deadline``."""
+    delays = FETCH_RETRY_DELAYS
+
+    def error(state: tenacity.RetryCallState) -> BaseException | None:
+        return state.outcome.exception() if state.outcome is not None and state.outcome.failed else None
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        base = delays[min(state.attempt_number, len(delays)) - 1] if delays else 0.0
+        exc = error(state)
+        if isinstance(exc, FetchError) and exc.retry_after is not None:
+            return max(base, exc.retry_after)
+        return base
+
+    def stop(state: tenacity.RetryCallState) -> bool:
+        if state.attempt_number > len(delays):
+            return True
+        return asyncio.get_running_loop().time() + wait(state) >= deadline
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        log.info("downloading an attachment from %s failed (%s); trying again", channel, error(state))
+
+    return tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception(lambda exc: isinstance(exc, FetchError) and exc.transient),
+        stop=stop, wait=wait, before_sleep=before_sleep, reraise=True)
 
 
 def unread(item: MediaItem, note: str, name: str | None = None) -> AttachmentRef:

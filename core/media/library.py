@@ -1,7 +1,8 @@
 """MediaLibrary: the stored attachments of every session (files in ``core.media.files``, rows in the Store).
 
 ``save`` is the only way in: the bytes are written under the size cap, the type is sniffed from them, an
-image is checked against the pixel limit by its header, and only then does the file get its row; anything
+image is checked against the pixel limit by its header and then decoded whole (a broken one is kept as a
+file with a note, never shown to a model as an image), and only then does the file get its row; anything
 refused is deleted again, so what is stored is always whole and safe to open. An attachment belongs to the
 session it was sent in: ``get`` answers only for that session.
 
@@ -24,7 +25,7 @@ from pathlib import Path
 from core.llm.provider import LLMImage
 from core.media import digest
 from core.media.describe import image_description
-from core.media.files import MediaFiles, TooLarge, valid_id
+from core.media.files import NO_ROOM, MediaFiles, StorageError, TooLarge, valid_id
 from core.media.sniff import IMAGE_TYPES, sniff
 from core.messages import AttachmentRef
 from core.settings import CoreSettings
@@ -37,7 +38,12 @@ MAX_NAME = 200
 
 
 class Refusal(Exception):
-    """An attachment was not kept; ``str`` says why in a few words (for the user and the model)."""
+    """An attachment was not kept; ``str`` says why in a few words (for the user and the model). ``storage``:
+    the fault is the bridge's own (its disk is full or failing), not the file's (the web chat answers 507)."""
+
+    def __init__(self, reason: str, *, storage: bool = False) -> None:
+        super().__init__(reason)
+        self.storage = storage
 
 
 def display_name(name: str | None, fallback: str) -> str:
@@ -60,22 +66,33 @@ class MediaLibrary:
 
     async def save(self, key: str, name: str, chunks: AsyncIterator[bytes], *, claimed: bool) -> AttachmentRef:
         """Store the bytes of ``chunks`` as an attachment of session ``key``. Raises Refusal (nothing kept)
-        past the size cap or the pixel limit; errors of ``chunks`` pass through (nothing kept either)."""
+        past the size cap or the pixel limit, or when the disk refuses the write (``storage``: full, failing);
+        errors of ``chunks`` pass through (nothing kept either)."""
         limit = self._settings.media_max_bytes
         try:
             written = await self.files.write(chunks, limit)
         except TooLarge:
             raise Refusal(f"it is larger than the {_megabytes(limit)} limit for attachments") from None
+        except StorageError as exc:
+            log.warning("an attachment could not be stored: %s", exc)
+            raise Refusal("the bridge has no room to store it" if exc.no_room else "the bridge could not store it",
+                          storage=True) from None
+        except OSError as exc:  # a full disk however it surfaces; other OSErrors are the chunks' own
+            if exc.errno not in NO_ROOM:
+                raise
+            log.warning("an attachment could not be stored: the disk is full")
+            raise Refusal("the bridge has no room to store it", storage=True) from None
         path = self.files.path(written.id)
-        kind = sniff(written.head)
+        kind = await asyncio.to_thread(sniff, written.head)  # a legacy encoding's detection takes milliseconds
         ref = AttachmentRef(id=written.id, kind=kind.kind, name=name, size=written.size,
                             content_type=kind.content_type)
         try:
             if kind.kind == "image":
                 try:
                     found = await asyncio.to_thread(digest.image_facts, path, self._settings.media_max_pixels)
-                except digest.Unreadable:
-                    ref = ref.model_copy(update={"kind": "file", "content_type": "application/octet-stream"})
+                except digest.Unreadable as exc:  # kept as a file, never sent to a model as an image
+                    ref = ref.model_copy(update={"kind": "file", "content_type": "application/octet-stream",
+                                                 "note": str(exc)})
                 else:
                     ref = ref.model_copy(update={"width": found.width, "height": found.height})
             await self._store.add_attachment(AttachmentRecord(
@@ -118,6 +135,7 @@ class MediaLibrary:
         for attachment_id in ids:
             await asyncio.to_thread(self.files.remove, attachment_id)
         orphans = await asyncio.to_thread(self.files.remove_older_than, cutoff)
+        await asyncio.to_thread(self.files.remove_stale_parts)
         return len(ids) + orphans
 
     async def prepare_image(self, ref: AttachmentRef) -> AttachmentRef:

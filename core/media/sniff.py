@@ -1,7 +1,8 @@
 """What a file is, from its first bytes: never from its name or what the sender's platform claims.
 
 The answer decides how a file is read for the model and how the web chat serves it, so it comes from the
-bytes alone: a known binary signature (through ``puremagic``), else text when the bytes decode as text, else
+bytes alone: a known binary signature (through ``puremagic``), else text when the bytes decode as text (UTF-8,
+UTF-16 by its BOM, or a legacy encoding ``charset_normalizer`` recognises: a cp1252 CSV, a GBK note), else
 an opaque file. Only the four image formats every vision API accepts count as images; anything else that calls
 itself an image is not one here: SVG (a script-capable XML document) is read as text and BMP or TIFF are
 opaque files, and none of them is ever served inline.
@@ -10,9 +11,12 @@ opaque files, and none of them is ever served inline.
 from __future__ import annotations
 
 import codecs
+import re
 from dataclasses import dataclass
 
+import charset_normalizer
 import puremagic
+from charset_normalizer.utils import is_multi_byte_encoding
 
 from core.messages import AttachmentKind
 
@@ -25,6 +29,8 @@ OCTET_STREAM = "application/octet-stream"
 TEXT_PLAIN = "text/plain"
 _ALIASES = {"application/ogg": "audio/ogg", "audio/x-wav": "audio/wav", "audio/wave": "audio/wav"}
 _TEXT_LIKE = frozenset({"application/json", "application/xml", "application/javascript", "application/x-sh"})
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+"""A terminal escape sequence: CSI (colours, cursor moves), OSC (a window title, a link) or a two-byte one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +74,41 @@ def _magic(head: bytes) -> str | None:
 
 
 def looks_like_text(head: bytes) -> bool:
-    """True when ``head`` decodes as UTF-8 (a character cut at its end allowed) or carries a UTF-16 BOM, and
-    holds no NUL or other control bytes a text would not."""
-    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return True
-    try:
-        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
-    except UnicodeDecodeError:
+    """True when ``head`` carries a UTF-16 BOM, or is in an encoding ``text_encoding`` finds and holds no NUL
+    or other control bytes a text would not (terminal colour codes are allowed: they are removed)."""
+    encoding = text_encoding(head)
+    if encoding is None:
         return False
+    if encoding == "utf-16":
+        return True
+    text = strip_ansi(codecs.getincrementaldecoder(encoding)(errors="replace").decode(head, final=False))
     return not any(ord(c) < 32 and c not in "\t\n\r\f" for c in text)
+
+
+def text_encoding(data: bytes) -> str | None:
+    """The encoding of a text file whose first bytes are ``data``: UTF-16 by its BOM, UTF-8 when they decode
+    as UTF-8 (a character cut at the end allowed), else what ``charset_normalizer`` finds (GBK, Shift JIS,
+    cp1251, ...), cp1252 (Windows' Western encoding) among single-byte ones whenever it fits, since short
+    single-byte texts are ambiguous. None when they are not text in any encoding."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "utf-16"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
+    except UnicodeDecodeError:
+        pass
+    else:
+        return "utf-8-sig"
+    if b"\x00" in data:  # no text in a legacy encoding has a NUL: a binary file, not worth the detector's time
+        return None
+    matches = charset_normalizer.from_bytes(data)
+    best = matches.best()
+    if best is None:
+        return None
+    if not is_multi_byte_encoding(best.encoding) and any("cp1252" in m.could_be_from_charset for m in matches):
+        return "cp1252"
+    return best.encoding
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (the colours of a log file)."""
+    return _ANSI.sub("", text)

@@ -3,8 +3,10 @@
 ``[media.transcription]`` names the endpoint (``base_url``, ``model``, ``api_key``): OpenAI's Whisper or
 gpt-4o-transcribe, or a local server that speaks the same API (faster-whisper-server, LocalAI, vLLM). The
 official ``openai`` SDK makes the request; timeouts, 5xx, 429 and broken connections are retried on the
-same ladder as model requests (tenacity), a rejected key is not. Failures raise :class:`TranscriptionError`
-with a detail for logs only (the key removed); the attachment is then described instead.
+same ladder as model requests (tenacity), a rejected key is not. An answer without a string ``text`` (an HTML
+page or a JSON error answered 200) is malformed, retried the same way. Failures raise
+:class:`TranscriptionError` with a detail for logs only (the key removed); the attachment is then described
+instead. The transcript is cut to the message's text budget by the caller (``core.media.intake``).
 """
 
 from __future__ import annotations
@@ -51,8 +53,13 @@ class Transcriber:
                     model=self.model, file=(name, data, content_type), response_format="json")
             except openai.OpenAIError as exc:
                 raise self._error(exc) from None
-            text = getattr(result, "text", result)
-            return str(text).strip()
+            # Only a JSON answer with a string ``text`` is a transcript: a proxy's HTML page answered 200, or a
+            # JSON error object, would otherwise reach the model as the user's words.
+            text = getattr(result, "text", None)
+            if not isinstance(text, str):
+                raise ProviderError(ProviderErrorKind.MALFORMED,
+                                    f"the endpoint answered without a transcript ({type(result).__name__})")
+            return text.strip()
 
         try:
             return await run_with_retries(lambda: retry_policy(self._delays), once)
