@@ -583,7 +583,9 @@ async def test_a_strangers_press_is_refused_and_a_late_press_is_no_longer_pendin
     await t.settle()
     assert tool.calls == []
     late = await t.press(button(msg, "Allow"), message_id=msg.message_id)
-    assert late == approvals.toast("info", approvals.GONE)
+    # no longer pending, and the card pressed (its buttons still showing there) is replaced by how it ended
+    assert late["toast"] == approvals.toast("info", approvals.GONE)["toast"]
+    assert "Denied by u\\_alice" in card_text(late["card"]["data"]) and card_buttons(late["card"]["data"]) == []
 
 
 async def test_an_allowed_user_may_decide_for_someone_else(feishu_bridge, fake_openai, fake_feishu):

@@ -34,6 +34,8 @@ NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can d
 GONE = "This request is no longer pending."
 ALLOWED = "Allowed"
 DENIED = "Denied"
+ENDED = "⌛ No longer pending"
+"""A card's outcome line when a press finds its request over and nothing said how it ended."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -573,29 +573,46 @@ class FeishuChannel:
 
     def _on_card_press(self, data: P2CardActionTrigger) -> P2CardActionTriggerResponse:
         """On the SDK's thread (the long connection's, or a webhook worker): the answer is the ack's body, so
-        wait for the bridge's decision, but never past Feishu's limit."""
+        wait for the bridge's decision, but never past Feishu's limit. An answer that comes later is not lost:
+        the press goes on, and a card it would have carried is patched onto the message (``press``)."""
         payload = json.loads(lark.JSON.marshal(data))
         loop = self._loop
-        answer: dict[str, Any]
-        if loop is None or loop.is_closed():
-            answer = approvals.toast("error", TRY_AGAIN)
-        else:
-            future = asyncio.run_coroutine_threadsafe(self.press(payload), loop)
+        answer: dict[str, Any] | None = None
+        if loop is not None and not loop.is_closed():
+            handoff = _Handoff()
             try:
-                answer = future.result(self.settings.press_wait)
-            except Exception:  # slow or failed: the user may press again
-                future.cancel()
-                log.exception("a Feishu card press could not be answered")
-                answer = approvals.toast("error", TRY_AGAIN)
-        return P2CardActionTriggerResponse(answer)
+                asyncio.run_coroutine_threadsafe(self.press(payload, handoff.give), loop)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+            else:
+                answer = handoff.take(self.settings.press_wait)
+                if answer is None:
+                    log.warning("a Feishu card press was not answered within %.1fs: the user may press again, and "
+                                "its card is updated once it is decided", self.settings.press_wait)
+        return P2CardActionTriggerResponse(answer if answer is not None else approvals.toast("error", TRY_AGAIN))
 
-    async def press(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """A ``card.action.trigger`` body → the callback's answer (a toast, and the decided card)."""
+    async def press(self, payload: dict[str, Any],
+                    hand_back: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+        """A ``card.action.trigger`` body → the callback's answer (a toast, and the decided card). ``hand_back``
+        gives the answer to whoever waits for it, and says whether it was still waited for: a card the answer
+        carried too late (or that no answer carried: ``hand_back`` False) is patched onto the message instead."""
+        try:
+            answer, entry = await self._press(payload)
+        except Exception:
+            log.exception("a Feishu card press could not be answered")
+            answer, entry = approvals.toast("error", TRY_AGAIN), None
+        in_time = hand_back(answer) if hand_back is not None else True
+        if entry is not None:
+            await self._card_answered(entry, answer, in_time)
+        return answer
+
+    async def _press(self, payload: dict[str, Any]) -> tuple[dict[str, Any], PendingApproval | None]:
+        """The answer to a press, and the request whose card the answer carries (None when it carries none)."""
         action = approvals.parse_card_action(payload)
         if action is None or action.approval is None:
-            return {}
+            return {}, None
         if action.event_id and not await self.host.mark_seen(f"press:{action.event_id}"):
-            return approvals.toast("info", approvals.GONE)  # the same press delivered again
+            return approvals.toast("info", approvals.GONE), None  # the same press delivered again
         decision = action.approval.decision
         who = action.operator
         decider = Decider(who.open_id, tuple(n for n in (who.user_id, who.union_id) if n), who.user_id or who.open_id)
@@ -603,40 +620,74 @@ class FeishuChannel:
         if entry is None:
             elsewhere = await self._find(action.approval.ref)
             if elsewhere is None or action.message_id not in (None, elsewhere.message_id):  # not that card's
-                return approvals.toast("info", approvals.GONE)
+                return approvals.toast("info", approvals.GONE), None
             # posted by another process: decided where it is pending; that process's sink shows the outcome
             result = await self.host.decide(elsewhere.session_key, elsewhere.call_id, decision,
                                             decider, origin=elsewhere.origin)
             if result is DecideResult.REFUSED:
-                return approvals.toast("warning", approvals.NOT_YOURS)
+                return approvals.toast("warning", approvals.NOT_YOURS), None
             if result is DecideResult.NOT_PENDING:
-                return approvals.toast("info", approvals.GONE)
+                return self._gone(elsewhere), elsewhere
             return approvals.toast("success" if decision == "allow" else "info",
-                                   approvals.ALLOWED if decision == "allow" else approvals.DENIED)
+                                   approvals.ALLOWED if decision == "allow" else approvals.DENIED), None
         result = await self.host.decide(entry.session_key, entry.call_id, decision, decider,
-                                  origin=entry.origin)
+                                        origin=entry.origin)
         if result is DecideResult.REFUSED:
-            return approvals.toast("warning", approvals.NOT_YOURS)
+            return approvals.toast("warning", approvals.NOT_YOURS), None
         if result is DecideResult.NOT_PENDING:
-            return approvals.toast("info", approvals.GONE)
+            return self._gone(entry), entry
         line = approvals.outcome_line(decision, who.user_id or who.open_id)
         entry.outcome = line
-        with contextlib.suppress(ShuttingDownError):  # recorded at the next change, or closed at the next start
-            self.host.spawn(f"feishu:approvals:{entry.ref}", self.save_open_approvals())
+        entry.answering = True  # the card travels in the answer (``_card_answered``)
         card = approvals.decided_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by, line)
         kind: approvals.ToastKind = "success" if decision == "allow" else "info"
-        return approvals.toast_with_card(kind, approvals.ALLOWED if decision == "allow" else approvals.DENIED, card)
+        return approvals.toast_with_card(kind, approvals.ALLOWED if decision == "allow" else approvals.DENIED,
+                                         card), entry
 
-    async def show_outcome(self, entry: PendingApproval, line: str) -> None:
-        """An approval that ended without a press (timed out, /stop): its card shows how, without buttons."""
-        if entry.message_id is None:
+    @staticmethod
+    def _gone(entry: PendingApproval) -> dict[str, Any]:
+        """A press on a request that is over: "no longer pending", and its card as it ended (the card pressed
+        still showed buttons: an update that failed, or a press answered too late, left them)."""
+        card = approvals.decided_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by,
+                                      entry.outcome or approvals.ENDED)
+        return approvals.toast_with_card("info", approvals.GONE, card)
+
+    async def _card_answered(self, entry: PendingApproval, answer: dict[str, Any], in_time: bool) -> None:
+        """The press's answer carried ``entry``'s card: shown, when it was handed back in time; patched onto the
+        message otherwise. A request of this process's is forgotten once its card shows how it ended."""
+        ours = self.pending_approvals.get(entry.ref) is entry
+        shown = in_time
+        card = (answer.get("card") or {}).get("data")
+        if not in_time and isinstance(card, dict) and entry.message_id is not None:
+            shown = await self._patch_card(entry.message_id, card, "show a press's outcome on its approval card")
+        if not ours:
             return
-        card = approvals.decided_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by, line)
-        message_id = entry.message_id
+        entry.answering = False
+        if entry.outcome is not None:  # (a card answering a press on a request still ending says "ended")
+            entry.shown = entry.shown or shown
+        await self.save_open_approvals()
+
+    async def _patch_card(self, message_id: str, card: dict[str, Any], what: str) -> bool:
+        """Replace a card message; True once it shows ``card``, or no try could ever change it (the message is
+        gone), False when a later try may (a 5xx, a timeout, a rate limit)."""
         try:
             await self.calls.call(lambda: self.api.patch_card(message_id, card))
         except PlatformError as exc:
-            log.warning("could not mark an approval card as ended: %s", exc)
+            if exc.transient:
+                log.warning("could not %s (%s): tried again later", what, exc)
+                return False
+            log.warning("could not %s: %s", what, exc)
+        return True
+
+    async def show_outcome(self, entry: PendingApproval, line: str) -> None:
+        """An approval that ended without a press here (timed out, /stop, decided elsewhere), or whose press's
+        outcome its card does not show yet: its card shows how, without buttons. Until a patch goes through the
+        request stays in the open-requests record: a press on its card shows it, or the next start does."""
+        if entry.message_id is None:
+            return
+        card = approvals.decided_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by, line)
+        if await self._patch_card(entry.message_id, card, "mark an approval card as ended"):
+            entry.shown = True
         await self.save_open_approvals()
 
     # Approvals do not outlive the process, but their cards would: ``channels.common.open_approvals``.
@@ -652,6 +703,8 @@ class FeishuChannel:
                               "arguments": e.arguments, "requested_by": e.requested_by}
             if e.origin:
                 record["origin"] = list(e.origin)
+            if e.outcome is not None:  # ended, its card not showing it yet: the next start shows how
+                record["outcome"] = e.outcome
             if e.message_id is not None:  # shown: a restart can close it
                 record["message_id"] = e.message_id
             elif e.dest is not None:  # being posted: a restart finds the card by the post's uuid
@@ -666,25 +719,34 @@ class FeishuChannel:
             return None
         try:
             origin = tuple(str(o) for o in item.get("origin") or ())
+            outcome = item.get("outcome")
             return PendingApproval(ref, str(item["session"]), str(item["call"]), str(item["tool"]),
                                    str(item.get("arguments") or ""), item.get("requested_by"),
-                                   message_id=str(item["message_id"]), origin=origin)
+                                   message_id=str(item["message_id"]), origin=origin,
+                                   outcome=None if outcome is None else str(outcome))
         except (KeyError, TypeError, ValueError):
             return None
 
     async def close_left_over(self) -> None:
-        """Start-up: every approval card a previous process left with live buttons says the restart denied it."""
+        """Start-up: every approval card a previous process left with live buttons says the restart denied it
+        (or how it ended, when it ended before its card could show it)."""
         await self._open.close_left_over(self._close)
 
-    async def _close(self, item: Record) -> None:
+    async def _close(self, item: Record) -> bool:
+        outcome = item.get("outcome")
         card = approvals.decided_card(str(item["ref"]), str(item["tool"]), str(item["arguments"]),
-                                      item.get("requested_by"), RESTARTED)
-        try:
-            message_id = str(item["message_id"]) if "message_id" in item else await self._unsaved_card(item, card)
-            if message_id is not None:
-                await self.calls.call(lambda: self.api.patch_card(message_id, card))
-        except PlatformError as exc:
-            log.warning("could not close an approval card left by the last run: %s", exc)
+                                      item.get("requested_by"), RESTARTED if outcome is None else str(outcome))
+        if "message_id" in item:
+            message_id: str | None = str(item["message_id"])
+        else:
+            try:
+                message_id = await self._unsaved_card(item, card)
+            except PlatformError as exc:
+                log.warning("could not close an approval card left by the last run: %s", exc)
+                return not exc.transient
+        if message_id is None:
+            return True
+        return await self._patch_card(message_id, card, "close an approval card left by the last run")
 
     async def _unsaved_card(self, item: Record, card: dict[str, Any]) -> str | None:
         """The card of a request the last run was posting when it stopped (the post may have reached Feishu
@@ -751,3 +813,31 @@ class FeishuChannel:
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post(WEBHOOK_PATH, self.webhook)
+
+
+class _Handoff:
+    """A press's answer, from the bridge's loop to the SDK thread waiting for it (``_on_card_press``): the
+    answer is either taken in time, or the thread gave up first and the press knows it (``give`` False)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._answer: dict[str, Any] | None = None
+        self._late = False
+
+    def give(self, answer: dict[str, Any]) -> bool:
+        """On the loop: hand ``answer`` back; False when the thread no longer waits for it."""
+        with self._lock:
+            if self._late:
+                return False
+            self._answer = answer
+            self._ready.set()
+            return True
+
+    def take(self, timeout: float) -> dict[str, Any] | None:
+        """On the SDK's thread: the answer, or None (and it is late from now on) when none came in time."""
+        self._ready.wait(timeout)
+        with self._lock:
+            if self._answer is None:
+                self._late = True
+            return self._answer

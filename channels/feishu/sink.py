@@ -560,9 +560,11 @@ class FeishuPrompts:
 
     async def ended(self, handle: Any, line: str) -> None:
         entry: PendingApproval = handle
-        if entry.outcome is None:  # a press already showed its own outcome
+        if entry.outcome is None:
             entry.outcome = line
             await self._channel.show_outcome(entry, line)
+        elif not entry.shown and not entry.answering:  # a press's outcome its card does not show yet
+            await self._channel.show_outcome(entry, entry.outcome)
 
 
 @dataclass(slots=True)
@@ -576,6 +578,12 @@ class PendingApproval:
     key: str = field(default_factory=lambda: secrets.token_hex(16))
     message_id: str | None = None
     outcome: str | None = None
+    """How it ended (the card's outcome line), once it did."""
+    shown: bool = False
+    """Its card shows the outcome (the press's answer carried it in time, or a patch went through): until then
+    the card may still show live buttons, so the request stays in the open-requests record."""
+    answering: bool = False
+    """A press decided it and its answer (which carries the decided card) is on its way."""
     origin: tuple[str, ...] = ()
     """A subagent's request (``run_subagent``): the child sessions it came through; a decision names them."""
     dest: Destination | None = None
@@ -605,5 +613,7 @@ class PendingApprovals:
         return self._by_ref.get(ref)
 
     def open(self) -> list[PendingApproval]:
-        """Requests that have not ended: shown with their buttons, or about to be."""
-        return [e for e in self._by_ref.values() if e.outcome is None]
+        """Requests whose cards may show live buttons: not ended (shown with their buttons, or about to be), or
+        ended while their card does not show it yet."""
+        return [e for e in self._by_ref.values()
+                if e.outcome is None or (not e.shown and e.message_id is not None)]

@@ -84,6 +84,7 @@ from channels.common.throttle import Throttle
 from channels.slack.approvals import (
     ACTION_ALLOW,
     ACTION_DENY,
+    BLOCK_ID,
     ApprovalAction,
     ApprovalPress,
     approval_text,
@@ -280,22 +281,41 @@ class SlackChannel:
                 raise SinkError(str(exc), unsent="\n".join(chunks[i:]) if i else None,
                                 outcome_unknown=exc.outcome_unknown) from None
 
-    async def show_decision(self, entry: PromptHandle, blocks: list[dict[str, Any]]) -> None:
-        """Update an approval message to show how it ended (no buttons). It answers a press, so it goes at once
-        (honouring a 429 pause, without waiting for a pace slot)."""
+    async def show_decision(self, entry: PromptHandle, ts: str | None = None, *, again: bool = False) -> bool:
+        """Update an approval message to show how it ended (no buttons): ``entry``'s message, or the one at ``ts``
+        (a press names it). It answers a press, so it goes at once (honouring a 429 pause, without waiting for a
+        pace slot). An update that failed leaves the request in the open-requests record, still showing its
+        buttons: a press on them (``again``: whatever was shown before), the approval's end in the reply
+        (``SlackPrompts.ended``) or the next start shows it again."""
         if entry.ts is None:
-            return
-        await self._update_approval(entry.dest.channel, entry.ts, entry.tool_name, blocks)
+            entry.ts = ts  # a press says where the message is, before its post's answer did
+        ts = ts or entry.ts
+        if ts is None:
+            return False
+        async with entry.showing:
+            if entry.shown and ts == entry.ts and not again:
+                return True
+            shown = await self._update_approval(entry.dest.channel, ts, entry.tool_name, entry.outcome_blocks())
+            if shown and ts == entry.ts:
+                entry.shown = True
         await self._save_open()
+        return shown
 
-    async def _update_approval(self, channel: str, ts: str, tool_name: str, blocks: list[dict[str, Any]]) -> None:
+    async def _update_approval(self, channel: str, ts: str, tool_name: str, blocks: list[dict[str, Any]]) -> bool:
+        """True once the message shows ``blocks``, or no try could ever change it (it is gone, the channel
+        archived); False when a later try may (a 5xx, a timeout, a 429, a token the operator may fix)."""
         client = self.api.client
         try:
             await self.api.call("chat.update", lambda: client.chat_update(
                 channel=channel, ts=ts, text=approval_text(tool_name), blocks=blocks),
                 channel=channel, paced=False)
         except PlatformError as exc:
+            if exc.transient or error_code(exc) in _INVALID_AUTH:
+                log.warning("could not show the approval outcome in %s (%s): its buttons stay until it is shown",
+                            channel, exc)
+                return False
             log.info("could not show the approval outcome in %s: %s", channel, exc)
+        return True
 
     # ---- approvals a restart must close (``channels.common.open_approvals``) ----------------------
 
@@ -306,37 +326,59 @@ class SlackChannel:
         await self._open.save()
 
     def _open_records(self) -> list[Record]:
-        # ``ts`` is None while the post is on its way: ``value`` (what its buttons carry) and ``at`` find it
-        return [{"channel": e.dest.channel, "thread_ts": e.dest.thread_ts, "ts": e.ts, "tool": e.tool_name,
-                 "arguments": e.arguments, "value": e.action.encode(), "at": e.posted_at}
-                for e in self.prompts_by_call.values() if e.outcome is None]
+        # ``ts`` is None while the post is on its way: ``value`` (what its buttons carry) and ``at`` find it. A
+        # request that ended stays while its message may still show the buttons (the update failed): with how
+        # it ended, which the next start shows instead of the restart
+        records = []
+        for e in self.prompts_by_call.values():
+            if e.outcome is None:
+                records.append(_record(e))
+            elif not e.shown and e.ts is not None:
+                records.append({**_record(e), "outcome": e.outcome, "by": e.by, "line": e.line, "label": e.label})
+        return records
 
     async def _close_left_over(self) -> None:
         await self._open.close_left_over(self._close)
 
-    async def _close(self, item: Record) -> None:
+    async def _close(self, item: Record) -> bool:
+        """Show that a request left open ended (``RESTARTED``, or how it ended before its update failed); True
+        once it shows it, or it was never shown."""
         channel, tool, arguments = str(item["channel"]), str(item["tool"]), str(item.get("arguments") or "")
         ts = item.get("ts")
         if ts is None:  # the bridge stopped while posting it: shown or not, only the conversation can tell
             thread_ts = item.get("thread_ts")
-            ts = await self.locate_prompt(channel, None if thread_ts is None else str(thread_ts),
-                                          str(item["value"]), float(item["at"]))
+            try:
+                ts = await self.locate_prompt(channel, None if thread_ts is None else str(thread_ts),
+                                              str(item["value"]), float(item["at"]), strict=True)
+            except PlatformError as exc:
+                log.warning("could not look in %s for an approval request being posted when the bridge stopped "
+                            "(%s): tried again later", channel, exc)
+                return False
             if ts is None:
                 log.info("an approval request of %s was being posted when the bridge stopped and is not in %s: "
                          "it was never shown", tool, channel)
-                return
-        await self._update_approval(channel, str(ts), tool,
-                                    decided_blocks(tool, arguments, "ended", line=RESTARTED))
+                return True
+        outcome = item.get("outcome")
+        label = None if item.get("label") is None else str(item["label"])
+        if outcome in ("allowed", "denied"):
+            by = item.get("by")
+            blocks = decided_blocks(tool, arguments, outcome, None if by is None else str(by), label=label)
+        else:
+            line = item.get("line")
+            blocks = decided_blocks(tool, arguments, "ended", line=RESTARTED if line is None else str(line),
+                                    label=label)
+        return await self._update_approval(channel, str(ts), tool, blocks)
 
-    async def locate_prompt(self, channel: str, thread_ts: str | None, value: str, at: float) -> str | None:
+    async def locate_prompt(self, channel: str, thread_ts: str | None, value: str, at: float, *,
+                            strict: bool = False) -> str | None:
         """The ts of the approval message whose buttons carry ``value``, posted at about ``at`` (see ``locate``)."""
-        return await self.locate(channel, thread_ts, carries_button(value), at)
+        return await self.locate(channel, thread_ts, carries_button(value), at, strict=strict)
 
     async def locate(self, channel: str, thread_ts: str | None, match: Callable[[dict[str, Any]], bool],
-                     at: float) -> str | None:
+                     at: float, *, strict: bool = False) -> str | None:
         """The ts of a message of the bot's that ``match`` recognises, posted at about ``at`` in ``channel`` (in the
         thread ``thread_ts``), read from the conversation with its metadata (the history scopes the app has for
-        its events); None when it is not there, or cannot be read (logged)."""
+        its events); None when it is not there, or cannot be read (logged; ``strict``: raises PlatformError)."""
         client = self.api.client
         method = "conversations.replies" if thread_ts is not None else "conversations.history"
         read = client.conversations_replies if thread_ts is not None else client.conversations_history
@@ -349,6 +391,8 @@ class SlackChannel:
             try:
                 page = await self.api.call(method, functools.partial(read, **args), channel=channel, paced=False)
             except PlatformError as exc:
+                if strict:
+                    raise
                 log.warning("could not look in %s for a message that may have been posted (%s): it is posted "
                             "(again)", channel, exc)
                 return None
@@ -605,19 +649,31 @@ class SlackChannel:
             return
         if result is DecideResult.NOT_PENDING:
             self._spawn("slack:gone", self._ephemeral(press.channel_id, press.user_id, press.thread_ts, GONE))
-            if entry is not None and entry.outcome is None:
-                entry.outcome = "ended"
-                self._spawn("slack:approval-ended", self.show_decision(
-                    entry, decided_blocks(entry.tool_name, entry.arguments, "ended", label=entry.label)))
+            # the pressed message still shows buttons (its outcome update failed, or never came): show how the
+            # request ended on it, whatever was shown before
+            if entry is not None and _shows_buttons(body):
+                self._spawn("slack:approval-ended", self._show_ended(entry, press, posted_here))
             return
         outcome: Literal["allowed", "denied"] = "allowed" if press.decision == "allow" else "denied"
         # decided in another process (the one running the turn): its sink, which posted the buttons, shows
         # the outcome, once
         if entry is not None and posted_here:
-            entry.outcome = outcome
-            self._spawn("slack:approval-decided", self.show_decision(
-                entry, decided_blocks(entry.tool_name, entry.arguments, outcome, by=press.user_id,
-                                      label=entry.label)))
+            entry.decided(outcome, by=press.user_id)
+            self._spawn("slack:approval-decided", self.show_decision(entry, press.message_ts))
+
+    async def _show_ended(self, entry: PromptHandle, press: ApprovalPress, posted_here: bool) -> None:
+        """A press on a request that is no longer pending: its message shows how it ended — as decided here, or
+        as the record of the process that posted it says (an outcome it could not show yet), else "ended"."""
+        if not posted_here:
+            item = await self._open.find(lambda r: r.get("outcome") is not None
+                                         and ApprovalAction.decode(r.get("value")) == press.action)
+            if item is not None:
+                by, line, label = item.get("by"), item.get("line"), item.get("label")
+                entry.arguments, entry.label = str(item.get("arguments") or ""), None if label is None else str(label)
+                entry.decided(str(item["outcome"]), by=None if by is None else str(by),
+                              line=None if line is None else str(line))
+        entry.decided("ended")
+        await self.show_decision(entry, press.message_ts, again=True)
 
     def remember_prompt(self, action: ApprovalAction, handle: PromptHandle) -> None:
         """The approval messages this process posted, by what they decide (call ids are the model's and need
@@ -684,6 +740,22 @@ class SlackChannel:
             await ack(COMMAND_NOT_TAKEN.format(command=command))
             return
         await ack()
+
+
+def _record(entry: PromptHandle) -> Record:
+    return {"channel": entry.dest.channel, "thread_ts": entry.dest.thread_ts, "ts": entry.ts,
+            "tool": entry.tool_name, "arguments": entry.arguments, "value": entry.action.encode(),
+            "at": entry.posted_at}
+
+
+def _shows_buttons(body: dict[str, Any]) -> bool:
+    """Whether the pressed message, as the press carries it, still shows the approval buttons (assumed when the
+    press does not carry it)."""
+    message = body.get("message")
+    if not isinstance(message, dict) or not isinstance(message.get("blocks"), list):
+        return True
+    return any(isinstance(b, dict) and (b.get("block_id") == BLOCK_ID or b.get("type") == "actions")
+               for b in message["blocks"])
 
 
 def _thread_key(channel: str, thread_ts: str) -> str:

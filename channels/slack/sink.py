@@ -28,10 +28,11 @@ whole workspace, so an indicator is shown only when the workspace's thinking bud
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from channels.common.errors import PlatformError
@@ -39,7 +40,7 @@ from channels.common.ledger import Part
 from channels.common.live_sink import LiveSink
 from channels.common.ops import Capabilities, NativeStream, TextChange
 from channels.common.throttle import Scope
-from channels.slack.approvals import ApprovalAction, approval_blocks, approval_text, decided_blocks
+from channels.slack.approvals import ApprovalAction, Outcome, approval_blocks, approval_text, decided_blocks
 from channels.slack.client import STREAM_ENDED, STREAM_REFUSED, error_code
 from channels.slack.context import SlackContext
 from channels.slack.posting import FindablePost, carries_button, carries_key, keyed
@@ -312,9 +313,29 @@ class PromptHandle:
     """"allowed" / "denied" after a press; "ended" when it ended otherwise."""
     label: str | None = None
     """A subagent's request: which one asks."""
+    by: str | None = None
+    """Who pressed, for "allowed" / "denied"."""
+    line: str | None = None
+    """How it ended, when that is not a press's outcome (a timeout, a stopped reply)."""
+    shown: bool = False
+    """The message shows the outcome (its update went through): until then it may still show live buttons, so
+    it stays in the open-requests record and a press on it shows the outcome again."""
     posted_at: float = 0.0
     """When its post was sent (``time.time()``): where to look for it in the conversation while ``ts`` is
     unknown (``SlackChannel.locate_prompt``)."""
+    showing: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
+    """Held while an update shows the outcome: a second one waits, and is not sent when the first went through."""
+
+    def decided(self, outcome: str, *, by: str | None = None, line: str | None = None) -> None:
+        """It ended (``outcome``), the first way it did: a later way does not change what it shows."""
+        if self.outcome is None:
+            self.outcome, self.by, self.line = outcome, by, line
+
+    def outcome_blocks(self) -> list[dict[str, Any]]:
+        """The message as it ended: no buttons, and how ("ended" while nothing decided it here)."""
+        outcome: Outcome = "allowed" if self.outcome == "allowed" else (
+            "denied" if self.outcome == "denied" else "ended")
+        return decided_blocks(self.tool_name, self.arguments, outcome, by=self.by, line=self.line, label=self.label)
 
 
 class SlackPrompts:
@@ -359,7 +380,6 @@ class SlackPrompts:
 
     async def ended(self, handle: Any, line: str) -> None:
         entry: PromptHandle = handle
-        if entry.outcome is None:  # a press already showed its own outcome
-            entry.outcome = "ended"
-            await self._channel.show_decision(entry, decided_blocks(entry.tool_name, entry.arguments, "ended",
-                                                                    line=line, label=entry.label))
+        # a press's own outcome stays; one its update could not show is tried once more
+        entry.decided("ended", line=line)
+        await self._channel.show_decision(entry)
