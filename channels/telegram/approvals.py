@@ -18,17 +18,27 @@ edited to show it (the edit carries no keyboard, which removes it). An approval 
 a press (timed out, the turn stopped) is edited the same way by the sink; a press the bridge no longer
 knows (after a restart, or once the turn ended) is answered "no longer pending" and its keyboard removed.
 
+The Bot API has no idempotency key, so the message with the keyboard is never sent twice: when its post's
+outcome is unknown (Telegram may have shown it, its answer did not come), the request stays pending without a
+message id, and the first press on it says which message it is (``query.message``): the press decides, and the
+id is saved for a restart to close. A press on a message other than the one the request knows (a second copy,
+however it came about) decides too, and that copy shows the decision as well.
+
 Several processes on one database: the process that receives a press (the one polling the bot, or
 whichever took the webhook request) may not be the one that posted the request, whose turn holds the
-approval. It finds the request by its ref in the posting process's record and decides through
-``host.decide``, which forwards the decision to the holder (``core.agent.approval_relay``); it answers the
-callback query, and the holder's sink edits the message once to show how the approval ended (the presser's
-name comes with the decision).
+approval. It finds the request by its ref in the posting process's record (also one saved before the post,
+without the message id yet: the ref and the chat suffice) and decides through ``host.decide``, which forwards
+the decision to the holder (``core.agent.approval_relay``); it answers the callback query, and the holder's
+sink edits the message once to show how the approval ended (the presser's name comes with the decision). A
+message the record does not name as the request's is edited by the receiving process itself. The keyboard of
+a request that has a record is never removed while it may be pending.
 
 Approvals do not outlive the process (a restart ends the turn that waited for them), but their buttons
 would: so every posted request that has not ended is also kept in the channel's durable state, and the next
 start edits each one to say it was denied by the restart, before the first update is read; with several
 processes, those of a process that died are closed by one live process (``channels.common.open_approvals``).
+A close Telegram refuses (the edit and the removal of the keyboard both fail) keeps the record, to be tried
+again; a press on such a request meanwhile is answered "no longer pending" and closes it.
 A button nobody can act on never looks live.
 """
 
@@ -203,10 +213,13 @@ class ApprovalButtons:
         """Start-up: every request a previous process left with live buttons says the restart denied it."""
         await self._open.close_left_over(self._close)
 
-    async def _close(self, item: Record) -> None:
-        entry = PendingApproval("", "", "", str(item["tool"]), None, int(item["chat_id"]),
-                                (str(item["text"]),), int(item["message_id"]))
-        await self.show_outcome(entry, RESTARTED)
+    async def _close(self, item: Record) -> bool:
+        """Close one request a previous process left: True once it shows the restart denied it, or at least no
+        longer has its keyboard (or is gone); False when Telegram refused both edits (the record is kept and the
+        close tried again)."""
+        chat_id, message_id = int(item["chat_id"]), int(item["message_id"])
+        entry = PendingApproval("", "", "", str(item["tool"]), None, chat_id, (str(item["text"]),), message_id)
+        return await self._edit_outcome(chat_id, message_id, outcome_text(entry, RESTARTED))
 
     def _open_records(self) -> list[Record]:
         return [_record(e) for e in self._by_ref.values() if e.outcome is None and e.parts]
@@ -219,11 +232,12 @@ class ApprovalButtons:
         try:
             origin = item.get("origin") or []
             by = item.get("by")
+            shown = item.get("message_id")
             return PendingApproval(ref, str(item["session"]), str(item["call"]), str(item["tool"]),
                                    None if by is None else str(by), int(item["chat_id"]), (str(item["text"]),),
-                                   int(item["message_id"]), origin=tuple(str(o) for o in origin))
+                                   None if shown is None else int(shown), origin=tuple(str(o) for o in origin))
         except (KeyError, TypeError, ValueError):
-            return None  # not shown yet, or not readable: nothing anyone can press on
+            return None  # not readable: nothing anyone can press on
 
     async def _save(self) -> None:
         await self._open.save()
@@ -242,6 +256,18 @@ class ApprovalButtons:
     def get(self, ref: str) -> PendingApproval | None:
         return self._by_ref.get(ref)
 
+    def _same_chat(self, chat_id: int, entry: PendingApproval) -> bool:
+        """Whether a message in ``chat_id`` may be ``entry``'s (its chat, or the supergroup it became)."""
+        return chat_id == entry.chat_id or self._channel.client.moved.get(entry.chat_id) == chat_id
+
+    def _other_copy(self, message: Message | None, entry: PendingApproval) -> Message | None:
+        """The pressed message when it is not the one ``entry`` knows as its own (a copy whose post was
+        answered too late, or the request's message before its post's answer told where it is)."""
+        if message is None or (entry.message_id is not None and message.message_id == entry.message_id
+                               and self._same_chat(message.chat.id, entry)):
+            return None
+        return message
+
     async def on_press(self, query: CallbackQuery) -> None:
         """Handle one callback query: always answered, at most one decision."""
         parsed = parse(query.data)
@@ -252,17 +278,25 @@ class ApprovalButtons:
         entry = self._by_ref.get(ref)
         message = query.message if isinstance(query.message, Message) else None
         if entry is None:
+            # Posted by another process (or forgotten here): its record says what the press decides, whether or
+            # not it has the message id yet (the poster saves it once Telegram answered the post).
             elsewhere = await self._find(ref)
-            if elsewhere is not None and (message is None or (message.chat.id, message.message_id)
-                                          == (elsewhere.chat_id, elsewhere.message_id)):
-                await self._press_elsewhere(query, elsewhere, decision)
+            if elsewhere is not None and (message is None or self._same_chat(message.chat.id, elsewhere)):
+                await self._press_elsewhere(query, elsewhere, decision, message)
                 return
+        if entry is not None and entry.message_id is None and message is not None \
+                and self._same_chat(message.chat.id, entry):
+            # The post's answer never came (its outcome unknown): the press says where the request is shown.
+            entry.message_id = message.message_id
+            if entry.outcome is None:
+                await self._save()  # a restart can close it now
         if entry is None or entry.outcome is not None:
             decided = entry is not None and entry.outcome in ("allowed", "denied")
             await self._answer(query, f"Already {entry.outcome}." if entry is not None and decided else GONE)
             if message is not None:
                 await self._drop_keyboard(message.chat.id, message.message_id)
             return
+        copy = self._other_copy(message, entry)
         result = await self._channel.host.decide(entry.session_key, entry.call_id, decision,
                                                  decided_by=presser(query), origin=entry.origin)
         if result is DecideResult.REFUSED:
@@ -272,48 +306,72 @@ class ApprovalButtons:
             entry.outcome = "ended"
             await self._answer(query, GONE)
             await self.show_outcome(entry, "⌛ No longer pending.")
+            if copy is not None:
+                await self._drop_keyboard(copy.chat.id, copy.message_id)
             return
         who = sender_name(query.from_user)
         entry.outcome = "allowed" if decision == "allow" else "denied"
         await self._answer(query, "Allowed" if decision == "allow" else "Denied")
         mark = "✅ Allowed" if decision == "allow" else "❌ Denied"
         await self.show_outcome(entry, f"{mark} by {who}")
+        if copy is not None:  # a second copy of the request: it shows the decision too, without buttons
+            await self._edit_outcome(copy.chat.id, copy.message_id, outcome_text(entry, f"{mark} by {who}"))
 
     async def _press_elsewhere(self, query: CallbackQuery, entry: PendingApproval,
-                               decision: Literal["allow", "deny"]) -> None:
+                               decision: Literal["allow", "deny"], message: Message | None) -> None:
         """A press on a request another process posted: decided where the approval is pending; the message
-        is left to the posting process's sink, which shows how the approval ended once."""
+        is left to the posting process's sink, which shows how the approval ended once. A message that process
+        may not know as the request's (its record has no message id yet, or names another) is edited here."""
         result = await self._channel.host.decide(entry.session_key, entry.call_id, decision,
                                                  decided_by=presser(query), origin=entry.origin)
+        copy = self._other_copy(message, entry)
         if result is DecideResult.REFUSED:
             await self._answer(query, NOT_YOURS, alert=True)
         elif result is DecideResult.NOT_PENDING:
             await self._answer(query, GONE)
+            if any(r.get("ref") == entry.ref for r in self._open.left_over) and entry.message_id is not None:
+                # left by this process's last run, its close failed so far: close it now
+                await self._edit_outcome(entry.chat_id, entry.message_id, outcome_text(entry, RESTARTED))
+            if copy is not None and entry.message_id is not None:  # a second copy (the poster edits its own)
+                await self._drop_keyboard(copy.chat.id, copy.message_id)
         else:
             await self._answer(query, "Allowed" if decision == "allow" else "Denied")
+            if copy is not None:
+                mark = "✅ Allowed" if decision == "allow" else "❌ Denied"
+                await self._edit_outcome(copy.chat.id, copy.message_id,
+                                         outcome_text(entry, f"{mark} by {sender_name(query.from_user)}"))
 
     async def show_outcome(self, entry: PendingApproval, line: str) -> None:
         """Edit the approval message to show how it ended; the edit has no keyboard, so the buttons go.
         It answers a press, so it goes at once (honouring a 429 pause, without waiting for a pace slot)."""
-        if entry.message_id is None:
-            return
         if entry.ref:  # one of this run's: it is no longer open
             await self._save()
-        text = outcome_text(entry, line)
+        if entry.message_id is not None:
+            await self._edit_outcome(entry.chat_id, entry.message_id, outcome_text(entry, line))
+
+    async def _edit_outcome(self, chat_id: int, message_id: int, text: str) -> bool:
+        """Edit one approval message to ``text`` without its keyboard (failing that, remove the keyboard). True
+        when no live button is left on it (edited, already so, or the message is gone)."""
         try:
             await self._channel.client.call(EditMessageText(
-                chat_id=entry.chat_id, message_id=entry.message_id, text=text, parse_mode=None),
-                chat=str(entry.chat_id), paced=False)
+                chat_id=chat_id, message_id=message_id, text=text, parse_mode=None),
+                chat=str(chat_id), paced=False)
+            return True
         except PlatformError as exc:
-            log.info("could not show the approval outcome in chat %s: %s", entry.chat_id, exc)
-            await self._drop_keyboard(entry.chat_id, entry.message_id)
+            if exc.kind == "not_found":
+                return True
+            log.info("could not show the approval outcome in chat %s: %s", chat_id, exc)
+        return await self._drop_keyboard(chat_id, message_id)
 
-    async def _drop_keyboard(self, chat_id: int, message_id: int) -> None:
+    async def _drop_keyboard(self, chat_id: int, message_id: int) -> bool:
+        """Remove a message's keyboard; True when none is left (removed, already gone, or no such message)."""
         try:
             await self._channel.client.call(EditMessageReplyMarkup(chat_id=chat_id, message_id=message_id),
                                             chat=str(chat_id), paced=False)
+            return True
         except PlatformError as exc:
             log.debug("could not remove an approval keyboard in chat %s: %s", chat_id, exc)
+            return exc.kind == "not_found"
 
     async def _answer(self, query: CallbackQuery, text: str | None = None, *, alert: bool = False) -> None:
         try:

@@ -152,13 +152,15 @@ class TelegramClient:
         return text.replace(token, "***") if token else text
 
     async def call(self, method: TelegramMethod[T], *, chat: str | None = None, paced: bool = True,
-                   retry: bool = True, request_timeout: int | None = None) -> T | None:
+                   retry: bool = True, request_timeout: int | None = None, once_if_unsure: bool = False) -> T | None:
         """Run one Bot API method under the call policy (paced in ``chat``'s scopes when given). Returns None
-        for "message is not modified", which is success: the message already shows the target state."""
+        for "message is not modified", which is success: the message already shows the target state.
+        ``once_if_unsure``: a new message that must never show twice (an approval request's keyboard) is not
+        repeated once a try's outcome is unknown; the call fails with ``outcome_unknown`` instead."""
         return await self.calls.call(
             lambda: self.once(method, request_timeout), scopes=self.scopes(chat, method) if chat is not None else (),
             paced=paced, retry=retry, idempotent=not isinstance(method, SendMessage),
-            timeout=request_timeout + 10 if request_timeout is not None else None)
+            timeout=request_timeout + 10 if request_timeout is not None else None, repeat=once_if_unsure)
 
     async def once(self, method: TelegramMethod[T], request_timeout: int | None = None) -> T | None:
         """One attempt of one Bot API method (in a group's new chat when it was upgraded to a supergroup)."""

@@ -147,27 +147,40 @@ class TelegramPrompts:
 
     async def post(self, session_key: str, request: ApprovalRequest) -> Any:
         d = self._dest
-        entry = self._channel.approval_buttons.register(
+        buttons = self._channel.approval_buttons
+        entry = buttons.register(
             session_key, request.call_id, request.tool_name, request.arguments,
             request.requested_by or self._target.sender_id, d.chat_id, origin=request.origin, label=request.label)
-        await self._channel.approval_buttons.posted(entry)  # findable by a press in another process
+        await buttons.posted(entry)  # findable by a press in another process
         msg = None
+        last = False
         # A request longer than one message comes in parts; the keyboard goes under the last one only once
-        # every part is shown, so nobody decides on half of the arguments.
+        # every part is shown, so nobody decides on half of the arguments. The Bot API has no idempotency key:
+        # the message with the keyboard is never sent again once a try's outcome is unknown (Telegram may
+        # have shown it; a second copy would be a second live keyboard).
         try:
             for i, text in enumerate(entry.parts):
                 last = i == len(entry.parts) - 1
                 msg = await self._channel.client.call(SendMessage(
                     chat_id=d.chat_id, text=text, parse_mode=None, message_thread_id=d.thread_id,
                     reply_parameters=d.reply() if i == 0 else None,
-                    reply_markup=keyboard(entry.ref) if last else None), chat=d.key)
-        except Exception:
+                    reply_markup=keyboard(entry.ref) if last else None), chat=d.key, once_if_unsure=last)
+        except PlatformError as exc:
+            if last and exc.outcome_unknown:
+                # Maybe shown, maybe not: the request stays open (a press on it decides, and its callback
+                # query says which message it is) rather than being shown twice or denied while shown.
+                log.info("no answer to the approval request for %s; it stays open: %s", entry.tool_name, exc)
+                return entry
             entry.outcome = "ended"  # never shown with its buttons: nothing to find or close
-            await self._channel.approval_buttons.posted(entry)
+            await buttons.posted(entry)
+            raise
+        except Exception:
+            entry.outcome = "ended"
+            await buttons.posted(entry)
             raise
         if msg is not None:
             entry.message_id = msg.message_id
-            await self._channel.approval_buttons.posted(entry)
+            await buttons.posted(entry)
         return entry
 
     async def ended(self, handle: Any, line: str) -> None:
