@@ -193,8 +193,13 @@ class WebChannel:
         return LiveSink(WebOps(self, target), PlainRenderer(), calls, settings=NO_GATE)
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
-        data: dict[str, Any] = {"text": text, "client_id": WebContext.of(target).client_id, "at": time.time()}
-        self.hub.stream(target.chat_id).append("notice", data)
+        client_id = WebContext.of(target).client_id
+        stream = self.hub.stream(target.chat_id)
+        data: dict[str, Any] = {"text": text, "client_id": client_id, "at": time.time()}
+        dropped = stream.dropped_by(client_id)
+        if dropped:  # the notice of a /new: the page marks these messages as not answered
+            data["dropped"] = dropped
+        stream.append("notice", data)
 
     # ---- core events ----------------------------------------------------------------------------
 
@@ -207,9 +212,10 @@ class WebChannel:
             sid = session_id_of(event.session_key)
             if sid is None:
                 return
-            self.hub.stream(sid).append("turn_committed", {
+            stream = self.hub.stream(sid)
+            stream.append("turn_committed", {
                 "session_id": sid, "history_revision": event.history_revision,
-                "messages": [message_view(m.history_view()) for m in event.messages]})
+                "messages": [message_view(m.history_view(), stream.client_ids) for m in event.messages]})
             if not is_child_key(event.session_key):  # a subagent is shown inside its parent, not listed
                 self.publish_feed("session_activity",
                                   {"session_id": sid, "history_revision": event.history_revision})

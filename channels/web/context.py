@@ -6,6 +6,7 @@ a resend idempotent (the envelope's event_id) and lets the page match the reply'
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from channels.common.context import TypedContext
@@ -27,8 +28,11 @@ def page_id(key: str) -> str:
     return session_id_of(key) or key
 
 
-def message_view(view: dict[str, Any]) -> dict[str, Any]:
-    """A history message for the page: the child session a ``run_subagent`` result names, by its id."""
+def message_view(view: dict[str, Any], client_ids: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A history message for the page: the child session a ``run_subagent`` result names, by its id; a user
+    message with the ``client_id`` its page sent it with (``client_ids``: turn id → client id), or null."""
+    if view.get("role") == "user":
+        view = {**view, "client_id": (client_ids or {}).get(view.get("turn_id") or "")}
     child = view.get("subagent")
     if isinstance(child, dict) and isinstance(child.get("session_key"), str):
         child = dict(child)

@@ -53,8 +53,9 @@ from channels.web.guard import RequestGuard, add_security_headers, is_chat_path
 from channels.web.sse import HEARTBEAT, Subscriber, encode_event
 from core.agent.subagents import is_child_key
 from core.envelope import InboundEnvelope, MediaItem
-from core.host import AdmissionError, AttachmentRefused, DecideResult, SessionHost, ShuttingDownError
+from core.host import AdmissionError, AttachmentRefused, DecideResult, SessionHost, ShuttingDownError, SubmitResult
 from core.media.sniff import IMAGE_TYPES
+from core.router import parse_command
 from core.store import UnknownMessageError
 
 if TYPE_CHECKING:
@@ -341,8 +342,10 @@ class WebServer:
             revision, messages = await self.host.history(session_key(sid), limit=limit + 1, before=before)
         except UnknownMessageError:
             return _error(400, "'before' is not a message of this conversation")
+        stream = self.channel.hub.get(sid)
+        client_ids = stream.client_ids if stream is not None else {}
         return web.json_response({"history_revision": revision, "has_more": len(messages) > limit,
-                                  "messages": [message_view(m.history_view()) for m in messages[-limit:]]})
+                                  "messages": [message_view(m.history_view(), client_ids) for m in messages[-limit:]]})
 
     @staticmethod
     def _text_field(body: dict[str, Any], name: str) -> str:
@@ -378,7 +381,16 @@ class WebServer:
             return _error(503, "the bridge is shutting down; send the message again in a minute")
         except AdmissionError:  # not stored, so its client_id is still free for the resend
             return _error(503, "the message could not be saved; send it again")
+        if client_id is not None:
+            self._follow(sid, client_id, text, result)
         return web.json_response({"status": result.value}, status=202)
+
+    def _follow(self, sid: str, client_id: str, text: str, result: SubmitResult) -> None:
+        """Keep what the ``/new`` notice needs: which page messages wait, and which ``/new`` came after them."""
+        if result is SubmitResult.QUEUED:
+            self.channel.hub.stream(sid).message_queued(client_id)
+        elif result is SubmitResult.COMMAND and parse_command(text) == "new":
+            self.channel.hub.stream(sid).new_requested(client_id)
 
     async def _attachments(self, sid: str, ids: Any) -> tuple[MediaItem, ...] | web.Response:
         """The uploads a message names, each checked to be a stored file of this session."""
@@ -424,8 +436,8 @@ class WebServer:
 
         try:
             ref = await self.host.upload(session_key(sid), file.filename, chunks())
-        except AttachmentRefused as exc:
-            return _error(413, str(exc))
+        except AttachmentRefused as exc:  # 507: the bridge's disk is full or failing, not the file's fault
+            return _error(507 if exc.storage else 413, str(exc))
         return web.json_response(ref.history_view(), status=201)
 
     async def download(self, request: web.Request) -> web.StreamResponse:

@@ -45,6 +45,10 @@ def encode_event(name: str, data: Any, event_id: str | None = None) -> bytes:
 
 
 HEARTBEAT = b": keep-alive\n\n"
+CLIENT_IDS_KEPT = 1000
+"""How many turns' client ids a stream remembers (``SessionStream.client_ids``)."""
+WAITING_KEPT = 200
+"""How many queued, not yet begun messages (and pending ``/new`` commands) a stream follows."""
 _SEQ = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also accepts "²", which int() refuses
 
 
@@ -217,6 +221,13 @@ class SessionStream:
         """The child sessions (``run_subagent``) of turn ``children_turn``, by origin."""
         self.id_of: Callable[[str], str] = str
         """Session key → the id the page knows it by (set by the channel)."""
+        self.client_ids: dict[str, str] = {}
+        """Turn id → the client_id of the page message it answers, for the latest ``CLIENT_IDS_KEPT`` turns this
+        stream showed (history views of user messages name it; in memory: not after a restart)."""
+        self._waiting: dict[str, None] = {}
+        """Client ids of messages queued through this process whose turn has not begun, oldest first."""
+        self._new_commands: dict[str, list[str]] = {}
+        """Client id of a ``/new`` sent through this process → the messages waiting when it came."""
         self._clock = clock
         self.last_activity = clock()
 
@@ -271,6 +282,7 @@ class SessionStream:
             self.live = LiveTurn(data["turn_id"], data.get("client_id"), data["version"], data["state"],
                                  data["replace"], data["tools"], data["approvals"], data.get("error"),
                                  held_here=False)
+            self._turn_began(data["turn_id"], data.get("client_id"))
             self.append("turn", data)
             self._announce(data["turn_id"], data["approvals"], [])
             return True
@@ -318,6 +330,7 @@ class SessionStream:
                 data["error"] = snapshot.error
             self.live = LiveTurn(snapshot.turn_id, client_id, snapshot.version, snapshot.state, snapshot.text,
                                  tools, approvals, snapshot.error)
+            self._turn_began(snapshot.turn_id, client_id)
             self.append("turn", data)
             self._announce(snapshot.turn_id, approvals, [])
             return True
@@ -345,6 +358,37 @@ class SessionStream:
             self.append("turn", data)
             self._announce(snapshot.turn_id, approvals, before)
         return changed
+
+    # ---- which page message is which --------------------------------------------------------------
+
+    def _turn_began(self, turn_id: str, client_id: str | None) -> None:
+        if not client_id:
+            return
+        self.client_ids[turn_id] = client_id
+        if len(self.client_ids) > CLIENT_IDS_KEPT:
+            del self.client_ids[next(iter(self.client_ids))]
+        self._waiting.pop(client_id, None)
+
+    def message_queued(self, client_id: str) -> None:
+        """A page message was queued (its turn has not begun)."""
+        self._waiting[client_id] = None
+        if len(self._waiting) > WAITING_KEPT:
+            del self._waiting[next(iter(self._waiting))]
+
+    def new_requested(self, client_id: str) -> None:
+        """A ``/new`` was accepted: the messages waiting now are the ones it may leave unanswered."""
+        self._new_commands[client_id] = list(self._waiting)
+        if len(self._new_commands) > WAITING_KEPT:
+            del self._new_commands[next(iter(self._new_commands))]
+
+    def dropped_by(self, client_id: str | None) -> list[str]:
+        """The messages a ``/new`` (by its client id) left unanswered: those waiting when it came whose turn
+        never began; [] for any other client id."""
+        before = self._new_commands.pop(client_id, []) if client_id else []
+        dropped = [c for c in before if c in self._waiting]
+        for c in dropped:
+            del self._waiting[c]
+        return dropped
 
     def _announce(self, turn_id: str, approvals: list[dict[str, Any]], before: list[dict[str, Any]]) -> None:
         """One ``approval_request`` event per approval that was not pending in the previous ``turn`` event."""

@@ -188,7 +188,12 @@
     constructor() { this.openSession = null; this.revision = null; this.messages = []; this.ids = new Set(); this.unread = new Set(); this.fetchPending = false; this.hasMore = false; }
     // First load, reconnect miss, gap recovery or a session switch. The newest page replaces what is held,
     // except that older pages already loaded stay when the new page overlaps them (history only grows).
+    // An answer older than the revision held (a slower fetch overtaken by a newer one) changes nothing: false.
     loadFull(session, revision, messages, hasMore) {
+      if (session === this.openSession && this.revision !== null && revision !== null && revision < this.revision) {
+        this.fetchPending = false;
+        return false;
+      }
       let kept = [];
       let more = !!hasMore;
       if (session === this.openSession && messages.length) {
@@ -198,6 +203,7 @@
       this.openSession = session; this.revision = revision; this.messages = kept.concat(messages);
       this.ids = new Set(this.messages.map((m) => m.id)); this.unread.delete(session); this.fetchPending = false;
       this.hasMore = more;
+      return true;
     }
     // An older page asked for with before=<the oldest message held>; false when that no longer fits.
     loadOlder(session, before, messages, hasMore) {
@@ -258,7 +264,7 @@
     if (resp.status === 401) { location.href = "/login"; throw new Error("authentication required"); }
     let data = null;
     try { data = await resp.json(); } catch (_) { data = null; }
-    if (!resp.ok) throw new Error((data && data.error) || ("HTTP " + resp.status));
+    if (!resp.ok) throw Object.assign(new Error((data && data.error) || ("HTTP " + resp.status)), { status: resp.status });
     return data;
   }
 
@@ -339,26 +345,39 @@
   }
 
   // history
-  let fetching = null;
-  async function fullFetch() {
+  // One full fetch at a time per conversation: a reason for another while one is on its way (a resync, a
+  // gap) fetches once more when it is done, so an older answer never lands after a newer one (and the
+  // mirror refuses an answer older than what it holds).
+  let fetching = null;      // {id, promise} of the full fetch on its way
+  let fetchAgain = false;   // fetch once more when it is done
+  function fullFetch() {
     const id = app.session;
     app.mirror.fetchPending = true;
+    if (fetching && fetching.id === id) { fetchAgain = true; return fetching.promise; }
+    fetchAgain = false;
     app.stats.fullFetches++;
-    const p = api("GET", "/api/sessions/" + id + "/history?limit=" + PAGE).then((data) => {
+    const mine = { id, promise: null };
+    fetching = mine;
+    mine.promise = api("GET", "/api/sessions/" + id + "/history?limit=" + PAGE).then((data) => {
       if (app.session !== id) return;
-      app.mirror.loadFull(id, data.history_revision, data.messages, data.has_more);
-      heard(id, data.history_revision);
-      dropCommittedPending(data.messages);
+      if (app.mirror.loadFull(id, data.history_revision, data.messages, data.has_more)) {
+        heard(id, data.history_revision);
+        dropCommittedPending(data.messages);
+      }
       const held = app.held; app.held = [];
       markCommitted();
       renderHistory();
       for (const d of held) applyCommitted(d);
       settleLive();
       renderLive();
-      if (app.refetch && !app.mirror.fetchPending) { app.refetch = false; if (app.live && app.live.state !== "running" && !app.live.committed) fullFetch(); }
-    }).catch((e) => { setStatus(e.message); app.mirror.fetchPending = false; app.refetch = false; });
-    fetching = p;
-    return p;
+      if (app.refetch && !app.mirror.fetchPending) { app.refetch = false; if (app.live && app.live.state !== "running" && !app.live.committed) fetchAgain = true; }
+    }).catch((e) => { setStatus(e.message); if (app.session === id) app.mirror.fetchPending = false; app.refetch = false; })
+      .finally(() => {
+        if (fetching !== mine) return;
+        fetching = null;
+        if (fetchAgain && app.session === id) fullFetch();
+      });
+    return mine.promise;
   }
   // Older messages, when the top of the conversation is reached (the scroll position stays where it was).
   async function loadOlder() {
@@ -385,10 +404,16 @@
   function nearTop() { return $("messages").scrollTop < 120; }
   function maybeLoadOlder() { if (app.mirror.hasMore && !app.loadingOlder && nearTop()) loadOlder(); }
 
+  // A message this page sent is in history once a user message names its client_id. A message whose
+  // client_id the server no longer knows (null: it was answered by a process that has since restarted) is
+  // matched by its text, but only with a message stored after the newest one this page held when sending.
   function dropCommittedPending(messages) {
     for (const m of messages) {
       if (m.role !== "user") continue;
-      for (const [cid, p] of app.pending) { if (p.text === m.content) { app.pending.delete(cid); break; } }
+      if (m.client_id) { app.pending.delete(m.client_id); continue; }
+      for (const [cid, p] of app.pending) {
+        if (p.session === app.session && p.state !== "unsent" && p.text === m.content && typeof m.seq === "number" && m.seq > p.afterSeq) { app.pending.delete(cid); break; }
+      }
     }
   }
 
@@ -453,10 +478,7 @@
       applyCommitted(d);
     });
     on("session_title", (d) => setTitle(d.session_id, d.title)); // the session's own, and the feed's
-    on("notice", (d) => {
-      if (d.client_id) app.pending.delete(d.client_id);
-      addNotice(d.text);
-    });
+    on("notice", messageNotice);
     // the conversation-list feed
     on("session_activity", (d) => {
       // The open session's deltas come (with their messages) on its own stream.
@@ -735,11 +757,7 @@
       for (const n of byAfter.get(m.id) || []) frag.appendChild(noticeEl(n.text));
     }
     app.rendered = rendered;
-    for (const [cid, p] of app.pending) {
-      const d = document.createElement("div"); d.className = "msg user pending"; d.dataset.clientId = cid; d.textContent = p.text;
-      if (p.files.length) d.appendChild(attachmentsEl(p.files));
-      frag.appendChild(d);
-    }
+    for (const [cid, p] of app.pending) if (p.session === app.session && !p.command) frag.appendChild(pendingEl(cid, p));
     let liveBox = $("live"); // kept (with the live reply in it) across rebuilds
     if (!liveBox) { liveBox = document.createElement("div"); liveBox.id = "live"; }
     frag.appendChild(liveBox);
@@ -853,12 +871,27 @@
     renderLive();
     // a subagent's call is decided here, in its parent's conversation, naming whose call it is
     const body = a.origin && a.origin.length ? { decision, origin: a.origin } : { decision };
-    try {
-      await api("POST", "/api/sessions/" + sid + "/approvals/" + encodeURIComponent(a.call_id), body);
-    } catch (e) {
-      if (app.session !== sid) return;
+    const path = "/api/sessions/" + sid + "/approvals/" + encodeURIComponent(a.call_id);
+    // A decision whose answer was lost (network error, 5xx) is sent again; its 404 then most likely means
+    // the first one was recorded, and the buttons stay disabled until the turn's events move on.
+    for (let attempt = 0; ; attempt++) {
+      const r = await postDecision(path, body);
+      if (r.ok || app.session !== sid) return;
+      if (r.retry && attempt < DECIDE_RETRY_DELAYS.length) { await sleep(DECIDE_RETRY_DELAYS[attempt]); continue; }
+      if (r.status === 404 && attempt > 0) return;
       app.decisions.delete(key);
-      addNotice("⚠️ The " + decision + " was not recorded: " + e.message);
+      addNotice("⚠️ The " + decision + " was not recorded: " + r.error);
+      return;
+    }
+  }
+  const DECIDE_RETRY_DELAYS = [500, 1000, 2000];
+  async function postDecision(path, body) {
+    try {
+      await api("POST", path, body);
+      return { ok: true };
+    } catch (e) {
+      const status = e.status || 0;
+      return { error: e.message, status, retry: status === 0 || status >= 500 };
     }
   }
 
@@ -902,29 +935,148 @@
     }));
   }
 
-  // sending
+  // sending: a message keeps its client_id until the server has it. A POST whose answer is lost (network
+  // error, 5xx, 503 while the bridge restarts) is sent again with the SAME client_id (the server answers
+  // "duplicate" when the first one was stored), a bounded number of times; then the message stays on the
+  // page as "not sent" with Resend (same client_id) and Edit (text and files back into the composer). A
+  // "busy" answer, a /new that dropped it: "not queued", with the same two buttons.
+  const SEND_RETRY_DELAYS = [500, 1000, 2000, 4000, 8000]; // ms before each new attempt (about 15 s in all)
+  const SEND_GIVE_UP_MS = 30000;                           // no new attempt after this long
+  app.sendRetryDelays = SEND_RETRY_DELAYS;                 // the tests shorten them
+  const ACCEPTED = new Set(["queued", "duplicate", "command"]);
+
   async function send(text) {
     const files = app.outgoing.filter((o) => o.session === app.session);
     if (!app.session || (!text.trim() && !files.length)) return;
     if (files.some((o) => !o.ref)) { addNotice("⏳ Wait until the attachments are uploaded."); $("input").value = text; return; }
-    const refs = files.map((o) => o.ref);
     app.outgoing = app.outgoing.filter((o) => o.session !== app.session);
     renderOutgoing();
+    const entry = { session: app.session, text, files: files.map((o) => o.ref), state: "sending", note: "",
+                    command: text.trim().startsWith("/"), afterSeq: newestSeq(), notice: null };
     const cid = newClientId();
-    if (!text.trim().startsWith("/")) app.pending.set(cid, { text, files: refs });
+    app.pending.set(cid, entry);
     renderHistory(); scrollDown(true);
+    await deliver(cid, entry);
+  }
+  function newestSeq() {
+    const msgs = app.mirror.messages;
+    return msgs.length && typeof msgs[msgs.length - 1].seq === "number" ? msgs[msgs.length - 1].seq : -1;
+  }
+
+  // One POST of a message: {status} when the server answered it, {error, retry} when not.
+  async function postMessage(cid, entry) {
+    const body = { text: entry.text, client_id: cid, attachments: entry.files.map((r) => r.id) };
+    let resp;
     try {
-      await api("POST", "/api/sessions/" + app.session + "/messages", { text, client_id: cid, attachments: refs.map((r) => r.id) });
+      resp = await fetch("/api/sessions/" + entry.session + "/messages", {
+        method: "POST", credentials: "same-origin", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
     } catch (e) {
-      app.pending.delete(cid);
-      addNotice("⚠️ Not sent: " + e.message);
+      return { error: "the connection failed", retry: true }; // it may have been stored: the retry tells
+    }
+    if (resp.status === 401) { location.href = "/login"; return { error: "authentication required", retry: false }; }
+    let data = null;
+    try { data = await resp.json(); } catch (_) { data = null; }
+    if (resp.ok && data && ACCEPTED.has(data.status)) return { status: data.status };
+    if (resp.ok && data && data.status === "busy") return { status: "busy" };
+    return { error: (data && data.error) || ("HTTP " + resp.status), retry: resp.status >= 500 };
+  }
+
+  async function deliver(cid, entry) {
+    const started = Date.now();
+    entry.state = "sending"; entry.note = "";
+    for (let attempt = 0; ; attempt++) {
+      const r = await postMessage(cid, entry);
+      if (app.pending.get(cid) !== entry) return; // answered (or discarded) meanwhile
+      if (r.status === "busy") return markUnsent(cid, entry, entry.notice || "⏳ The bridge is still working on your earlier messages; this one was not queued.");
+      if (r.status) return accepted(cid, entry, r.status);
+      const delays = app.sendRetryDelays;
+      if (!r.retry || attempt >= delays.length || Date.now() - started > SEND_GIVE_UP_MS) return markUnsent(cid, entry, "⚠️ Not sent: " + r.error);
+      entry.note = "Not sent yet (" + r.error + "); trying again…";
+      renderPending();
+      await sleep(delays[attempt]);
+      if (app.pending.get(cid) !== entry) return;
     }
   }
+  function sleep(ms) { return new Promise((resolve) => setTimeout(resolve, ms)); }
+
+  function accepted(cid, entry, status) {
+    const notice = entry.notice;
+    entry.notice = null;
+    if (status === "command") app.pending.delete(cid);
+    else { entry.state = "queued"; entry.note = ""; entry.command = false; }
+    if (notice) addNotice(notice); else renderPending(); // a notice that came before the answer (not "busy")
+  }
+  function markUnsent(cid, entry, note) {
+    entry.state = "unsent"; entry.note = note; entry.notice = null; entry.command = false;
+    renderPending();
+  }
+  // Resend keeps the client_id (the server then answers "duplicate" if an earlier try was stored after all),
+  // except for a message /new dropped: that one was stored and is not answered, so it goes as a new one.
+  function resend(cid) {
+    const entry = app.pending.get(cid);
+    if (!entry || entry.state !== "unsent") return;
+    if (entry.dropped) {
+      app.pending.delete(cid);
+      cid = newClientId();
+      entry.dropped = false;
+      entry.afterSeq = newestSeq();
+      app.pending.set(cid, entry);
+    }
+    deliver(cid, entry);
+    renderPending();
+  }
+  // Edit: the message goes back into the composer (its files too) and leaves the conversation.
+  function editUnsent(cid) {
+    const entry = app.pending.get(cid);
+    if (!entry || entry.state !== "unsent") return;
+    app.pending.delete(cid);
+    const input = $("input");
+    input.value = entry.text + (input.value ? "\n" + input.value : "");
+    for (const ref of entry.files) app.outgoing.push({ key: ++outgoingKeys, name: ref.name, ref, session: entry.session });
+    renderOutgoing();
+    renderHistory();
+    input.focus();
+  }
+  // A notice about one of this page's messages. "busy" (and a /new that dropped messages) turn the message
+  // into "not queued" showing the notice once, in place; a notice that comes before the POST's answer waits
+  // for it (only then is it known to be the "busy" one).
+  function messageNotice(d) {
+    for (const dropped of d.dropped || []) {
+      const e = app.pending.get(dropped);
+      if (e && !e.command) { markUnsent(dropped, e, "⚠️ Not answered: /new started a new conversation."); e.dropped = true; }
+    }
+    const entry = d.client_id ? app.pending.get(d.client_id) : undefined;
+    if (entry && entry.state === "sending") { entry.notice = d.text; return; }
+    if (entry && entry.state === "unsent") { if (!(d.dropped || []).length) { entry.note = d.text; renderPending(); } return; }
+    if (entry) app.pending.delete(d.client_id);
+    addNotice(d.text);
+  }
+  function pendingEl(cid, p) {
+    const d = document.createElement("div");
+    d.className = "msg user " + (p.state === "unsent" ? "unsent" : "pending");
+    d.dataset.clientId = cid;
+    const text = document.createElement("div"); text.className = "text"; text.textContent = p.text;
+    d.appendChild(text);
+    if (p.files.length) d.appendChild(attachmentsEl(p.files));
+    if (p.note) { const n = document.createElement("div"); n.className = "send-note"; n.textContent = p.note; d.appendChild(n); }
+    if (p.state === "unsent") {
+      const row = document.createElement("div"); row.className = "buttons";
+      for (const [cls, label, fn] of [["resend", "Resend", resend], ["edit", "Edit", editUnsent]]) {
+        const b = document.createElement("button"); b.type = "button"; b.className = cls; b.textContent = label;
+        b.addEventListener("click", () => fn(cid));
+        row.appendChild(b);
+      }
+      d.appendChild(row);
+    }
+    return d;
+  }
+  function renderPending() { renderHistory(); }
 
   function openSession(id) {
     app.session = id;
     history.replaceState(null, "", "#" + id);
-    app.live = null; app.pending.clear(); app.notices = []; app.held = []; app.decisions.clear(); app.cardOpen.clear();
+    // a message not yet in history stays in app.pending: each shows in its own conversation
+    app.live = null; app.notices = []; app.held = []; app.decisions.clear(); app.cardOpen.clear();
     app.refetch = false;
     app.rendered = new Map(); app.loadingOlder = false;
     app.mirror.loadFull(id, null, [], false);
