@@ -14,7 +14,7 @@ from core.store import StoreError
 from tests.fakes.openai_server import Function, Text, last_user_text
 from tests.support import db
 from tests.support.channel import TestChannel
-from tests.support.harness import make_harness
+from tests.support.harness import Harness, make_harness
 from tests.support.store import SlowAnswerStore
 
 
@@ -236,13 +236,19 @@ async def test_a_message_stored_after_its_sender_stopped_waiting_is_answered_onc
     await h.core.shutdown()
 
 
-async def test_new_ends_the_conversation_for_the_messages_waiting_before_it(tmp_path, fake_openai):
+async def remembering_banana(tmp_path, fake_openai) -> tuple[Harness, asyncio.Event]:
+    """A chat whose first reply is being written, held until the event is set; later messages are echoed."""
     hold = asyncio.Event()
     fake_openai.script(Text("remembering banana slowly", hold=hold, hold_after=11))
     fake_openai.default = Function(echo)
     h = await make_harness(tmp_path, fake_openai)
     await h.say("remember banana")
-    await h.wait_for(lambda: len(fake_openai.requests) == 1)  # its reply is being written
+    await h.wait_for(lambda: len(fake_openai.requests) == 1)
+    return h, hold
+
+
+async def test_new_ends_the_conversation_for_the_messages_waiting_before_it(tmp_path, fake_openai):
+    h, hold = await remembering_banana(tmp_path, fake_openai)
     await h.say("waiting 1")
     await h.say("waiting 2")
     assert await h.say("/new") is SubmitResult.COMMAND
@@ -267,12 +273,7 @@ async def test_a_new_waiting_for_its_stopped_turn_at_a_shutdown_is_still_carried
     """/new stops the running reply and waits for it to end; a shutdown that begins meanwhile let the worker
     end after that reply, so the /new was never carried out: no answer to it, the old context kept, the
     messages it ended answered after the restart."""
-    hold = asyncio.Event()
-    fake_openai.script(Text("remembering banana slowly", hold=hold, hold_after=11))
-    fake_openai.default = Function(echo)
-    h = await make_harness(tmp_path, fake_openai)
-    await h.say("remember banana")
-    await h.wait_for(lambda: len(fake_openai.requests) == 1)  # its reply is being written
+    h, _ = await remembering_banana(tmp_path, fake_openai)
     await h.say("waiting")
     assert await h.say("/new") is SubmitResult.COMMAND  # the reply is stopping, not stopped yet
     assert await h.core.shutdown() == []

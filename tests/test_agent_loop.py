@@ -16,27 +16,19 @@ from core.tools.base import ApprovalPolicy, ToolContext, ToolRegistry
 from tests.fakes.openai_server import Text, ToolCalls
 from tests.support import db
 from tests.support.harness import Harness, make_harness
+from tests.support.tools import SpecTool
 
 KEY = "test:c1"
 
 
-class ScriptTool:
+class ScriptTool(SpecTool):
     """A test tool: records its calls and answers through ``fn``."""
 
     def __init__(self, name: str, fn: Callable[[dict[str, Any]], Awaitable[str]],
                  approval: ApprovalPolicy | None = None) -> None:
-        self._spec = LLMToolSpec(name, f"the {name} tool", {"type": "object", "properties": {}})
+        super().__init__(LLMToolSpec(name, f"the {name} tool", {"type": "object", "properties": {}}), approval)
         self._fn = fn
-        self._approval = approval
         self.calls: list[dict[str, Any]] = []
-
-    @property
-    def spec(self) -> LLMToolSpec:
-        return self._spec
-
-    @property
-    def approval(self) -> ApprovalPolicy | None:
-        return self._approval
 
     async def run(self, arguments: dict[str, Any], context: ToolContext) -> str:
         self.calls.append(arguments)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from channels.common.calls import CallPolicy, Calls
 from channels.common.errors import PlatformError
 from channels.common.ledger import Part
@@ -30,32 +32,23 @@ from tests.fakes.openai_server import Function, Text, ToolCalls
 from tests.support.channel import TestChannel
 from tests.support.harness import Harness, make_harness
 from tests.support.subagents import CHILD_WORDS, COUNTER, FINAL, counter_route, first_user_text
+from tests.support.tools import QUERY, SpecTool
 
 ASK_LOOKUP = ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_S1"])
 
 
-class HeldTool:
+class HeldTool(SpecTool):
     """A tool that records when it starts and runs until ``release`` is set."""
 
     def __init__(self, name: str = "lookup", result: str = "42 apples", approval: ApprovalPolicy = "ask",
                  *, held: bool = True) -> None:
-        self._spec = LLMToolSpec(name, f"the {name} test tool",
-                                 {"type": "object", "properties": {"query": {"type": "string"}}})
-        self._approval = approval
+        super().__init__(LLMToolSpec(name, f"the {name} test tool", QUERY), approval)
         self.result = result
         self.started: list[dict[str, Any]] = []
         self.finished: list[dict[str, Any]] = []
         self.release = asyncio.Event()
         if not held:
             self.release.set()
-
-    @property
-    def spec(self) -> LLMToolSpec:
-        return self._spec
-
-    @property
-    def approval(self) -> ApprovalPolicy | None:
-        return self._approval
 
     async def run(self, arguments: dict[str, Any], context: ToolContext) -> str:
         self.started.append(arguments)
@@ -374,7 +367,11 @@ def test_only_a_pending_request_of_the_turn_is_reported_unshown():
 # ---- H10: a model that repeats tool call ids -----------------------------------------------------------------
 
 
-async def test_a_press_on_an_earlier_request_never_decides_a_later_call_with_the_same_id(tmp_path, fake_openai):
+@pytest.mark.parametrize("new_between", [False, True], ids=["same-conversation", "after-new"])
+async def test_a_press_on_an_earlier_request_never_decides_a_later_call_with_the_same_id(tmp_path, fake_openai,
+                                                                                        new_between):
+    """With ``/new`` between them the earlier call is no longer in the context, but its button may still be
+    pressed in the chat: its id is not given to the later call either."""
     lookup, wipe = HeldTool("lookup", held=False), HeldTool("wipe", "wiped", held=False)
     fake_openai.script(ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_0"]), Text("ok, not looked."),
                        ToolCalls([("wipe", '{"query": "everything"}')], ids=["call_0"]), Text("not wiped."))
@@ -385,6 +382,9 @@ async def test_a_press_on_an_earlier_request_never_decides_a_later_call_with_the
         await h.wait_for(lambda: h.core.approvals.pending(key) == ["call_0"])
         assert h.core.decide(key, "call_0", "deny", decided_by="u1", channel="test") is DecideResult.DECIDED
         await h.settle()
+        if new_between:
+            await h.say("/new")
+            await h.settle()
         await h.say("now wipe it")
         await h.wait_for(lambda: h.core.approvals.pending(key))
         [new_id] = h.core.approvals.pending(key)
@@ -397,36 +397,9 @@ async def test_a_press_on_an_earlier_request_never_decides_a_later_call_with_the
         await h.settle()
         assert wipe.started == [] and lookup.started == []
         last = fake_openai.requests[-1]
-        assert called_ids(last) == ["call_0", new_id]  # what the model is sent back agrees with itself
-        assert tool_messages(last) == {"call_0": DENIED_BY_USER, new_id: DENIED_BY_USER}
+        earlier = {} if new_between else {"call_0": DENIED_BY_USER}  # after /new the old call is not in the context
+        assert called_ids(last) == [*earlier, new_id]  # what the model is sent back agrees with itself
+        assert tool_messages(last) == {**earlier, new_id: DENIED_BY_USER}
         assert await stored_tool_outputs(h, key) == {"call_0": DENIED_BY_USER, new_id: DENIED_BY_USER}
-    finally:
-        await h.core.shutdown()
-
-
-async def test_a_call_id_asked_before_new_is_not_reused_after_it(tmp_path, fake_openai):
-    """/new empties the context, not the chat: the earlier request's button may still be pressed."""
-    lookup, wipe = HeldTool("lookup", held=False), HeldTool("wipe", "wiped", held=False)
-    fake_openai.script(ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_0"]), Text("ok, not looked."),
-                       ToolCalls([("wipe", '{"query": "everything"}')], ids=["call_0"]), Text("not wiped."))
-    h = await make_harness(tmp_path, fake_openai, tools=registry(lookup, wipe))
-    key = session_key(h)
-    try:
-        await h.say("how many apples?")
-        await h.wait_for(lambda: h.core.approvals.pending(key) == ["call_0"])
-        assert h.core.decide(key, "call_0", "deny", decided_by="u1", channel="test") is DecideResult.DECIDED
-        await h.settle()
-        await h.say("/new")
-        await h.settle()
-        await h.say("now wipe it")
-        await h.wait_for(lambda: h.core.approvals.pending(key))
-        [new_id] = h.core.approvals.pending(key)
-        assert new_id != "call_0"
-        assert called_ids(fake_openai.requests[-1]) == []  # a new conversation: the old call is not in it
-        assert h.core.decide(key, "call_0", "allow", decided_by="u1", channel="test") is DecideResult.NOT_PENDING
-        assert h.core.decide(key, new_id, "deny", decided_by="u1", channel="test") is DecideResult.DECIDED
-        await h.settle()
-        assert wipe.started == []
-        assert tool_messages(fake_openai.requests[-1]) == {new_id: DENIED_BY_USER}
     finally:
         await h.core.shutdown()

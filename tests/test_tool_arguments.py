@@ -18,26 +18,18 @@ from core.tools.base import ApprovalPolicy, ToolContext, ToolRegistry
 from core.tools.builtin import FetchUrl
 from tests.fakes.openai_server import Text, ToolCalls
 from tests.support.harness import make_harness
+from tests.support.tools import SpecTool
 from tests.test_agent_loop import KEY, record_turn_events
 
 STRICT = {"type": "object", "properties": {"url": {"type": "string"}, "note": {"type": "string"}},
           "required": ["url"], "additionalProperties": False}
 
 
-class StrictTool:
+class StrictTool(SpecTool):
     def __init__(self, name: str = "fetch", schema: dict[str, Any] | None = None,
                  approval: ApprovalPolicy | None = None) -> None:
-        self._spec = LLMToolSpec(name, "a strict tool", schema or STRICT)
-        self._approval = approval
+        super().__init__(LLMToolSpec(name, "a strict tool", schema or STRICT), approval)
         self.calls: list[dict[str, Any]] = []
-
-    @property
-    def spec(self) -> LLMToolSpec:
-        return self._spec
-
-    @property
-    def approval(self) -> ApprovalPolicy | None:
-        return self._approval
 
     async def run(self, arguments: dict[str, Any], context: ToolContext) -> str:
         self.calls.append(arguments)

@@ -4,20 +4,12 @@ import pytest
 
 from core.llm.provider import LLMToolSpec
 from core.tools.base import ApprovalPolicy, ToolContext, ToolRegistry
+from tests.support.tools import SpecTool
 
 
-class Echo:
+class Echo(SpecTool):
     def __init__(self, name: str, approval: ApprovalPolicy | None = None) -> None:
-        self._spec = LLMToolSpec(name, "echo", {"type": "object", "properties": {}})
-        self._approval = approval
-
-    @property
-    def spec(self) -> LLMToolSpec:
-        return self._spec
-
-    @property
-    def approval(self) -> ApprovalPolicy | None:
-        return self._approval
+        super().__init__(LLMToolSpec(name, "echo", {"type": "object", "properties": {}}), approval)
 
     async def run(self, arguments: dict[str, Any], context: ToolContext) -> str:
         return str(arguments)

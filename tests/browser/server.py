@@ -26,26 +26,17 @@ from core.store import Store
 from core.tools.base import ApprovalPolicy, ToolContext, ToolRegistry
 from tests.fakes.openai_server import FakeOpenAI
 from tests.support.harness import FAST
+from tests.support.tools import QUERY, SpecTool
 
 
-class RecordingTool:
+class RecordingTool(SpecTool):
     """A small test tool: returns ``result`` and records every call's arguments (ask by default)."""
 
     def __init__(self, name: str = "lookup", result: str = "42 apples",
                  approval: ApprovalPolicy | None = "ask") -> None:
-        self._spec = LLMToolSpec(name, f"the {name} test tool",
-                                 {"type": "object", "properties": {"query": {"type": "string"}}})
-        self._approval = approval
+        super().__init__(LLMToolSpec(name, f"the {name} test tool", QUERY), approval)
         self.result = result
         self.calls: list[dict[str, Any]] = []
-
-    @property
-    def spec(self) -> LLMToolSpec:
-        return self._spec
-
-    @property
-    def approval(self) -> ApprovalPolicy | None:
-        return self._approval
 
     async def run(self, arguments: dict[str, Any], context: ToolContext) -> str:
         self.calls.append(arguments)
