@@ -37,7 +37,11 @@ class ReplyTo(BaseModel):
 
     message_id: Text
     text: Text | None = None
+    """The replied-to message's text (or caption), when the platform hands it over: the model is shown it."""
     sender_id: Text | None = None
+    sender_name: Text | None = None
+    from_bot: bool = False
+    """The replied-to message is the bot's own (an earlier answer)."""
 
 
 class ThreadRef(BaseModel):

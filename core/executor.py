@@ -69,7 +69,7 @@ from core.delivery import (
 from core.envelope import InboundEnvelope, TurnTarget
 from core.events import EventBus, TurnStarted
 from core.failures import TurnFailure, TurnFailureKind, TurnFailurePresenter
-from core.input_builder import RuntimeContext, TurnInputBuilder
+from core.input_builder import RuntimeContext, TurnInputBuilder, quote_extra
 from core.media.intake import AttachmentIntake, Intake, unread
 from core.messages import MessageSource, NewMessage
 from core.metrics import Metrics
@@ -149,7 +149,7 @@ class ConversationExecutor:
                 source=MessageSource(kind="user_input", from_channel=envelope.channel,
                                      from_user_id=envelope.sender_id, turn_id=turn_id,
                                      reply_to=envelope.reply_to.message_id if envelope.reply_to else None,
-                                     attachments=attachments.refs)),
+                                     attachments=attachments.refs, extra=quote_extra(envelope.reply_to))),
                 begin_turn=(turn_id, target.model_dump_json()),  # the reply target survives a crash
                 serves=inbound)  # from here on the turn record stands for the message
             base_generation, base_state_version = record.generation, record.state_version

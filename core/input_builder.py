@@ -18,8 +18,10 @@ import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.context_cache import ContextCache
+from core.envelope import ReplyTo
 from core.llm.provider import LLMImage, LLMMessage, LLMToolCall
 from core.media.describe import image_description, mention, with_blocks
 from core.messages import AttachmentRef, ChatMessage
@@ -245,6 +247,31 @@ def assemble(system_prompt: str, history: list[ChatMessage], runtime: RuntimeCon
     return (*head, *kept)
 
 
+QUOTE_CHARS = 1000
+"""How much of a replied-to message's text is kept with the reply (the model is shown it, cut with "…")."""
+
+
+def quote_extra(reply: ReplyTo | None) -> dict[str, Any]:
+    """What a user message stores of the message it replies to (``MessageSource.extra``): the quoted text, cut
+    to ``QUOTE_CHARS``, and whose it is; nothing when the platform did not hand the text over."""
+    if reply is None or not reply.text:
+        return {}
+    text = reply.text if len(reply.text) <= QUOTE_CHARS else reply.text[:QUOTE_CHARS].rstrip() + "…"
+    author = "you" if reply.from_bot else reply.sender_name
+    return {"quote": text, **({"quote_from": author} if author else {})}
+
+
+def with_quote(content: str, extra: dict[str, Any]) -> str:
+    """``content`` preceded by the line saying what it replies to (a user's reply to a message): "is that
+    right?" means little to the model without it."""
+    quote = extra.get("quote")
+    if not isinstance(quote, str):
+        return content
+    author = extra.get("quote_from")
+    whose = "your message" if author == "you" else (str(author) if author else "a message")
+    return f'[In reply to {whose}: "{quote}"]\n{content}'
+
+
 def _to_llm(m: ChatMessage) -> LLMMessage:
     if m.role == "assistant" and m.tool_calls:
         calls = tuple(LLMToolCall(tc.id, tc.name, tc.arguments) for tc in m.tool_calls)
@@ -252,6 +279,7 @@ def _to_llm(m: ChatMessage) -> LLMMessage:
     if m.role == "tool":
         return LLMMessage("tool", m.content, tool_call_id=m.tool_call_id)
     role = m.role if m.role in ("user", "assistant") else "user"
+    content = with_quote(m.content, m.source.extra) if m.source.kind == "user_input" else m.content
     if m.source.attachments:
-        return LLMMessage(role, with_blocks(m.content, m.source.attachments))
-    return LLMMessage(role, m.content)
+        return LLMMessage(role, with_blocks(content, m.source.attachments))
+    return LLMMessage(role, content)

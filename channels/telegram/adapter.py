@@ -221,8 +221,11 @@ def prepare(message: Message, me: BotIdentity, *, allow: AllowList, group_policy
     reply_to = None
     reply = message.reply_to_message
     if reply is not None and not (thread is not None and reply.message_id == message.message_thread_id):
+        author = reply.from_user
         reply_to = ReplyTo(message_id=str(reply.message_id), text=reply.text or reply.caption,
-                           sender_id=str(reply.from_user.id) if reply.from_user else None)
+                           sender_id=str(author.id) if author else None,
+                           sender_name=sender_name(author) if author else None,
+                           from_bot=author is not None and author.id == me.id)
     envelope = InboundEnvelope(
         channel=CHANNEL, chat_id=str(chat.id), sender_id=str(user.id), content=text,
         sender_name=sender_name(user), media=tuple(media), reply_to=reply_to, thread=thread,
