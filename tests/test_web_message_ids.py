@@ -62,3 +62,44 @@ async def test_the_notice_of_new_names_the_messages_it_left_unanswered(tmp_path,
         sse.resp.close()
     finally:
         await chat.close()
+
+
+async def test_task_state_lists_the_messages_queued_until_their_turn_begins(tmp_path, fake_openai, http):
+    chat = await start_web_chat(tmp_path, fake_openai, queue_capacity=3)
+    try:
+        hold, hold_two = asyncio.Event(), asyncio.Event()
+        fake_openai.script(Text("slow answer", chunk_size=3, hold=hold, hold_after=6),
+                           Text("answer two", chunk_size=3, hold=hold_two, hold_after=3), Text("after new"))
+        sid = await new_session(http, chat.base_url)
+        sse = await open_stream(http, chat.base_url, sid)
+        first = await sse.next()
+        assert first.name == "task_state" and first.data["queued"] == []
+        assert await say(http, chat.base_url, sid, "one", "m1") == (202, {"status": "queued"})
+        await sse.until(lambda e: e.name == "turn")
+        assert await say(http, chat.base_url, sid, "two", "m2") == (202, {"status": "queued"})
+        assert await say(http, chat.base_url, sid, "three", "m3") == (202, {"status": "queued"})
+        assert await say(http, chat.base_url, sid, "no id") == (202, {"status": "queued"})  # nothing to match
+        reload = await open_stream(http, chat.base_url, sid)
+        state = await reload.next()
+        assert state.name == "task_state" and state.data["turn"]["client_id"] == "m1"
+        assert state.data["queued"] == [{"text": "two", "attachments": [], "client_id": "m2"},
+                                        {"text": "three", "attachments": [], "client_id": "m3"}]
+        reload.resp.close()
+        hold.set()  # m2's turn begins: it is no longer queued
+        await sse.until(lambda e: e.name == "turn" and e.data.get("client_id") == "m2")
+        reload = await open_stream(http, chat.base_url, sid)
+        state = await reload.next()
+        assert [q["client_id"] for q in state.data["queued"]] == ["m3"]
+        reload.resp.close()
+        # a /new leaves the waiting ones unanswered: listed no more, even before its notice
+        assert await say(http, chat.base_url, sid, "/new", "n1") == (202, {"status": "command"})
+        reload = await open_stream(http, chat.base_url, sid)
+        state = await reload.next()
+        assert state.data["queued"] == []
+        reload.resp.close()
+        hold_two.set()
+        notice = await sse.until(lambda e: e.name == "notice" and e.data["client_id"] == "n1")
+        assert notice.data["dropped"] == ["m3"]
+        sse.resp.close()
+    finally:
+        await chat.close()

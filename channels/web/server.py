@@ -360,9 +360,10 @@ class WebServer:
             return _error(409, "this is a subagent's conversation: it is shown in its parent's and takes no messages")
         body = await self._json(request)
         text = self._text_field(body, "text")
-        media = await self._attachments(sid, body.get("attachments", []))
-        if isinstance(media, web.Response):
-            return media
+        found = await self._attachments(sid, body.get("attachments", []))
+        if isinstance(found, web.Response):
+            return found
+        media, refs = found
         if not text.strip() and not media:
             return _error(400, "'text' is empty")
         if len(text) > MAX_TEXT:
@@ -381,25 +382,28 @@ class WebServer:
             return _error(503, "the bridge is shutting down; send the message again in a minute")
         except AdmissionError:  # not stored, so its client_id is still free for the resend
             return _error(503, "the message could not be saved; send it again")
-        if client_id is not None:
-            self._follow(sid, client_id, text, result)
+        self._follow(sid, client_id, text, refs, result)
         return web.json_response({"status": result.value}, status=202)
 
-    def _follow(self, sid: str, client_id: str, text: str, result: SubmitResult) -> None:
-        """Keep what the ``/new`` notice needs: which page messages wait, and which ``/new`` came after them."""
-        if result is SubmitResult.QUEUED:
-            self.channel.hub.stream(sid).message_queued(client_id)
+    def _follow(self, sid: str, client_id: str | None, text: str, refs: list[dict[str, Any]],
+                result: SubmitResult) -> None:
+        """Keep which page messages wait (shown by ``task_state``, named by the ``/new`` notice that leaves them
+        unanswered) and which ``/new`` came after them."""
+        if result is SubmitResult.QUEUED and client_id is not None:
+            self.channel.hub.stream(sid).message_queued(client_id, {"text": text, "attachments": refs})
         elif result is SubmitResult.COMMAND and parse_command(text) == "new":
             self.channel.hub.stream(sid).new_requested(client_id)
 
-    async def _attachments(self, sid: str, ids: Any) -> tuple[MediaItem, ...] | web.Response:
-        """The uploads a message names, each checked to be a stored file of this session."""
+    async def _attachments(self, sid: str,
+                           ids: Any) -> tuple[tuple[MediaItem, ...], list[dict[str, Any]]] | web.Response:
+        """The uploads a message names, each checked to be a stored file of this session, and their views as
+        the history shows them."""
         limit = self.host.media_limits().max_files
         if not isinstance(ids, list) or not all(isinstance(i, str) and _ATTACHMENT_ID.fullmatch(i) for i in ids):
             return _error(400, "'attachments' must be a list of attachment ids")
         if len(ids) > limit:
             return _error(400, f"at most {limit} attachments per message")
-        items = []
+        items, refs = [], []
         for attachment_id in dict.fromkeys(ids):
             found = await self.host.attachment(session_key(sid), attachment_id)
             if found is None:
@@ -408,7 +412,9 @@ class WebServer:
             items.append(MediaItem(kind="photo" if record.kind == "image" else "document", file_id=record.id,
                                    attachment_id=record.id, file_name=record.name, size=record.size,
                                    mime_type=record.content_type))
-        return tuple(items)
+            refs.append({"id": record.id, "kind": record.kind, "name": record.name, "size": record.size,
+                         "content_type": record.content_type, "note": None})
+        return tuple(items), refs
 
     @streams_own_body  # files up to [media] max_bytes, past the server's cap for other bodies
     async def upload(self, request: web.Request) -> web.StreamResponse:

@@ -226,6 +226,10 @@ class SessionStream:
         stream showed (history views of user messages name it; in memory: not after a restart)."""
         self._waiting: dict[str, None] = {}
         """Client ids of messages queued through this process whose turn has not begun, oldest first."""
+        self._queued: dict[str, dict[str, Any]] = {}
+        """Client id → the page's view (``client_id``, ``text``, ``attachments``) of each message queued through
+        this process that still waits for its turn (not left behind by a ``/new``), oldest first:
+        ``task_state``'s ``queued``, so a reload or another tab shows it as sent."""
         self._new_commands: dict[str, list[str]] = {}
         """Client id of a ``/new`` sent through this process → the messages waiting when it came."""
         self._clock = clock
@@ -368,15 +372,24 @@ class SessionStream:
         if len(self.client_ids) > CLIENT_IDS_KEPT:
             del self.client_ids[next(iter(self.client_ids))]
         self._waiting.pop(client_id, None)
+        self._queued.pop(client_id, None)
 
-    def message_queued(self, client_id: str) -> None:
-        """A page message was queued (its turn has not begun)."""
+    def message_queued(self, client_id: str, view: dict[str, Any] | None = None) -> None:
+        """A page message was queued (its turn has not begun); ``view``: what a page shows of it, for
+        ``task_state``'s ``queued``."""
         self._waiting[client_id] = None
         if len(self._waiting) > WAITING_KEPT:
             del self._waiting[next(iter(self._waiting))]
+        self._queued[client_id] = {**(view or {}), "client_id": client_id}
+        if len(self._queued) > WAITING_KEPT:
+            del self._queued[next(iter(self._queued))]
 
-    def new_requested(self, client_id: str) -> None:
-        """A ``/new`` was accepted: the messages waiting now are the ones it may leave unanswered."""
+    def new_requested(self, client_id: str | None) -> None:
+        """A ``/new`` was accepted: the messages waiting now are the ones it may leave unanswered (its notice
+        names them, when it has a client id); none of them is listed as queued any more."""
+        self._queued.clear()
+        if client_id is None:
+            return
         self._new_commands[client_id] = list(self._waiting)
         if len(self._new_commands) > WAITING_KEPT:
             del self._new_commands[next(iter(self._new_commands))]
@@ -423,7 +436,8 @@ class SessionStream:
     # ---- connecting -----------------------------------------------------------------------------
 
     def task_state(self, title: str | None = None) -> bytes:
-        """The opening event of a fresh connection: the live turn so far (or none) and its pending approvals."""
+        """The opening event of a fresh connection: the live turn so far (or none), its pending approvals, and
+        the page messages queued through this process that wait for their turn."""
         return encode_event("task_state", self.task_state_data(title), self.last_id())
 
     def task_state_data(self, title: str | None = None) -> dict[str, Any]:
@@ -434,6 +448,7 @@ class SessionStream:
             data["children"] = [c.view() for c in self.children.values()]
         if title is not None:
             data["title"] = title
+        data["queued"] = list(self._queued.values())
         return data
 
     def replay_since(self, last_event_id: str) -> list[bytes] | None:

@@ -249,6 +249,53 @@ async def test_a_message_queued_before_new_is_shown_as_not_answered(browser, one
     await expect(page.locator(".msg.user.pending, .msg.user.unsent")).to_have_count(0)
 
 
+async def test_a_queued_message_shows_after_a_reload_and_in_another_tab_once(browser, chat, fake_openai, http,
+                                                                             tmp_path):
+    """A message queued behind a running reply is not in the history yet: a reload, another tab and a
+    reconnect of the tab that sent it all show it (greyed, with its file) from ``task_state``'s ``queued``,
+    once, and it is answered once."""
+    from playwright.async_api import expect
+
+    hold = asyncio.Event()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("some notes\n")
+    page = await open_page(browser, chat.base_url + "/")
+    sid = await page.evaluate("window.chatbridge.app.session")
+    fake_openai.script(Text("first reply, held here then done", chunk_size=4, hold=hold, hold_after=12),
+                       Text("second reply", chunk_size=3))
+    posts = await record_posts(page)
+    await send(page, "msg A")
+    await expect(page.locator("#live .msg.assistant.live")).to_contain_text("first reply")
+    await page.set_input_files("#files", str(notes))
+    await expect(page.locator("#outgoing .chip:not(.uploading)")).to_have_count(1)
+    await send(page, "msg B")
+    await until(lambda: len(posts) == 2, "B queued")
+    assert posts[1] == (202, '{"status": "queued"}')
+
+    pending = ".msg.user.pending"
+    other = await open_page(browser, f"{chat.base_url}/#{sid}")  # another tab
+    await expect(other.locator(pending)).to_have_text(["msg B📎 notes.txt (11 bytes)"])
+    await expect(other.locator(pending + " .attachments a.file")).to_have_text(["📎 notes.txt (11 bytes)"])
+    await page.evaluate(f"window.chatbridge.openSession({json.dumps(sid)})")  # the sender's stream reconnects
+    await expect(page.locator("#messages .msg.user:not(.pending)")).to_have_text(["msg A"])
+    await expect(page.locator(pending)).to_have_count(1)  # its own entry, matched by client_id
+    await expect(page.locator(pending)).to_contain_text("msg B")
+    await page.reload()
+    await page.wait_for_selector("body[data-ready='1']")
+    await expect(page.locator("#live .msg.assistant.live")).to_contain_text("first reply")
+    await expect(page.locator(pending)).to_have_count(1)
+    await expect(page.locator(pending)).to_contain_text("msg B")
+
+    hold.set()
+    for p in (page, other):
+        await expect(p.locator("#messages .msg.assistant:not(.live)")).to_have_text(
+            ["first reply, held here then done", "second reply"])
+        await expect(p.locator(".msg.user.pending, .msg.user.unsent")).to_have_count(0)
+        await expect(p.locator("#messages .msg.user")).to_have_count(2)
+        await expect(p.locator("#messages .msg.user").nth(1)).to_contain_text("msg B")
+    assert await user_texts(http, chat.base_url, sid) == ["msg A", "msg B"]
+
+
 async def test_an_older_full_fetch_answering_last_does_not_hide_the_reply(browser, chat, fake_openai, http):
     from playwright.async_api import expect
 

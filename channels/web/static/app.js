@@ -363,6 +363,7 @@
       if (app.mirror.loadFull(id, data.history_revision, data.messages, data.has_more)) {
         heard(id, data.history_revision);
         dropCommittedPending(data.messages);
+        for (const p of app.pending.values()) if (p.session === id && p.afterSeq === null) p.afterSeq = newestSeq();
       }
       const held = app.held; app.held = [];
       markCommitted();
@@ -412,9 +413,26 @@
       if (m.role !== "user") continue;
       if (m.client_id) { app.pending.delete(m.client_id); continue; }
       for (const [cid, p] of app.pending) {
-        if (p.session === app.session && p.state !== "unsent" && p.text === m.content && typeof m.seq === "number" && m.seq > p.afterSeq) { app.pending.delete(cid); break; }
+        if (p.session === app.session && p.state !== "unsent" && p.afterSeq !== null && p.text === m.content && typeof m.seq === "number" && m.seq > p.afterSeq) { app.pending.delete(cid); break; }
       }
     }
+  }
+
+  // The messages waiting for their turn (task_state's queued: sent from this tab, another one, or before a
+  // reload) show as sent, greyed like this page's own, once each (by client_id); like those, a message leaves
+  // app.pending when the history holds it (or /new's notice marks it not answered). True when one was added.
+  function adoptQueued(session, queued) {
+    let added = false;
+    for (const q of queued) {
+      if (!q || !q.client_id || app.pending.has(q.client_id) || session !== app.session) continue;
+      if (app.mirror.messages.some((m) => m.role === "user" && m.client_id === q.client_id)) continue;
+      // afterSeq (for matching by text, when the history no longer knows the client_id): set once the
+      // history is loaded, as the message is stored after everything in it
+      app.pending.set(q.client_id, { session, text: q.text || "", files: q.attachments || [], state: "queued", note: "",
+                                     command: false, afterSeq: app.mirror.revision === null ? null : newestSeq(), notice: null });
+      added = true;
+    }
+    return added;
   }
 
   // stream
@@ -448,7 +466,7 @@
       if (app.live && d.approvals) app.live.approvals = d.approvals;
       if (app.live) app.live.children = new Map((d.children || []).map((c) => [childKey(c.origin), Object.assign({ newRequest: false }, c)]));
       markCommitted(); // opened between the turn's commit and its terminal event: the answer is in history
-      renderLive();
+      if (adoptQueued(d.session_id, d.queued || [])) renderHistory(); else renderLive();
     });
     on("subagent", applySubagent);
     on("turn", applyTurn);
