@@ -84,7 +84,7 @@ class CoreSettings:
     media_text_chars: int = 20_000
     """Characters of document text (text files, PDFs) one message gives the model; a cut is marked."""
     media_fetch_timeout: float = 120.0
-    """Seconds to download one attachment from its platform (or to transcribe it)."""
+    """Seconds to download all of one message's attachments from its platform together (or to transcribe one)."""
     media_sweep_interval: float = 3600.0
     """Seconds between two passes that delete expired attachment files."""
     model: str | None = None

@@ -16,6 +16,17 @@ never holds up the channel's acknowledgement. For each ``MediaItem`` of the enve
 
 Whatever cannot be fetched or read becomes a reference with a ``note`` (the model is told in one line) and,
 where the user can do something about it, a short note for the user. Nothing here raises for a bad file.
+
+A message's downloads run at the same time, at most ``FETCH_CONCURRENCY`` of them at once (platforms
+rate-limit file downloads; each channel's own pacing of its API calls still applies underneath), and all under
+ONE deadline: the fetch timeout counts from the start of the message's downloads, not per file, so a message of
+ten files on a stalled file host keeps the chat silent for one timeout, not ten. No separate per-file bound is
+needed: a file can take no longer than its message. A download still running at the deadline is abandoned
+("it took too long to download"); one still waiting for its turn then is not started ("there was no time left
+to download it"). Whatever finished first, the references keep the order of the message's items, and so do the
+user's notes, which number the unnamed files of a kind when the message has several (``photo 3 of 10``); a
+named file keeps its name. Cancelling ``take`` (a ``/stop``, ``core.executor``) cancels every download at once,
+and a cancelled one keeps nothing (``core.media.files``).
 """
 
 from __future__ import annotations
@@ -23,8 +34,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +55,9 @@ log = logging.getLogger(__name__)
 _FALLBACK_NAMES = {"photo": "photo", "document": "file", "audio": "audio", "voice": "voice message",
                    "video": "video"}
 _KINDS: dict[str, AttachmentKind] = {"photo": "image", "audio": "audio", "voice": "audio", "video": "video"}
+FETCH_CONCURRENCY = 4
+"""Downloads of one message at once, at most: a message's files come from one platform, which rate-limits its
+file downloads (Telegram's getFile, Slack's files, Feishu's message resources)."""
 FETCH_RETRY_DELAYS: tuple[float, ...] = (0.5, 2.0, 5.0)
 """Waits before each new try of a download that failed transiently (so at most four tries), each at least the
 platform's ``Retry-After``; a wait that would end past the fetch timeout is not started."""
@@ -73,27 +87,36 @@ class AttachmentIntake:
             return Intake()
         key, target = envelope.key(), envelope.target()
         limit = self._settings.media_max_files
-        refs: list[AttachmentRef] = []
-        notes: list[str] = []
-        for index, item in enumerate(envelope.media):
-            name = display_name(item.file_name, _FALLBACK_NAMES.get(item.kind, "file"))
-            if index >= limit:
-                refs.append(unread(item, name=name, note=f"only {limit} attachments of a message are read"))
-                continue
-            ref, note = await self._fetch(item, name, key, target, envelope.channel)
-            refs.append(ref)
-            if note:
-                notes.append(f"⚠️ {name}: {note}.")
+        items = envelope.media
+        labels = _labels(items)
+        fetched: list[tuple[AttachmentRef, str | None]] = [
+            (unread(item, name=_name(item), note=f"only {limit} attachments of a message are read"), None)
+            for item in items]
+        deadline = asyncio.get_running_loop().time() + self._settings.media_fetch_timeout
+        slots = asyncio.Semaphore(FETCH_CONCURRENCY)
+
+        async def fetch(index: int, item: MediaItem) -> None:
+            fetched[index] = await self._fetch(item, _name(item), key, target, envelope.channel,
+                                               slots=slots, deadline=deadline)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for index, item in enumerate(items[:limit]):
+                    group.create_task(fetch(index, item))
+        except ExceptionGroup as failed:  # a failing store (a web upload's lookup): as if fetched one by one
+            raise failed.exceptions[0] from None
+        refs = [ref for ref, _ in fetched]
+        notes = [f"⚠️ {label}: {note}." for label, (_, note) in zip(labels, fetched, strict=True) if note]
         documents = sum(1 for r in refs if r.id is not None and self._reads_text(r) and not r.note)
         budget = max(1000, self._text_budget() // max(documents, 1))
         read = []
-        for ref in refs:
+        for label, ref in zip(labels, refs, strict=True):
             done = await self._read(ref, budget)
             if ref.id is not None and done.id is None:  # refused once opened (a PDF that unpacks too far)
-                notes.append(f"⚠️ {ref.name}: {done.note}.")
+                notes.append(f"⚠️ {label}: {done.note}.")
             read.append(done)
-        if len(envelope.media) > limit:
-            left = len(envelope.media) - limit
+        if len(items) > limit:
+            left = len(items) - limit
             notes.append(f"⚠️ Only the first {limit} attachments of a message are read; {left} "
                          f"{'was' if left == 1 else 'were'} left out.")
         return Intake(tuple(read), tuple(notes))
@@ -107,9 +130,10 @@ class AttachmentIntake:
         # about a quarter of the context window (four characters to a token), and never more than configured
         return min(self._settings.media_text_chars, self._settings.context_window)
 
-    async def _fetch(self, item: MediaItem, name: str, key: str, target: TurnTarget,
-                     channel: str) -> tuple[AttachmentRef, str | None]:
-        """(the stored reference, or one with a note; a note for the user, if any)."""
+    async def _fetch(self, item: MediaItem, name: str, key: str, target: TurnTarget, channel: str, *,
+                     slots: asyncio.Semaphore, deadline: float) -> tuple[AttachmentRef, str | None]:
+        """(the stored reference, or one with a note; a note for the user, if any). A download waits for one
+        of ``slots`` and ends by ``deadline`` (the event loop's time), retries included."""
         if item.attachment_id is not None:
             found = await self._library.get(key, item.attachment_id)
             if found is None:
@@ -131,10 +155,10 @@ class AttachmentIntake:
             async with contextlib.aclosing(chunks):
                 return await self._library.save(key, name, chunks, claimed=True)
 
+        started = False
         try:
-            async with asyncio.timeout(self._settings.media_fetch_timeout) as bound:
-                when = bound.when()
-                deadline = math.inf if when is None else when
+            async with asyncio.timeout_at(deadline), slots:
+                started = True
                 ref = await run_with_retries(lambda: _fetch_policy(deadline, channel), download)
         except Refusal as exc:
             return unread(item, name=name, note=str(exc)), str(exc)
@@ -144,7 +168,8 @@ class AttachmentIntake:
                       else "it could not be downloaded")
             return unread(item, name=name, note=reason), reason
         except TimeoutError:
-            return unread(item, name=name, note="it took too long to download"), "it took too long to download"
+            reason = "it took too long to download" if started else "there was no time left to download it"
+            return unread(item, name=name, note=reason), reason
         except Exception as exc:  # a channel's bug must not cost the user the answer to their caption
             log.warning("downloading an attachment from %s failed: %s", channel, type(exc).__name__)
             return unread(item, name=name, note="it could not be downloaded"), "it could not be downloaded"
@@ -213,6 +238,27 @@ def _fetch_policy(deadline: float, channel: str) -> tenacity.AsyncRetrying:
     return tenacity.AsyncRetrying(
         retry=tenacity.retry_if_exception(lambda exc: isinstance(exc, FetchError) and exc.transient),
         stop=stop, wait=wait, before_sleep=before_sleep, reraise=True)
+
+
+def _name(item: MediaItem) -> str:
+    return display_name(item.file_name, _FALLBACK_NAMES.get(item.kind, "file"))
+
+
+def _labels(items: Sequence[MediaItem]) -> list[str]:
+    """How the user's notes call each item: a named file by its name; an unnamed one by its kind, numbered
+    among the message's unnamed items of that kind when there are several (``photo 3 of 10``)."""
+    fallbacks = [None if display_name(item.file_name, "") else _FALLBACK_NAMES.get(item.kind, "file")
+                 for item in items]
+    totals = Counter(f for f in fallbacks if f is not None)
+    seen: Counter[str] = Counter()
+    labels = []
+    for item, fallback in zip(items, fallbacks, strict=True):
+        if fallback is None:
+            labels.append(_name(item))
+            continue
+        seen[fallback] += 1
+        labels.append(fallback if totals[fallback] == 1 else f"{fallback} {seen[fallback]} of {totals[fallback]}")
+    return labels
 
 
 def unread(item: MediaItem, note: str, name: str | None = None) -> AttachmentRef:
