@@ -224,14 +224,12 @@ class SessionStream:
         self.client_ids: dict[str, str] = {}
         """Turn id → the client_id of the page message it answers, for the latest ``CLIENT_IDS_KEPT`` turns this
         stream showed (history views of user messages name it; in memory: not after a restart)."""
-        self._waiting: dict[str, None] = {}
-        """Client ids of messages queued through this process whose turn has not begun, oldest first."""
         self._queued: dict[str, dict[str, Any]] = {}
         """Client id → the page's view (``client_id``, ``text``, ``attachments``) of each message queued through
         this process that still waits for its turn (not left behind by a ``/new``), oldest first:
         ``task_state``'s ``queued``, so a reload or another tab shows it as sent."""
         self._new_commands: dict[str, list[str]] = {}
-        """Client id of a ``/new`` sent through this process → the messages waiting when it came."""
+        """Client id of a ``/new`` sent through this process → the messages queued when it came."""
         self._clock = clock
         self.last_activity = clock()
 
@@ -371,15 +369,11 @@ class SessionStream:
         self.client_ids[turn_id] = client_id
         if len(self.client_ids) > CLIENT_IDS_KEPT:
             del self.client_ids[next(iter(self.client_ids))]
-        self._waiting.pop(client_id, None)
         self._queued.pop(client_id, None)
 
     def message_queued(self, client_id: str, view: dict[str, Any] | None = None) -> None:
         """A page message was queued (its turn has not begun); ``view``: what a page shows of it, for
         ``task_state``'s ``queued``."""
-        self._waiting[client_id] = None
-        if len(self._waiting) > WAITING_KEPT:
-            del self._waiting[next(iter(self._waiting))]
         self._queued[client_id] = {**(view or {}), "client_id": client_id}
         if len(self._queued) > WAITING_KEPT:
             del self._queued[next(iter(self._queued))]
@@ -387,21 +381,20 @@ class SessionStream:
     def new_requested(self, client_id: str | None) -> None:
         """A ``/new`` was accepted: the messages waiting now are the ones it may leave unanswered (its notice
         names them, when it has a client id); none of them is listed as queued any more."""
+        waiting = list(self._queued)
         self._queued.clear()
         if client_id is None:
             return
-        self._new_commands[client_id] = list(self._waiting)
+        self._new_commands[client_id] = waiting
         if len(self._new_commands) > WAITING_KEPT:
             del self._new_commands[next(iter(self._new_commands))]
 
     def dropped_by(self, client_id: str | None) -> list[str]:
         """The messages a ``/new`` (by its client id) left unanswered: those waiting when it came whose turn
-        never began; [] for any other client id."""
+        never began (a /new that failed leaves them to be answered); [] for any other client id."""
         before = self._new_commands.pop(client_id, []) if client_id else []
-        dropped = [c for c in before if c in self._waiting]
-        for c in dropped:
-            del self._waiting[c]
-        return dropped
+        began = set(self.client_ids.values())
+        return [c for c in before if c not in began]
 
     def _announce(self, turn_id: str, approvals: list[dict[str, Any]], before: list[dict[str, Any]]) -> None:
         """One ``approval_request`` event per approval that was not pending in the previous ``turn`` event."""
