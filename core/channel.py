@@ -21,7 +21,8 @@ bounds how long it waits, stretching that bound by any pause the platform impose
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol, runtime_checkable
 
 from core.envelope import TurnTarget
 from core.snapshot import TurnSnapshot
@@ -94,6 +95,18 @@ class TurnSink(Protocol):
     def paused_seconds(self) -> float:
         """Seconds of platform-imposed pause (429 retry_after) this turn's chat has been under since the sink
         opened; core's wait for ``finish`` is stretched by them, however long."""
+        ...
+
+
+@runtime_checkable
+class ShowsWorking(Protocol):
+    """A channel that can show a sign of life in a chat before a turn's sink opens: while a message's
+    attachments download (step 1 of a turn), which can take a while. Optional; a channel without one shows
+    nothing then. A sink opened later shows its own sign (its typing indicator or first words)."""
+
+    def working(self, target: TurnTarget) -> AbstractAsyncContextManager[None]:
+        """Show the sign for as long as the block runs; it is gone (or expires by itself) after. Entering and
+        leaving never raise and never wait for the platform: a failed call is the channel's to log."""
         ...
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
-from core.channel import ChannelRegistry, SinkError, TurnSink
+from core.channel import ChannelRegistry, ShowsWorking, SinkError, TurnSink
 from core.controller import TurnController
 from core.envelope import TurnTarget
 from core.settings import CoreSettings
@@ -202,6 +203,14 @@ class TurnDeliveryService:
         self._channels = channels
         self._supervisor = supervisor
         self._settings = settings
+
+    def working(self, target: TurnTarget) -> AbstractAsyncContextManager[None]:
+        """The chat's sign of life while a turn prepares, before its sink opens, where the channel has one
+        (``core.channel.ShowsWorking``); nothing otherwise."""
+        channel = self._channels.get(target.channel)
+        if isinstance(channel, ShowsWorking) and not self._supervisor.closed:
+            return channel.working(target)
+        return contextlib.nullcontext()
 
     async def start(self, target: TurnTarget, controller: TurnController) -> DeliveryHandle:
         channel = self._channels.get(target.channel)

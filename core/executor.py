@@ -239,14 +239,16 @@ class ConversationExecutor:
         return ABANDONED
 
     async def _take_attachments(self, envelope: InboundEnvelope, cancel: CancelSignal) -> Intake:
-        """The message's attachments, fetched and read; ``/stop`` abandons the downloads at once."""
+        """The message's attachments, fetched and read; ``/stop`` abandons the downloads at once. The chat shows
+        a sign of life meanwhile where its channel has one (``TurnDeliveryService.working``): no sink is open
+        yet, and downloads can take a while."""
         if not envelope.media:
             return Intake()
         if self._intake is None:  # no media store: each attachment is described as it was announced
             return Intake(tuple(unread(item, "this bridge does not download attachments")
                                 for item in envelope.media))
         try:
-            async with asyncio.timeout(None) as scope:
+            async with asyncio.timeout(None) as scope, self._delivery.working(envelope.target()):
                 loop = asyncio.get_running_loop()
                 unsubscribe = cancel.on_set(lambda: scope.reschedule(loop.time()))
                 try:

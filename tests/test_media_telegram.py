@@ -4,6 +4,8 @@ fake model server, which records the image parts and transcription uploads it re
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -48,6 +50,28 @@ async def test_a_photo_with_its_caption_reaches_the_model_as_an_image_part(tmp_p
         [ref] = user.history_view()["attachments"]
         assert (ref["kind"], ref["content_type"], ref["size"]) == ("image", "image/jpeg", len(photo))
         assert stored_files(tmp_path) == [ref["id"]]
+    finally:
+        await t.close()
+
+
+async def test_the_chat_shows_typing_while_a_photo_downloads_and_not_after(tmp_path, fake_openai, tg):
+    """Files can take a while to download, and no reply exists yet: the chat shows "typing…" meanwhile,
+    repeated while the download lasts, and the sign ends with it."""
+    tg.add_file("big", jpeg(), path="photos/file_7.jpg")
+    held = tg.hold("getFile")
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    t.channel.live = dataclasses.replace(t.channel.live, typing_every=0.1)
+    try:
+        tg.user_message(caption="what is this?", photo=True)
+        await t.wait_for(lambda: tg.count("getFile") == 1 and tg.count("sendChatAction") >= 2)
+        assert tg.visible(CHAT) == [] and fake_openai.requests == []  # still downloading
+        assert {c.params["action"] for c in tg.calls_to(CHAT, "sendChatAction")} == {"typing"}
+        held.set()
+        await t.settle()
+        assert tg.visible(CHAT) == ["ok"]
+        shown = tg.count("sendChatAction")
+        await asyncio.sleep(0.5)  # five repeats' time: a sign left running would show again
+        assert tg.count("sendChatAction") == shown
     finally:
         await t.close()
 

@@ -45,7 +45,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -57,6 +57,7 @@ from aiogram.methods import (
     GetFile,
     GetMe,
     GetUpdates,
+    SendChatAction,
     SendMessage,
     SetMyCommands,
     SetWebhook,
@@ -183,6 +184,32 @@ class TelegramChannel:
                         spawn=self.host.spawn, send_scopes=(self.client.sends,))
         sink.start_typing(delay=self.settings.typing_delay)  # the model request does not wait for it
         return sink
+
+    @contextlib.asynccontextmanager
+    async def working(self, target: TurnTarget) -> AsyncIterator[None]:
+        """"typing…" while a message's attachments download, before its turn's sink opens (``ShowsWorking``):
+        at once, then every ``typing_every`` seconds (Telegram shows it about five), ended with the block. A
+        call that fails is logged and the next one tried; nothing waits for them."""
+        dest = Destination.of(target)
+        action = SendChatAction(chat_id=dest.chat_id, action="typing", message_thread_id=dest.thread_id)
+
+        async def show() -> None:
+            while True:
+                try:
+                    await self.client.call(action, chat=dest.key, paced=False, retry=False)
+                except PlatformError as exc:
+                    log.debug("typing… could not be shown in a chat: %s", exc)
+                await asyncio.sleep(self.live.typing_every)
+
+        try:
+            sign: asyncio.Task[None] | None = self.host.spawn(f"telegram:working:{dest.key}", show())
+        except ShuttingDownError:  # no sign then; the downloads go on
+            sign = None
+        try:
+            yield
+        finally:
+            if sign is not None:
+                sign.cancel()
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
         """One ordinary message (split if long, Markdown rendered as entities, plain if rejected). Each part
