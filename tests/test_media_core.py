@@ -374,6 +374,79 @@ async def test_a_transcript_is_cut_to_the_text_budget_it_shares_with_the_documen
         await h.core.shutdown()
 
 
+async def test_a_messages_voice_notes_are_transcribed_at_the_same_time(tmp_path, fake_openai):
+    """The service answers only once it holds all three requests: one transcription after another (each
+    waiting for its own answer) would never get one."""
+    arrived: list[web.Request] = []
+    all_there = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        arrived.append(request)
+        if len(arrived) == 3:
+            all_there.set()
+        await all_there.wait()
+        return web.json_response({"text": "spoken words"})
+
+    app = web.Application()
+    app.router.add_post("/v1/audio/transcriptions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    transcriber = Transcriber(base, "whisper-1", "", retry_delays=())
+    h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber, media_fetch_timeout=5.0)
+    channel = DownloadingChannel()
+    h.core.add_channel(channel)
+    await h.core.start()
+    try:
+        channel.files.update(a=voice_ogg(), b=voice_ogg(), c=voice_ogg())
+        await h.core.submit(channel.envelope("", media=tuple(MediaItem(kind="voice", file_id=f) for f in "abc")))
+        await h.settle()
+        text = last_user_text(fake_openai.requests[0])
+        assert text.count("[Voice message, transcribed]") == 3 and "could not" not in text
+    finally:
+        await h.core.shutdown()
+        await runner.cleanup()
+
+
+async def test_voice_notes_on_a_stalled_transcription_service_share_one_deadline(tmp_path, fake_openai):
+    """Five voice notes, four transcribed at a time, a service that never answers: the four wait out the one
+    deadline together and the fifth, whose turn comes after it, is not sent at all (each with its own timeout,
+    the fifth would wait one more)."""
+    stalled = asyncio.Event()
+    arrived: list[web.Request] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        arrived.append(request)
+        await stalled.wait()  # never set: the client gives up
+        return web.json_response({"text": "late"})
+
+    app = web.Application()
+    app.router.add_post("/v1/audio/transcriptions", handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    transcriber = Transcriber(base, "whisper-1", "", retry_delays=())
+    h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber, media_fetch_timeout=1.0)
+    channel = DownloadingChannel()
+    h.core.add_channel(channel)
+    await h.core.start()
+    try:
+        channel.files.update({f: voice_ogg() for f in "abcde"})
+        await h.core.submit(channel.envelope("", media=tuple(MediaItem(kind="voice", file_id=f) for f in "abcde")))
+        await h.settle()
+        text = last_user_text(fake_openai.requests[0])
+        assert text.count("it took too long to transcribe") == len(arrived) == 4
+        assert text.count("there was no time left to transcribe it") == 1
+    finally:
+        stalled.set()
+        await h.core.shutdown()
+        await runner.cleanup()
+
+
 # ---- a data directory shared by several processes (PostgreSQL) -----------------------------------------
 
 class GatedChannel(TestChannel):

@@ -27,6 +27,11 @@ to download it"). Whatever finished first, the references keep the order of the 
 user's notes, which number the unnamed files of a kind when the message has several (``photo 3 of 10``); a
 named file keeps its name. Cancelling ``take`` (a ``/stop``, ``core.executor``) cancels every download at once,
 and a cancelled one keeps nothing (``core.media.files``).
+
+Reading the stored files follows the same rule: at most ``FETCH_CONCURRENCY`` at once, under one deadline of the
+fetch timeout counted from the start of the reading. It matters for transcripts, each a request to the
+transcription service: ten voice notes on a stalled service cost one timeout ("it took too long to
+transcribe", or "there was no time left to transcribe it" for one whose turn came after), not ten.
 """
 
 from __future__ import annotations
@@ -109,12 +114,22 @@ class AttachmentIntake:
         notes = [f"⚠️ {label}: {note}." for label, (_, note) in zip(labels, fetched, strict=True) if note]
         documents = sum(1 for r in refs if r.id is not None and self._reads_text(r) and not r.note)
         budget = max(1000, self._text_budget() // max(documents, 1))
-        read = []
-        for label, ref in zip(labels, refs, strict=True):
-            done = await self._read(ref, budget)
+        read = list(refs)
+        deadline = asyncio.get_running_loop().time() + self._settings.media_fetch_timeout
+
+        async def read_one(index: int, ref: AttachmentRef) -> None:
+            async with slots:
+                read[index] = await self._read(ref, budget, deadline)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for index, ref in enumerate(refs):
+                    group.create_task(read_one(index, ref))
+        except ExceptionGroup as failed:  # as if read one by one: the first failure is the message's
+            raise failed.exceptions[0] from None
+        for label, ref, done in zip(labels, refs, read, strict=True):
             if ref.id is not None and done.id is None:  # refused once opened (a PDF that unpacks too far)
                 notes.append(f"⚠️ {label}: {done.note}.")
-            read.append(done)
         if len(items) > limit:
             left = len(items) - limit
             notes.append(f"⚠️ Only the first {limit} attachments of a message are read; {left} "
@@ -175,8 +190,9 @@ class AttachmentIntake:
             return unread(item, name=name, note="it could not be downloaded"), "it could not be downloaded"
         return ref, ref.note  # kept but unreadable (a broken image): the sender is told too
 
-    async def _read(self, ref: AttachmentRef, budget: int) -> AttachmentRef:
-        """What the model can read of a stored attachment (its text, a transcript, a scaled image)."""
+    async def _read(self, ref: AttachmentRef, budget: int, deadline: float) -> AttachmentRef:
+        """What the model can read of a stored attachment (its text, a transcript by ``deadline``, the event
+        loop's time; a scaled image)."""
         if ref.id is None or ref.note:
             return ref
         path = self._library.files.path(ref.id)
@@ -190,7 +206,7 @@ class AttachmentIntake:
                 text, pages = await asyncio.to_thread(digest.pdf_excerpt, path, budget)
                 return ref.model_copy(update={"text": text, "pages": pages})
             if ref.kind == "audio" and self._transcriber is not None:
-                return await self._transcribe(ref, path, budget)
+                return await self._transcribe(ref, path, budget, deadline)
         except digest.Refused as exc:
             await asyncio.to_thread(self._library.files.remove, ref.id)
             return ref.model_copy(update={"id": None, "note": str(exc)})
@@ -201,12 +217,17 @@ class AttachmentIntake:
             return ref.model_copy(update={"note": "it could not be read"})
         return ref
 
-    async def _transcribe(self, ref: AttachmentRef, path: Path, budget: int) -> AttachmentRef:
+    async def _transcribe(self, ref: AttachmentRef, path: Path, budget: int, deadline: float) -> AttachmentRef:
         assert self._transcriber is not None
+        if asyncio.get_running_loop().time() >= deadline:  # its turn came too late: not sent at all
+            return ref.model_copy(update={"note": "there was no time left to transcribe it"})
         try:
-            async with asyncio.timeout(self._settings.media_fetch_timeout):
+            async with asyncio.timeout_at(deadline):
                 text = await self._transcriber.transcribe(path, ref.content_type or "audio/ogg")
-        except (TranscriptionError, TimeoutError) as exc:
+        except TimeoutError:
+            log.warning("transcription took longer than the fetch timeout")
+            return ref.model_copy(update={"note": "it took too long to transcribe"})
+        except TranscriptionError as exc:
             log.warning("transcription failed: %s", exc)
             return ref.model_copy(update={"note": "it could not be transcribed"})
         return ref.model_copy(update={"text": digest.cut(text, budget)})
