@@ -13,8 +13,10 @@ Acknowledging: the app runs with ``process_before_response=True``, so an event i
 Mode envelope ack, the HTTP 200) only after its listener returned, and the listener returns once core has
 stored the message (``host.submit``, a local SQLite write, bounded well inside Slack's 3 seconds). The
 turn itself runs afterwards. A message core could not store (shutting down, a failed write) makes the
-listener fail, which answers 500 / leaves the envelope unacked, so Slack delivers it again. Button presses
-and slash commands are acked first thing, and their platform calls run as supervised tasks.
+listener fail, which answers 500 / leaves the envelope unacked, so Slack delivers it again. A button press's
+listener returns at once: its dedupe mark and decision run afterwards, as a supervised task, with its platform
+calls. A slash command is acknowledged once it is stored (bounded like a message), or with a word that it was
+not taken; what it posts runs as supervised tasks.
 
 Authorizing: bolt authorizes every request before its listener runs. Its single-workspace authorization
 calls ``auth.test`` on the first request and keeps the answer, but every request that arrives before that
@@ -110,6 +112,7 @@ log = logging.getLogger(__name__)
 _OPERATOR = SlackConfig()
 NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can decide this."
 GONE = "This request is no longer pending."
+PRESS_NOT_TAKEN = "Your press could not be taken just now; please press again."
 FILES_HOST = "files.slack.com"
 COMMAND_NOT_TAKEN = "/{command} could not be taken just now; please try again."
 CHANNEL_COMMAND_HINT = "In a channel, mention me in the reply's thread instead, e.g. <@{name}> {command}."
@@ -628,17 +631,38 @@ class SlackChannel:
             event_id=f"{inbound.channel}:{inbound.ts}", channel_context=ctx.wrap())
 
     async def _on_press(self, ack: Any, body: dict[str, Any]) -> None:
-        """A press on Allow / Deny: acknowledged at once; at most one decision; the rest runs supervised."""
-        await ack()
+        """A press on Allow / Deny. What answers Slack is this listener returning (``process_before_response``),
+        so it returns at once: its dedupe mark, the decision and the platform calls run as a supervised task
+        (``_press``), and a slow disk cannot hold the answer past Slack's 3 seconds (an HTTP press would show
+        Slack's error though it was carried out; a Socket Mode one would come again). When the process is
+        shutting down nothing can run it: the listener fails, so Slack shows its error (HTTP) or delivers the
+        press again (Socket Mode) rather than hearing that it was taken."""
         press = parse_press(body)
-        if press is None:
+        if press is not None:
+            try:
+                self.host.spawn("slack:press", self._press(press, body))
+            except ShuttingDownError:
+                log.warning("a press on an approval in %s came as the bridge was stopping: not taken",
+                            press.channel_id)
+                raise LeftForRedelivery("a press while shutting down") from None
+        await ack()
+
+    async def _press(self, press: ApprovalPress, body: dict[str, Any]) -> None:
+        """A press, after it was acknowledged: at most one decision; what it shows runs supervised. A press that
+        could not be taken (the store failed) is logged, and the presser told to press again."""
+        try:
+            action_ts = next((str(a.get("action_ts") or "") for a in body.get("actions") or []), "")
+            if not await self.host.mark_seen(f"press:{press.message_ts}:{press.user_id}:{action_ts}"):
+                return  # a redelivered press
+            decider = Decider(press.user_id, (press.user_name,) if press.user_name else (), press.user_name or "")
+            result = await self.host.decide(press.action.session_key, press.action.call_id, press.decision,
+                                            decided_by=decider, origin=press.action.origin)
+        except Exception as exc:
+            log.warning("a press on an approval in %s could not be taken (%s): the user was told to press again",
+                        press.channel_id, exc, exc_info=exc)
+            self._spawn("slack:press-not-taken", self._ephemeral(press.channel_id, press.user_id, press.thread_ts,
+                                                                 PRESS_NOT_TAKEN))
             return
-        action_ts = next((str(a.get("action_ts") or "") for a in body.get("actions") or []), "")
-        if not await self.host.mark_seen(f"press:{press.message_ts}:{press.user_id}:{action_ts}"):
-            return  # a redelivered press
-        decider = Decider(press.user_id, (press.user_name,) if press.user_name else (), press.user_name or "")
-        result = await self.host.decide(press.action.session_key, press.action.call_id, press.decision,
-                                        decided_by=decider, origin=press.action.origin)
         entry = self.prompts_by_call.get(press.action)
         posted_here = entry is not None
         if entry is None:

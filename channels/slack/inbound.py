@@ -13,6 +13,11 @@ Rules (Slack's event shapes, and DESIGN.md §4):
 - ignored: the bot's own messages, other bots' messages (``bot_id`` or ``bot_message``), hidden events, and
   subtypes that are not new user input (edits ``message_changed``, ``message_deleted``, joins/leaves, topic
   changes, ...). Kept subtypes: ``file_share``, ``thread_broadcast``, ``me_message``;
+- ignored too: any event carrying ``edited``. Editing a message sends ``message_changed`` (a subtype, above),
+  and editing one that mentions the bot also sends a new ``app_mention`` with the original ts and an
+  ``edited`` field. The original was answered already (edits are not answered, as in Telegram's channel;
+  a mention added by an edit neither), and the ``(channel, ts)`` dedupe catches such an event only within
+  its TTL: an old message edited would be answered a second time;
 - one session per DM and per thread. A DM's top level is one session (replies go to the top level); a
   message in a thread belongs to that thread's session; a channel message starts a thread rooted at itself,
   and is answered there (``reply_thread_ts``);
@@ -173,6 +178,8 @@ def normalize(body: Mapping[str, Any], bot: BotIdentity) -> SlackInbound:
         return result(None, "bot_message")
     if subtype and (not isinstance(subtype, str) or subtype not in USER_INPUT_SUBTYPES):
         return result(None, f"subtype:{str(subtype)[:40]}")  # a garbled one is not user input either
+    if event.get("edited"):
+        return result(None, "edited")
     if event.get("hidden"):
         return result(None, "hidden")
     if not user or not channel or not ts:
