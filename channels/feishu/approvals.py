@@ -32,6 +32,9 @@ _REF = re.compile(r"[A-Za-z0-9]{1,12}")
 
 NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can decide this."
 GONE = "This request is no longer pending."
+RECEIVED = "Received: the card will update in a moment."
+"""The answer to a press still being carried out when the answer is due (Feishu waits 3 s): it counts, and its
+card is patched with the outcome once decided."""
 ALLOWED = "Allowed"
 DENIED = "Denied"
 ENDED = "⌛ No longer pending"

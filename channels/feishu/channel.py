@@ -10,7 +10,7 @@ Receiving, in one of two modes:
   crash. A message core could not store (shutting down, a failed write, too slow) makes the handler raise,
   and Feishu pushes it again. A card button press (``card.action.trigger``) arrives on the same connection and its
   answer (a toast, the decided card) rides on the ack: the handler waits for the bridge's answer at most
-  ``press_wait`` seconds.
+  ``press_wait`` seconds (a press still being carried out then is told it was received: it goes on).
 - **webhook**: ``POST /feishu/events`` on the [web] server. The body is capped (``max_body_bytes``), a
   signed request must be fresh (five minutes; lark-oapi does not check the age), and lark-oapi's own
   dispatcher decrypts it (``encrypt_key``), checks the verification token and ``X-Lark-Signature``, and
@@ -26,7 +26,8 @@ ack later than 3 s) may reach another process, and the dedupe below drops it the
 Dedupe is durable and on two keys: the envelope's ``event_id`` is ``msg:<message_id>``, which core records
 with the message (so a redelivered event, and the same message pushed again under a new event id as Feishu
 documents, are answered once, also after a restart); a press's ``header.event_id`` goes through
-``host.mark_seen``.
+``host.mark_seen``, so a press pushed again is carried out once, and answered with the card as its request
+ended (``_press``).
 
 Then: our own messages are ignored, ``allow_from`` (open_id, user_id or union_id) and ``group_policy``
 (``mention``: a group message only when the bot is @mentioned) apply before anything reaches core. A message
@@ -285,6 +286,8 @@ class FeishuChannel:
         self._watch: asyncio.Task[None] | None = None
         self._open = OpenApprovals(host, self._open_records)
         self._downloads: aiohttp.ClientSession | None = None
+        self._pressing: set[str] = set()
+        """The event ids of the presses being carried out here (a push of one again is answered ``RECEIVED``)."""
         host.set_deciders(settings.allow_from)
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -574,22 +577,24 @@ class FeishuChannel:
     def _on_card_press(self, data: P2CardActionTrigger) -> P2CardActionTriggerResponse:
         """On the SDK's thread (the long connection's, or a webhook worker): the answer is the ack's body, so
         wait for the bridge's decision, but never past Feishu's limit. An answer that comes later is not lost:
-        the press goes on, and a card it would have carried is patched onto the message (``press``)."""
+        the press goes on, and a card it would have carried is patched onto the message (``press``). So a press
+        still being carried out then is answered ``RECEIVED``, not "try again": it counts (a second press would
+        find the request decided). "Try again" is only for a press the bridge never took (its loop is gone)."""
         payload = json.loads(lark.JSON.marshal(data))
         loop = self._loop
-        answer: dict[str, Any] | None = None
-        if loop is not None and not loop.is_closed():
-            handoff = _Handoff()
-            try:
-                asyncio.run_coroutine_threadsafe(self.press(payload, handoff.give), loop)
-            except RuntimeError:  # the loop closed meanwhile
-                pass
-            else:
-                answer = handoff.take(self.settings.press_wait)
-                if answer is None:
-                    log.warning("a Feishu card press was not answered within %.1fs: the user may press again, and "
-                                "its card is updated once it is decided", self.settings.press_wait)
-        return P2CardActionTriggerResponse(answer if answer is not None else approvals.toast("error", TRY_AGAIN))
+        if loop is None or loop.is_closed():
+            return P2CardActionTriggerResponse(approvals.toast("error", TRY_AGAIN))
+        handoff = _Handoff()
+        try:
+            asyncio.run_coroutine_threadsafe(self.press(payload, handoff.give), loop)
+        except RuntimeError:  # the loop closed meanwhile
+            return P2CardActionTriggerResponse(approvals.toast("error", TRY_AGAIN))
+        answer = handoff.take(self.settings.press_wait)
+        if answer is None:
+            log.warning("a Feishu card press was not answered within %.1fs: it goes on, and its card is patched "
+                        "once it is decided", self.settings.press_wait)
+            answer = approvals.toast("info", approvals.RECEIVED)
+        return P2CardActionTriggerResponse(answer)
 
     async def press(self, payload: dict[str, Any],
                     hand_back: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
@@ -602,25 +607,52 @@ class FeishuChannel:
             log.exception("a Feishu card press could not be answered")
             answer, entry = approvals.toast("error", TRY_AGAIN), None
         in_time = hand_back(answer) if hand_back is not None else True
+        if not in_time and entry is None and answer.get("toast", {}).get("type") in ("error", "warning"):
+            # the user was told "received", and nothing will change on the card
+            log.warning("a Feishu card press answered late came to nothing: %s", answer["toast"].get("content"))
         if entry is not None:
             await self._card_answered(entry, answer, in_time)
         return answer
 
     async def _press(self, payload: dict[str, Any]) -> tuple[dict[str, Any], PendingApproval | None]:
-        """The answer to a press, and the request whose card the answer carries (None when it carries none)."""
+        """The answer to a press, and the request whose card the answer carries (None when it carries none).
+
+        Feishu pushes a press again under the same event id when its answer did not reach it (late, or lost on
+        the way). Pushed while it is still being carried out here, it is answered ``RECEIVED`` (the first one
+        patches the card once decided). Pushed after it was carried out, its answer may have been lost with the
+        card it carried, while this side believes the card shows it: so it is answered with the card as the
+        request ended (the toast names the outcome when it was this press's), not with a bare toast that would
+        leave the buttons live. A request still pending (the first try was refused, or failed) is decided as
+        any press."""
         action = approvals.parse_card_action(payload)
         if action is None or action.approval is None:
             return {}, None
-        if action.event_id and not await self.host.mark_seen(f"press:{action.event_id}"):
-            return approvals.toast("info", approvals.GONE), None  # the same press delivered again
+        if action.event_id is None:
+            return await self._decide_press(action, repeated=False)
+        if action.event_id in self._pressing:
+            return approvals.toast("info", approvals.RECEIVED), None
+        self._pressing.add(action.event_id)
+        try:
+            repeated = not await self.host.mark_seen(f"press:{action.event_id}")
+            return await self._decide_press(action, repeated=repeated)
+        finally:
+            self._pressing.discard(action.event_id)
+
+    async def _decide_press(self, action: approvals.CardAction,
+                            repeated: bool) -> tuple[dict[str, Any], PendingApproval | None]:
+        assert action.approval is not None
         decision = action.approval.decision
         who = action.operator
         decider = Decider(who.open_id, tuple(n for n in (who.user_id, who.union_id) if n), who.user_id or who.open_id)
         entry = self.pending_approvals.get(action.approval.ref)
+        if repeated and entry is not None and entry.outcome is not None:
+            return self._ended(entry, action), entry
         if entry is None:
             elsewhere = await self._find(action.approval.ref)
             if elsewhere is None or action.message_id not in (None, elsewhere.message_id):  # not that card's
                 return approvals.toast("info", approvals.GONE), None
+            if repeated and elsewhere.outcome is not None:
+                return self._ended(elsewhere, action), elsewhere
             # posted by another process: decided where it is pending; that process's sink shows the outcome
             result = await self.host.decide(elsewhere.session_key, elsewhere.call_id, decision,
                                             decider, origin=elsewhere.origin)
@@ -643,6 +675,18 @@ class FeishuChannel:
         kind: approvals.ToastKind = "success" if decision == "allow" else "info"
         return approvals.toast_with_card(kind, approvals.ALLOWED if decision == "allow" else approvals.DENIED,
                                          card), entry
+
+    @classmethod
+    def _ended(cls, entry: PendingApproval, action: approvals.CardAction) -> dict[str, Any]:
+        """The answer to a press pushed again after it was carried out: its card as the request ended, with the
+        toast the first answer had when this press decided it ("no longer pending" otherwise)."""
+        assert action.approval is not None
+        decision = action.approval.decision
+        if entry.outcome != approvals.outcome_line(decision, action.operator.user_id or action.operator.open_id):
+            return cls._gone(entry)
+        card = approvals.decided_card(entry.ref, entry.tool_name, entry.arguments, entry.requested_by, entry.outcome)
+        return approvals.toast_with_card("success" if decision == "allow" else "info",
+                                         approvals.ALLOWED if decision == "allow" else approvals.DENIED, card)
 
     @staticmethod
     def _gone(entry: PendingApproval) -> dict[str, Any]:
