@@ -8,6 +8,12 @@ nothing, so the same message may be sent again. Commands run as their own superv
 never holds up another session, except ``/new``, which runs in its session's order and ends the
 conversation for the messages still waiting before it.
 
+Storing a message, or recording a command's event and then starting the command, runs as a task of its own
+that the caller only waits for: a channel that must answer its platform in time (Slack: 3 s) may stop waiting
+on a slow disk, and what was recorded is then carried out all the same, since the platform's redelivery will
+find it a duplicate. A redelivery that arrives while the first delivery is still being stored waits for that
+one's outcome rather than competing with it (for a place in a full queue, say).
+
 With several processes on one database (``core.failover``) a message is stored by whichever process
 received it and served by the one holding its session's lease; ``/stop`` and ``/new`` for a session held
 by another process are forwarded to it.
@@ -20,7 +26,7 @@ import contextlib
 import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from enum import Enum
 
 from core.delivery import PlainSender
@@ -69,6 +75,10 @@ class AdmissionError(RuntimeError):
     status), so that it is delivered again, or must tell the sender to send it again."""
 
 
+Outcome = SubmitResult | AdmissionError | ShuttingDownError
+"""What an admission task ends with: ``submit``'s result, or the error it raises."""
+
+
 class IngressRouter:
     def __init__(self, *, store: Store, sessions: SessionManager, plain: PlainSender,
                  presenter: TurnFailurePresenter, supervisor: TaskSupervisor, settings: CoreSettings,
@@ -87,6 +97,8 @@ class IngressRouter:
         self._compact = compact
         self._failover = failover
         self._closed = False
+        self._pending: dict[tuple[str, str], asyncio.Task[Outcome]] = {}
+        """The admissions under way, by (channel, event_id): a redelivery meanwhile waits for its outcome."""
         self._admitting = 0
         self._admitted = asyncio.Event()
         self._admitted.set()
@@ -117,40 +129,97 @@ class IngressRouter:
         Raises RouterClosedError while shutting down and AdmissionError when the message could not be
         stored; in both cases nothing marks it as seen and the channel must not acknowledge it. A caller
         cancelled while the message is being stored does not cut the storing short: once stored, the message
-        is queued and answered (a redelivery then finds it a duplicate)."""
+        is queued and answered; once a command's event is recorded, the command is carried out (a redelivery
+        then finds either a duplicate). A delivery of an event whose first delivery is still being stored
+        waits for that: DUPLICATE once it is stored, or taken as a new message when storing it failed."""
         if self._closed:
             raise RouterClosedError("chatbridge is shutting down and accepts no new messages")
+        if await self._stored_meanwhile(envelope):
+            return SubmitResult.DUPLICATE
         try:
             command = parse_command(envelope.content)
             if command is not None:
-                return await self._submit_command(command, envelope)
-            place = self._sessions.reserve(envelope.key())
-            if place is None:
-                return await self._busy(envelope)
+                if envelope.event_id is None:  # nothing to record first, so nothing a caller's cancellation cuts
+                    return self._start_command(command, envelope)
+                admission = self._supervisor.spawn(f"admit:{command}:{envelope.key()}",
+                                                   self._admit_command(command, envelope))
+            else:
+                place = self._sessions.reserve(envelope.key())
+                if place is None:
+                    return await self._busy(envelope)
+                try:
+                    admission = self._supervisor.spawn(f"admit:{envelope.key()}", self._admit(envelope, place))
+                except SupervisorClosedError:
+                    place.give_back()
+                    raise
         except SupervisorClosedError as exc:
             raise RouterClosedError("chatbridge is shutting down and accepts no new messages") from exc
-        try:
-            admission = self._supervisor.spawn(f"admit:{envelope.key()}", self._admit(envelope, place))
-        except SupervisorClosedError as exc:
-            place.give_back()
-            raise RouterClosedError("chatbridge is shutting down and accepts no new messages") from exc
+        self._track(envelope, admission)
         # The caller may give up waiting (a channel that must answer its platform in time): the admission
-        # goes on and settles the message's place itself, so a message that gets stored is also served.
+        # goes on and settles the message's place itself, so a message that gets stored is also served, and
+        # a command whose event is recorded is also carried out.
         result = await asyncio.shield(admission)
-        if isinstance(result, AdmissionError):
+        if isinstance(result, Exception):
             raise result
         return result
 
-    async def _admit(self, envelope: InboundEnvelope, place: Place) -> SubmitResult | AdmissionError:
-        """Store the message and settle its place, as one step: a message stored is queued (its place
-        filled), one not stored gives its place back. Runs as a task of its own, so a caller cancelled
-        while the message is being stored cannot leave it stored but unserved until the next start."""
+    async def _stored_meanwhile(self, envelope: InboundEnvelope) -> bool:
+        """Whether a delivery of the same event, being stored when this one came, got stored (or its command
+        started). A redelivery must not compete with it: for a place in a full queue it would be told busy,
+        and sent again by the user, though the first delivery is answered. One that failed to store marks
+        nothing, so this delivery is then taken as a new message."""
+        if envelope.event_id is None:
+            return False
+        event = (envelope.channel, envelope.event_id)
+        while (pending := self._pending.get(event)) is not None:
+            try:
+                result = await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if pending.cancelled() and current is not None and not current.cancelling():
+                    # the admission was cancelled at shutdown, this caller was not
+                    raise RouterClosedError("chatbridge is shutting down and accepts no new messages") from None
+                raise
+            if not isinstance(result, Exception):
+                return True
+            if self._pending.get(event) is pending:
+                del self._pending[event]
+        return False
+
+    def _track(self, envelope: InboundEnvelope, admission: asyncio.Task[Outcome]) -> None:
+        if envelope.event_id is None:
+            return
+        event = (envelope.channel, envelope.event_id)
+        self._pending[event] = admission
+
+        def forget(task: asyncio.Task[Outcome]) -> None:
+            if self._pending.get(event) is task:
+                del self._pending[event]
+
+        admission.add_done_callback(forget)
+
+    @contextlib.contextmanager
+    def _storing(self) -> Iterator[None]:
+        """An admission under way, for ``drain``."""
         self._admitting += 1
         self._admitted.clear()
         try:
-            inbound = await self._store.admit_inbound(envelope.channel, envelope.event_id, envelope.model_dump_json(),
-                                                      ttl_seconds=self._settings.dedupe_ttl_seconds,
-                                                      key=envelope.key())
+            yield
+        finally:
+            self._admitting -= 1
+            if not self._admitting:
+                self._admitted.set()
+
+    async def _admit(self, envelope: InboundEnvelope, place: Place) -> Outcome:
+        """Store the message and settle its place, as one step: a message stored is queued (its place
+        filled), one not stored gives its place back. Runs as a task of its own, so a caller cancelled
+        while the message is being stored cannot leave it stored but unserved until the next start."""
+        try:
+            with self._storing():
+                inbound = await self._store.admit_inbound(envelope.channel, envelope.event_id,
+                                                          envelope.model_dump_json(),
+                                                          ttl_seconds=self._settings.dedupe_ttl_seconds,
+                                                          key=envelope.key())
         except Exception as exc:
             place.give_back()
             log.error("storing an inbound message of %s failed: %s", envelope.key(), exc)
@@ -160,10 +229,6 @@ class IngressRouter:
         except BaseException:
             place.give_back()  # cancelled at shutdown: a write already on its way is answered at the next start
             raise
-        finally:
-            self._admitting -= 1
-            if not self._admitting:
-                self._admitted.set()
         if inbound is None:
             place.give_back()
             return SubmitResult.DUPLICATE
@@ -181,14 +246,28 @@ class IngressRouter:
             envelope.target(), self._presenter.busy(self._settings.queue_capacity)))
         return SubmitResult.BUSY
 
-    async def _submit_command(self, command: str, envelope: InboundEnvelope) -> SubmitResult:
-        if envelope.event_id is not None and not await self._first_delivery(envelope):
+    async def _admit_command(self, command: str, envelope: InboundEnvelope) -> Outcome:
+        """Record the command's event, then start the command, as one step. Runs as a task of its own: a
+        caller cancelled once the record had landed would otherwise leave the command recorded but never
+        carried out, and the platform's redelivery, finding it recorded, dropped: a /stop lost while the
+        reply goes on."""
+        with self._storing():
+            first = await self._first_delivery(envelope)
+        if not first:
             return SubmitResult.DUPLICATE
-        key = envelope.key()
+        try:
+            return self._start_command(command, envelope)
+        except SupervisorClosedError as exc:
+            error = RouterClosedError("chatbridge is shutting down and accepts no new messages")
+            error.__cause__ = exc
+            return error
+
+    def _start_command(self, command: str, envelope: InboundEnvelope) -> SubmitResult:
+        """Raises SupervisorClosedError when shutting down."""
         if command == "new":
             self.new_here(envelope)
         else:
-            self._supervisor.spawn(f"command:{command}:{key}", self._command(command, envelope))
+            self._supervisor.spawn(f"command:{command}:{envelope.key()}", self._command(command, envelope))
         return SubmitResult.COMMAND
 
     def new_here(self, envelope: InboundEnvelope) -> None:
