@@ -74,6 +74,10 @@ class Place:
         return not self._admitted.done()
 
     @property
+    def given_back(self) -> bool:
+        return self._admitted.done() and self._admitted.result() is None
+
+    @property
     def filled(self) -> Admitted | None:
         return self._admitted.result() if self._admitted.done() else None
 
@@ -158,7 +162,10 @@ class _ActiveSession:
         self.wakeup.set()
 
     def waiting_places(self) -> int:
-        return sum(1 for item in self.items if isinstance(item, Place))
+        """The places that hold, or may still hold, a message: one given back (a duplicate, a failed store)
+        stays in the queue until the worker skips it, but takes no room (a platform redelivering a queued message
+        during a long reply would otherwise fill the queue with nothing)."""
+        return sum(1 for item in self.items if isinstance(item, Place) and not item.given_back)
 
 
 class SessionManager:

@@ -144,6 +144,25 @@ async def test_busy_marks_nothing_so_the_same_event_is_accepted_later(tmp_path, 
     await h.core.shutdown()
 
 
+async def test_redeliveries_during_a_long_reply_take_no_place_in_its_queue(tmp_path, fake_openai):
+    """A platform redelivering a message already queued (Slack retries, a webhook resent) while a long reply
+    is written is told it is a duplicate, and the user's next message still finds room in the queue."""
+    hold = asyncio.Event()
+    fake_openai.script(Text("slow", hold=hold))
+    fake_openai.default = Function(echo)
+    h = await make_harness(tmp_path, fake_openai, queue_capacity=2)
+    await h.say("one", event_id="e1")
+    await h.wait_for(lambda: h.core.sessions.is_running("test:c1"))
+    assert await h.say("two", event_id="e2") is SubmitResult.QUEUED
+    for _ in range(3):
+        assert await h.say("two", event_id="e2") is SubmitResult.DUPLICATE
+    assert await h.say("three", event_id="e3") is SubmitResult.QUEUED
+    hold.set()
+    await h.settle()
+    assert h.platform.visible("c1") == ["slow", "echo: two", "echo: three"]
+    await h.core.shutdown()
+
+
 async def test_a_message_that_could_not_be_stored_is_refused_and_may_be_sent_again(tmp_path, fake_openai):
     fake_openai.default = Function(echo)
     store = FlakyStore(tmp_path / "chat.db")
