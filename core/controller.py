@@ -10,6 +10,10 @@ immutable picture when someone asks for it. A sink asks when the platform's pace
 so a slow sink sees the newest snapshot, never a backlog. ``changed`` wakes a waiting sink on the next
 change; ``urgent_only`` waits only for what must be shown at once (approvals, the terminal state).
 
+An abort event (``Abort``: "stop" for /stop and shutdown, "failed" for a failed turn) ends what is left: each
+pending approval is recorded as ended by it (``decided``), and running tools and children are marked stopped or
+failed, in the same change, so every prompt can say how it ended (``channels.common.live_sink.ended_line``).
+
 Visible text: the text of every model request of the turn, joined by a blank line (a sentence the model
 wrote before calling a tool stays visible), plus a max_turns notice if one ended the loop. A retried
 request rewinds it to where that request began (``text_epoch`` rises).
@@ -42,6 +46,7 @@ from core.snapshot import (
     ApprovalOutcome,
     ApprovalRequest,
     ChildActivity,
+    ChildState,
     SnapshotState,
     ToolActivity,
     ToolStatus,
@@ -51,6 +56,9 @@ from core.snapshot import (
 log = logging.getLogger(__name__)
 
 EventListener = Callable[[TurnEvent], None]
+
+REPLY_FAILED = "the reply failed"
+"""The summary of a tool call a failure cut off or left waiting for approval (``Abort("failed")``)."""
 
 
 class TurnController:
@@ -219,13 +227,12 @@ class TurnController:
         elif isinstance(event, SubagentEnded):
             self._child_ended((event.session_key,), event)
         elif isinstance(event, Abort):
-            self._tools = tuple(dataclasses.replace(t, status="failed", summary="stopped")
+            failed = event.reason == "failed"
+            summary = REPLY_FAILED if failed else "stopped"
+            self._tools = tuple(dataclasses.replace(t, status="failed", summary=summary)
                                 if t.status in ("running", "awaiting_approval") else t for t in self._tools)
-            self._approvals = ()
-            for origin, child in self._children.items():
-                if child.state == "running":
-                    self._children[origin] = dataclasses.replace(child, state="cancelled", step="stopped")
-            self._children_view = tuple(self._children.values())
+            self._end_approvals(lambda _: True)
+            self._end_children((), failed=failed)
             self._changed(urgent=True)
 
     # ---- child sessions ------------------------------------------------------------------------
@@ -259,12 +266,9 @@ class TurnController:
             self._changed(urgent=True)
         elif isinstance(event, SubagentEnded):
             self._child_ended((*origin, event.session_key), event)
-        elif isinstance(event, Abort):  # the child was stopped, and every child it had started with it
-            self._approvals = tuple(a for a in self._approvals if a.origin[:len(origin)] != origin)
-            for key, other in self._children.items():
-                if key[:len(origin)] == origin and other.state == "running":
-                    self._children[key] = dataclasses.replace(other, state="cancelled", step="stopped")
-            self._children_view = tuple(self._children.values())
+        elif isinstance(event, Abort):  # the child was stopped (or failed), and every child it had started with it
+            self._end_approvals(lambda a: a.origin[:len(origin)] == origin)
+            self._end_children(origin, failed=event.reason == "failed")
             self._changed(urgent=True)
 
     def _decided_one(self, origin: tuple[str, ...], event: ApprovalDecided) -> None:
@@ -275,8 +279,29 @@ class TurnController:
         child = self._children.get(origin)
         if child is None:  # its session_meta never reached this turn (defensive: every child sends one first)
             child = ChildActivity(origin, event.call_id, event.profile, event.task)
-        self._approvals = tuple(a for a in self._approvals if a.origin[:len(origin)] != origin)
+        # in the same change as the child's state, which says how its prompts ended (a failed child's too)
+        self._end_approvals(lambda a: a.origin[:len(origin)] == origin)
         self._set_child(origin, dataclasses.replace(child, state=event.outcome, step=event.outcome), urgent=True)
+
+    def _end_approvals(self, which: Callable[[ApprovalRequest], bool]) -> None:
+        """The pending approvals ``which`` selects end without a decision (their turn or child ended): each is
+        recorded as denied by the abort, so every prompt that showed it is marked from the turn's record (how:
+        from the state of the turn or the child that ended, ``channels.common.live_sink.ended_line``)."""
+        ended = [a for a in self._approvals if which(a)]
+        if not ended:
+            return
+        self._approvals = tuple(a for a in self._approvals if not which(a))
+        self._decided = (*self._decided, *(ApprovalOutcome(a.call_id, a.origin, "deny", "abort") for a in ended))
+
+    def _end_children(self, origin: tuple[str, ...], *, failed: bool) -> None:
+        """The children under ``origin`` (all of them for ``()``) that still run end with it: stopped, or failed
+        when a failure ended it."""
+        state: ChildState = "failed" if failed else "cancelled"
+        step = "failed" if failed else "stopped"
+        for key, other in self._children.items():
+            if key[:len(origin)] == origin and other.state == "running":
+                self._children[key] = dataclasses.replace(other, state=state, step=step)
+        self._children_view = tuple(self._children.values())
 
     def _set_child(self, origin: tuple[str, ...], child: ChildActivity, *, urgent: bool = False) -> None:
         self._children[origin] = child
@@ -312,7 +337,10 @@ class TurnController:
                 self._epoch += 1
             self._pieces[:] = [text] if text else []
             self._length = len(text)
-        self._state, self._error, self._approvals = state, error, ()
+        self._state, self._error = state, error
+        self._end_approvals(lambda _: True)
+        if any(c.state == "running" for c in self._children.values()):
+            self._end_children((), failed=state == "failed")
         self._closed = True
         self._changed(urgent=True)
         self._wake(self._waiters)

@@ -3,7 +3,8 @@
 It feeds the TurnController (the only source of snapshots) with turn events and returns a typed
 TurnRunOutcome carrying the rounds to persist; it never talks to a channel and never persists (that is
 the committer's job). Abort (/stop, shutdown) cancels the stream and running tools, denies pending
-approvals, and emits the abort event last.
+approvals, and emits the abort event last. A failed turn ends with an abort event too (``Abort("failed")``): what
+it left waiting for approval, and the subagents still running, end as failed, not as stopped or timed out.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from core.agent.approvals import ApprovalBroker
 from core.agent.compaction import Compactor
-from core.agent.events import Abort, ApprovalDecided, Forwarded
+from core.agent.events import Abort, ApprovalDecided, Forwarded, SubagentEnded
 from core.agent.loop import AgentLoop, Round
 from core.cancel_signal import CancelSignal
 from core.controller import TurnController
@@ -95,7 +96,7 @@ class TurnRunner:
                          settings=self._settings, session_key=snap.session_key, turn_id=snap.turn_id,
                          requested_by=requested_by, emit=controller.apply, spawn=self._supervisor.spawn,
                          depth=depth, on_model_retry=self._on_model_retry,
-                         images_rejected=self._images_rejected, abandoned=lambda: cancel.abandoned)
+                         images_rejected=self._images_rejected, cancel=cancel)
         compaction: list[Summary] = []
         work = self._supervisor.spawn(f"turn:{snap.turn_id}:loop",
                                       self._run_loop(loop, prepared, controller, compaction))
@@ -121,17 +122,32 @@ class TurnRunner:
                     await work
             self._broker.resume(key)
         if work.cancelled() or cancel.is_set():
-            self._abort(controller)
+            self._abort(controller, loop.rounds)
             return Cancelled(controller.text, tuple(loop.rounds), compaction[0] if compaction else None,
                              by_shutdown=cancel.by_shutdown)
-        return work.result()
+        outcome = work.result()
+        if isinstance(outcome, Failed):
+            self._abort(controller, loop.rounds, failed=True)
+        return outcome
 
     @staticmethod
-    def _abort(controller: TurnController) -> None:
-        for pending in controller.snapshot.approvals:
-            denied = ApprovalDecided(pending.call_id, "deny", "abort")
-            controller.apply(Forwarded(pending.origin, denied) if pending.origin else denied)
-        controller.apply(Abort("stop"))
+    def _abort(controller: TurnController, rounds: list[Round], *, failed: bool = False) -> None:
+        """End what the turn left open. A stop denies each pending approval (its own and its subagents'), then
+        the abort event marks what still ran as stopped. A failure (the model's stream, the loop) does it all in
+        its abort event, which records the pending approvals as ended by the failure and the running subagents
+        as failed, so no prompt says it was stopped or timed out.
+
+        The round's merge queue was closed before its subagents were stopped, so their ``subagent`` pointers
+        never reached the trace: they are added before the abort event, which stays the trace's last (one per
+        child, as DESIGN §3 keeps them), from the round's record of its children (``Round.subagents``)."""
+        if not failed:
+            for pending in controller.snapshot.approvals:
+                denied = ApprovalDecided(pending.call_id, "deny", "abort")
+                controller.apply(Forwarded(pending.origin, denied) if pending.origin else denied)
+        traced = {e.call_id for e in controller.trace if isinstance(e, SubagentEnded)}
+        controller.trace.extend(ended for rnd in rounds for call_id, ended in rnd.subagents.items()
+                                if call_id not in traced)
+        controller.apply(Abort("failed" if failed else "stop"))
 
     async def _run_loop(self, loop: AgentLoop, prepared: PreparedTurnInput, controller: TurnController,
                         compaction: list[Summary]) -> TurnRunOutcome:

@@ -83,6 +83,7 @@ from channels.common.status import status_lines
 from channels.common.throttle import Scope, ending
 from core.agent.approvals import DENIED_BY_TIMEOUT, DENIED_BY_USER
 from core.channel import SinkError, TurnFeed
+from core.controller import REPLY_FAILED
 from core.snapshot import ApprovalRequest, TurnSnapshot
 
 log = logging.getLogger(__name__)
@@ -113,11 +114,16 @@ def body(snapshot: TurnSnapshot) -> str:
     return text
 
 
+FAILED_LINE = "⚠️ The reply failed before a decision."
+"""How a prompt ends whose turn (or subagent) failed while it waited: nobody stopped it, nothing timed out."""
+
+
 def ended_line(snapshot: TurnSnapshot, call_id: str, origin: tuple[str, ...] = ()) -> str:
-    """How an approval ended without a press on its prompt in this process (timed out, stopped, or decided
-    through another process): from the turn's record of it (``snapshot.decided``), naming who decided when
-    their channel named them; failing that, from the tool's status (for a subagent's call, from its child's
-    state: its tools are not the turn's)."""
+    """How an approval ended without a press on its prompt in this process (timed out, stopped, failed, or
+    decided through another process): from the turn's record of it (``snapshot.decided``), naming who decided
+    when their channel named them; failing that (the abort or the end of its turn or child closed it), from the
+    tool's status or the turn's state (for a subagent's call, from its child's state: its tools are not the
+    turn's)."""
     outcome = next((o for o in reversed(snapshot.decided) if o.call_id == call_id and o.origin == origin), None)
     if outcome is not None and outcome.reason == "unshown":
         return "⚠️ Denied: the request could not be shown in the chat."
@@ -128,10 +134,14 @@ def ended_line(snapshot: TurnSnapshot, call_id: str, origin: tuple[str, ...] = (
         return f"{mark} by {outcome.shown_by}" if outcome.shown_by else f"{mark}."
     if origin:
         child = next((c for c in snapshot.children if c.origin == origin), None)
+        if snapshot.state == "failed" or (child is not None and child.state == "failed"):
+            return FAILED_LINE
         if snapshot.state == "cancelled" or (child is not None and child.state == "cancelled"):
             return "⏹ The reply was stopped before a decision."
         return "⌛ Denied: nobody decided in time."
     tool = next((t for t in snapshot.tools if t.call_id == call_id), None)
+    if snapshot.state == "failed" or (tool is not None and tool.status == "failed" and tool.summary == REPLY_FAILED):
+        return FAILED_LINE
     if tool is not None and tool.status == "denied" and tool.summary == DENIED_BY_TIMEOUT:
         return "⌛ Denied: nobody decided in time."
     if tool is not None and tool.status == "denied" and tool.summary == DENIED_BY_USER:

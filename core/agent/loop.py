@@ -11,6 +11,7 @@ request then carries the outputs in call order. ``max_turns`` bounds the request
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,7 @@ from core.agent.events import (
     TurnEvent,
 )
 from core.agent.merge_queue import MergeQueue, Spawn
+from core.cancel_signal import CancelSignal
 from core.llm.provider import (
     LLMMessage,
     LLMProvider,
@@ -68,6 +70,10 @@ EMPTY_TOOL_OUTPUT = "[no output]"
 ABORTED_TOOL_OUTPUT = "Tool call aborted: the user stopped the turn before it finished."
 NOT_RUN_TOOL_OUTPUT = "Tool call denied: the user stopped the turn before it ran; it was not run."
 """The output of a call the stop left waiting (for approval, or behind one): it never started."""
+FAILED_TOOL_OUTPUT = "Tool call aborted: the turn failed (an error, not the user) before it finished."
+NOT_RUN_FAILED_TOOL_OUTPUT = "Tool call not run: the turn failed (an error, not the user) before it ran."
+"""The outputs of calls a failure (the model's stream, the loop) cut off or left waiting: the model must not be
+told that the user stopped them."""
 
 
 def normalize_output(text: str, limit: int = MAX_TOOL_OUTPUT_CHARS) -> str:
@@ -96,6 +102,8 @@ class Round:
     """Why the model stopped writing (``StreamEnd``): "stop", "length", "content_filter", …"""
     started: set[str] = field(default_factory=set)
     """The calls whose tool was started (allowed, and run): one without an output was cut off while running."""
+    failed: bool = False
+    """The round was ended by a failure (not by a stop): what its calls lack is the failure's doing."""
 
     @property
     def text(self) -> str:
@@ -104,11 +112,13 @@ class Round:
         return self.pieces[0] if self.pieces else ""
 
     def output_for(self, call_id: str) -> str:
-        """The call's output; for one the stop left without any, whether it was cut off while running or never
-        started (left waiting for approval: the stop denied it)."""
+        """The call's output; for one the stop (or a failure) left without any, whether it was cut off while
+        running or never started (left waiting for approval: the stop denied it)."""
         out = self.outputs.get(call_id)
         if out is not None:
             return out.output
+        if self.failed:
+            return FAILED_TOOL_OUTPUT if call_id in self.started else NOT_RUN_FAILED_TOOL_OUTPUT
         return ABORTED_TOOL_OUTPUT if call_id in self.started else NOT_RUN_TOOL_OUTPUT
 
     def messages(self) -> list[LLMMessage]:
@@ -158,7 +168,7 @@ class AgentLoop:
                  emit: Callable[[TurnEvent], None], spawn: Spawn, depth: int = 0,
                  on_model_retry: Callable[[], None] | None = None,
                  images_rejected: Callable[..., None] | None = None,
-                 abandoned: Callable[[], bool] | None = None) -> None:
+                 cancel: CancelSignal | None = None) -> None:
         self._provider = provider
         self._tools = tools
         self._broker = broker
@@ -169,7 +179,7 @@ class AgentLoop:
         self._emit = emit
         self._spawn = spawn
         self._depth = depth
-        self._abandoned = abandoned
+        self._cancel = cancel
         self._images_rejected = images_rejected
         self._on_model_retry = on_model_retry
         self.rounds: list[Round] = []
@@ -222,10 +232,12 @@ class AgentLoop:
                     base = _describe(base, described)
                     continue
                 if rnd.calls or rnd.text:
+                    rnd.failed = True
                     self.rounds.append(rnd)
                 raise
-            except BaseException:
+            except BaseException as exc:
                 if rnd.calls or rnd.text:
+                    rnd.failed = not isinstance(exc, asyncio.CancelledError)
                     self.rounds.append(rnd)  # abort: what was committed enters the next context
                 raise
             self.rounds.append(rnd)
@@ -377,7 +389,7 @@ class AgentLoop:
             if not isinstance(args, dict):
                 raise ValueError("arguments must be a JSON object")
             text = await tool.run(args, ToolContext(self._key, self._turn_id, call.call_id, self._requested_by,
-                                                    self._depth, queue.push, self._abandoned))
+                                                    self._depth, queue.push, self._cancel))
             text = normalize_output(str(text))
         except Exception as exc:
             status = "failed"

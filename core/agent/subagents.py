@@ -16,9 +16,11 @@ Approvals a child asks for are decided in the parent's chat: they appear in the 
 their ``origin`` (``TurnController``) and are answered through ``ChatCore.decide(parent, call, origin=...)``,
 which checks that the origin descends from the parent (``descends``). ``/stop`` in the parent cancels the
 call's task; the child is then stopped through its own cancel signal (its pending approvals denied, its
-"Stopped" notice committed in its history) before the cancellation goes on. A parent *abandoned* (its process
-lost the session's lease, ``CancelSignal.abandon``) abandons the child too: it commits nothing, and the
-process that takes the session over closes the child's turn with the parent's.
+"Stopped" notice committed in its history, the shutdown's when the bridge's shutdown stopped the parent) before
+the cancellation goes on; a stop while its first write is being saved waits for that write and closes the turn
+it began. A parent *abandoned* (its process lost the session's lease, ``CancelSignal.abandon``) abandons the
+child too: it commits nothing, and the process that takes the session over closes the child's turn with the
+parent's.
 
 Result: the child's final answer is the call's output (cut like any tool output by the agent loop). A child
 that failed (a model error after its retries, its ``max_turns``, a crash) or was stopped raises
@@ -285,15 +287,24 @@ class SubagentTool:
 
         builder = TurnInputBuilder(self._store, settings)
         record: SessionRecord | None = None
+        # The write that begins the child's turn runs in a task of its own: a stop that comes while it is being
+        # saved cannot take it back (a write under way lands), so the stop waits for it and, when it began the
+        # turn, closes that turn as stopped (else the turn would stay "running" until the next start).
+        starting = asyncio.get_running_loop().create_task(self._store.append_message(key, NewMessage(
+            role="user", content=task, source=MessageSource(
+                kind="user_input", from_user_id=context.requested_by, turn_id=turn_id,
+                extra={"parent": context.session_key, "call_id": context.call_id, "profile": profile_name})),
+            begin_turn=(turn_id, json.dumps({"subagent_of": context.session_key}))), name=f"subagent:{key}:start")
         try:
-            _, record = await self._store.append_message(key, NewMessage(
-                role="user", content=task, source=MessageSource(
-                    kind="user_input", from_user_id=context.requested_by, turn_id=turn_id,
-                    extra={"parent": context.session_key, "call_id": context.call_id, "profile": profile_name})),
-                begin_turn=(turn_id, json.dumps({"subagent_of": context.session_key})))
-            prepared = await builder.prepare(key, record.state_version,
+            _, began = await asyncio.shield(starting)
+            record = began
+            prepared = await builder.prepare(key, began.state_version,
                                              RuntimeContext(channel=context.session_key.split(":", 1)[0]))
         except asyncio.CancelledError:  # stopped while starting: a turn it began still ends, once
+            if record is None:
+                await asyncio.wait({starting}, timeout=self._settings.shutdown_timeout)
+                if starting.done() and not starting.cancelled() and starting.exception() is None:
+                    _, record = starting.result()
             if record is not None:
                 await self._close(key, turn_id, Cancelled(""), record, controller)
             ended("cancelled", "stopped")
@@ -326,7 +337,7 @@ class SubagentTool:
         try:
             outcome = await asyncio.shield(work)
         except asyncio.CancelledError:
-            if context.abandoned is not None and context.abandoned():
+            if context.cancel is not None and context.cancel.abandoned:
                 # The parent was abandoned (its process lost the session): so is the child, which commits
                 # nothing; the session's new holder closes its turn with the parent's.
                 cancel.abandon()
@@ -334,8 +345,12 @@ class SubagentTool:
                 ended("cancelled", "stopped")
                 raise
             # The parent was stopped: stop the child the same way (its approvals denied, its stop
-            # committed in its own history), bounded, then let the cancellation go on.
-            cancel.set()
+            # committed in its own history, saying so when the bridge's shutdown stopped the parent), bounded,
+            # then let the cancellation go on.
+            if context.cancel is not None and context.cancel.by_shutdown:
+                cancel.shutdown()
+            else:
+                cancel.set()
             done, _ = await asyncio.wait({work}, timeout=self._settings.shutdown_timeout)
             stopped: TurnRunOutcome = work.result() if work in done and not work.cancelled() \
                 and work.exception() is None else Cancelled(controller.text)
@@ -392,5 +407,6 @@ class SubagentTool:
         else:
             error = "its answer could not be saved"
         ended("failed", error)
-        raise SubagentError(f"The subagent ({label}) failed: {error}. You may try again or do the task yourself.")
+        raise SubagentError(f"The subagent ({label}) failed: {error.rstrip('.')}. You may try again or do the task "
+                            "yourself.")
 

@@ -17,6 +17,7 @@ from core.tools.arguments import ArgumentChecker
 
 if TYPE_CHECKING:
     from core.agent.events import TurnEvent
+    from core.cancel_signal import CancelSignal
 
 ApprovalPolicy = Literal["auto", "ask", "deny"]
 DEFAULT_APPROVAL: ApprovalPolicy = "ask"
@@ -37,9 +38,10 @@ class ToolContext:
     emit: Callable[[TurnEvent], None] | None = None
     """Pushes a turn event (``core.agent.events``) into the turn's stream, in arrival order with the rest:
     how ``run_subagent`` forwards its child session's events. Only while ``run`` runs."""
-    abandoned: Callable[[], bool] | None = None
-    """Once the call is cancelled: whether its turn was abandoned (``CancelSignal.abandon``: the process lost
-    the session, whose new holder closes what ran), rather than stopped."""
+    cancel: CancelSignal | None = None
+    """The turn's cancel signal, to read (never to set): once the call is cancelled, whether its turn was
+    abandoned (``abandoned``: the process lost the session, whose new holder closes what ran) rather than
+    stopped, and whether the bridge's shutdown stopped it (``by_shutdown``)."""
 
 
 class Tool(Protocol):
