@@ -107,7 +107,7 @@ class ChatCore:
         builder = TurnInputBuilder(store, s, images=self.media.model_image if self.media else None,
                                    vision=self.vision.enabled)
         self._builder = builder
-        self._compactor = Compactor(provider, builder, s)
+        self._compactor = Compactor(provider, builder, s, on_model_retry=self.metrics.model_retries.inc)
         self._committer = TurnCommitter(store, self.events, self.presenter)
         if s.subagents.enabled:
             self.tools.add(SubagentTool(settings=s, store=store, provider=provider, supervisor=self.supervisor,
@@ -121,7 +121,8 @@ class ChatCore:
             committer=self._committer,
             delivery=TurnDeliveryService(self.channels, self.supervisor, s),
             plain=self._plain, redelivery=self._redelivery, presenter=self.presenter,
-            titles=TitleService(store, provider, self.supervisor, self.events, s),
+            titles=TitleService(store, provider, self.supervisor, self.events, s,
+                                on_model_retry=self.metrics.model_retries.inc),
             events=self.events, settings=s, metrics=self.metrics,
             intake=AttachmentIntake(self.media, s, sources=self.channels.get, transcriber=transcriber)
             if self.media is not None else None)
@@ -134,7 +135,7 @@ class ChatCore:
                                        takeover=self.failover)
         if self.failover is not None:
             self.failover.sessions = self.sessions
-        self.metrics.watch(queue_depth=self.sessions.queued_count, active_sessions=lambda: self.sessions.active_count,
+        self.metrics.watch(queue_depth=self.sessions.queued_count, active_sessions=self.sessions.busy_count,
                            running_turns=self.sessions.running_count)
         self.router = IngressRouter(store=store, sessions=self.sessions, plain=self._plain,
                                     presenter=self.presenter, supervisor=self.supervisor, settings=s,
@@ -229,6 +230,7 @@ class ChatCore:
             await self.store.mark_delivered(turn_id)
             return
         log.info("sending the %s turn %s again: a restart came before its delivery", item.turn.state, turn_id)
+        self.metrics.fallbacks.labels(target.channel).inc()  # its live delivery failed: a plain message now
         rest = await self._redelivery.deliver(turn_id, target, item.text)
         if rest.text:
             self._redelivery.schedule(turn_id, target, rest)

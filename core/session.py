@@ -183,7 +183,12 @@ class SessionManager:
 
     @property
     def active_count(self) -> int:
+        """Sessions with a worker, idle ones included (a worker waits ``session_idle_seconds`` for more)."""
         return len(self._active)
+
+    def busy_count(self) -> int:
+        """Sessions with work (a turn or a job running, or messages waiting): the metrics' active sessions."""
+        return sum(1 for s in self._active.values() if s.busy or s.waiting_places() or s.cancel is not None)
 
     def queued_count(self) -> int:
         """Accepted messages waiting for their session's worker (for the metrics)."""

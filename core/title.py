@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from core.events import EventBus, SessionTitleChanged
 from core.llm.provider import LLMMessage, LLMProvider, LLMRequest
-from core.llm.retry import collect_text
+from core.llm.retry import collect_text, counting
 from core.settings import CoreSettings
 from core.store import Store
 from core.supervisor import SupervisorClosedError, TaskSupervisor
@@ -27,7 +28,9 @@ TITLE_RETRY_DELAYS = (1.0, 3.0)
 
 class TitleService:
     def __init__(self, store: Store, provider: LLMProvider, supervisor: TaskSupervisor, events: EventBus,
-                 settings: CoreSettings) -> None:
+                 settings: CoreSettings, *, on_model_retry: Callable[[], None] | None = None) -> None:
+        self._on_model_retry = on_model_retry
+        """Told of each title request tried again (the metrics' model retries)."""
         self._store = store
         self._provider = provider
         self._supervisor = supervisor
@@ -50,7 +53,8 @@ class TitleService:
         try:
             async with asyncio.timeout(self._settings.title_timeout):
                 raw = await collect_text(self._provider, request, TITLE_RETRY_DELAYS,
-                                         timeout=self._settings.request_timeout)
+                                         timeout=self._settings.request_timeout,
+                                         on_retry=counting(self._on_model_retry))
         except Exception as exc:  # a title is a nicety: log and move on
             log.warning("title generation for %s failed: %s", key, exc)
             return

@@ -11,8 +11,11 @@ from bridge.app import run_app
 from bridge.config import load_config
 from tests.fakes.openai_server import HttpError, Text
 from tests.fakes.telegram.harness import telegram_harness
+from tests.support.harness import make_harness
 from tests.support.ports import free_port
 from tests.test_app import write_config
+from tests.test_telegram_redelivery import ANSWER as LONG_ANSWER
+from tests.test_telegram_redelivery import retrying, undelivered
 
 CHAT = 555
 ANSWER = "The capital of France is **Paris**."
@@ -82,8 +85,57 @@ async def test_the_queue_and_running_turns_show_while_a_reply_is_written(tmp_pat
         text = t.core.metrics.render().decode()
         assert value(text, "chatbridge_turns_total", outcome="completed") == 3
         assert value(text, "chatbridge_queue_depth") == 0 and value(text, "chatbridge_running_turns") == 0
+        # its worker waits a while for more (session_idle_seconds), but the session has nothing to do
+        assert t.core.sessions.active_count == 1 and value(text, "chatbridge_active_sessions") == 0
     finally:
         await t.close()
+
+
+async def test_model_retries_of_compaction_and_titles_are_counted(tmp_path, fake_openai):
+    h = await make_harness(tmp_path, fake_openai, titles=True)
+    try:
+        fake_openai.script(Text("first answer"), HttpError.server(503), Text("A Title"))
+        await h.say("first question")
+        await h.wait_for(lambda: len(fake_openai.requests) == 3, timeout=10)  # the title, tried again
+        await h.wait_for(lambda: value(h.core.metrics.render().decode(), "chatbridge_model_retries_total") == 1)
+        fake_openai.script(HttpError.server(503), Text("SUMMARY"))
+        await h.say("/compact")
+        await h.settle()
+        assert "Compacted" in h.platform.plain("c1")[-1] and len(fake_openai.requests) == 5
+        assert value(h.core.metrics.render().decode(), "chatbridge_model_retries_total") == 2
+    finally:
+        await h.core.shutdown()
+
+
+async def test_an_answer_sent_again_after_a_restart_counts_as_a_fallback(tmp_path, fake_openai, tg):
+    """The final send timed out (it may have landed): nothing is sent then; the next start sends the answer as a
+    plain message, which is a fallback like any other."""
+    hold = asyncio.Event()
+    fake_openai.script(Text(LONG_ANSWER, chunk_size=4, delay=0.01, hold=hold))
+    t = await telegram_harness(tmp_path, fake_openai, tg, call_timeout=0.3,
+                               core={"redelivery_delays": (0.05, 0.05, 0.05)})
+    try:
+        tg.fail("sendChatAction", status=403, description="Forbidden: bot was blocked by the user")
+        fault = tg.fail("sendMessage", status=502, description="Bad Gateway", apply_first=True, hang=30.0,
+                        times=1_000_000)
+        tg.user_message("capital of France?")
+        await t.release_after_typing(hold)
+        await t.settle()
+        await t.wait_for(lambda: not retrying(), timeout=10)
+        assert len(await undelivered(t)) == 1
+        first = value(t.core.metrics.render().decode(), "chatbridge_fallbacks_total", channel="telegram")
+    finally:
+        await t.close()
+    fault.times = 0
+    sends = tg.count("sendMessage")
+    t = await telegram_harness(tmp_path, fake_openai, tg)  # the start sends it as a plain message
+    try:
+        await t.settle()
+        await t.wait_for(lambda: tg.count("sendMessage") == sends + 1)
+        again = value(t.core.metrics.render().decode(), "chatbridge_fallbacks_total", channel="telegram")
+    finally:
+        await t.close()
+    assert (first, again) == (0, 1)
 
 
 async def test_metrics_are_served_over_http_and_need_the_token_when_the_chat_has_one(tmp_path, fake_openai):

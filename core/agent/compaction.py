@@ -13,7 +13,7 @@ from collections.abc import Callable
 from core.agent.events import CompactionBegin, CompactionEnd, TokenUsage, TurnEvent
 from core.input_builder import PreparedTurnInput, Summary, TurnInputBuilder, estimate_tokens, summary_of
 from core.llm.provider import LLMMessage, LLMProvider, LLMRequest, ProviderError, TextDelta, Usage
-from core.llm.retry import retry_policy
+from core.llm.retry import counting, retry_policy
 from core.llm.silence import bounded
 from core.media.describe import mention
 from core.messages import ChatMessage, MessageSource, NewMessage
@@ -26,10 +26,13 @@ SUMMARY_PROMPT = (
 
 
 class Compactor:
-    def __init__(self, provider: LLMProvider, builder: TurnInputBuilder, settings: CoreSettings) -> None:
+    def __init__(self, provider: LLMProvider, builder: TurnInputBuilder, settings: CoreSettings, *,
+                 on_model_retry: Callable[[], None] | None = None) -> None:
         self._provider = provider
         self._builder = builder
         self._settings = settings
+        self._on_model_retry = on_model_retry
+        """Told of each summary request tried again (the metrics' model retries)."""
 
     def needed(self, prepared: PreparedTurnInput) -> bool:
         return prepared.context_tokens > self._settings.compaction_threshold * self._settings.context_window
@@ -72,7 +75,7 @@ class Compactor:
                              max_tokens=self._settings.max_output_tokens, model=self._settings.model)
         usage: Usage | None = None
         text = ""
-        async for attempt in retry_policy(self._settings.retry_delays):
+        async for attempt in retry_policy(self._settings.retry_delays, on_retry=counting(self._on_model_retry)):
             with attempt:
                 parts: list[str] = []
                 async for event in bounded(self._provider.stream(request), self._settings.request_timeout):

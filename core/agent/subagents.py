@@ -324,7 +324,9 @@ class SubagentTool:
         tools = ChildTools(self._tools, allowed=allowed, profile=profile_name, may_nest=may_nest,
                            max_depth=self._settings.subagents.max_depth)
         runner = TurnRunner(self._provider, builder, self._store, self._supervisor, settings, tools=tools,
-                            broker=self._broker, compactor=Compactor(self._provider, builder, settings),
+                            broker=self._broker, compactor=Compactor(
+                                self._provider, builder, settings,
+                                on_model_retry=self._metrics.model_retries.inc if self._metrics is not None else None),
                             metrics=self._metrics)
         cancel = CancelSignal()
         try:

@@ -27,6 +27,17 @@ OnRetry = Callable[[ProviderError, int, float], Awaitable[None] | None]
 ``error``; the next attempt starts after ``sleep_seconds``. Called before the sleep; may be async."""
 
 
+def counting(tally: Callable[[], None] | None) -> OnRetry | None:
+    """An ``on_retry`` that only counts the retries (``tally()`` once each: the metrics' model retries)."""
+    if tally is None:
+        return None
+
+    def on_retry(error: ProviderError, attempt: int, sleep: float) -> None:
+        tally()
+
+    return on_retry
+
+
 def _is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, ProviderError) and exc.retryable
 
