@@ -6,7 +6,8 @@ only what a crash cannot lose; the session worker serves it in arrival order, an
 Duplicates (by the envelope's event_id) are dropped; a full queue gets an immediate busy notice and marks
 nothing, so the same message may be sent again. Commands run as their own supervised tasks so a slow one
 never holds up another session, except ``/new``, which runs in its session's order and ends the
-conversation for the messages still waiting before it.
+conversation for the messages still waiting before it. A message with attachments is never a command (a
+photo captioned "/new" is a message, answered with its photo).
 
 Storing a message, or recording a command's event and then starting the command, runs as a task of its own
 that the caller only waits for: a channel that must answer its platform in time (Slack: 3 s) may stop waiting
@@ -137,7 +138,8 @@ class IngressRouter:
         if await self._stored_meanwhile(envelope):
             return SubmitResult.DUPLICATE
         try:
-            command = parse_command(envelope.content)
+            # a message with attachments is never a command: "/new" as a photo's caption would lose the photo
+            command = parse_command(envelope.content) if not envelope.media else None
             if command is not None:
                 if envelope.event_id is None:  # nothing to record first, so nothing a caller's cancellation cuts
                     return self._start_command(command, envelope)

@@ -76,6 +76,22 @@ async def test_the_chat_shows_typing_while_a_photo_downloads_and_not_after(tmp_p
         await t.close()
 
 
+async def test_a_photo_captioned_like_a_command_is_a_message_and_its_photo_reaches_the_model(
+        tmp_path, fake_openai, tg):
+    photo = jpeg(640, 480)
+    tg.add_file("big", photo)
+    fake_openai.script(Text("a photo"))
+    t = await telegram_harness(tmp_path, fake_openai, tg)
+    try:
+        tg.user_message(caption="/new", photo=True)
+        await t.settle()
+        [request] = fake_openai.requests
+        assert image_parts(request) == [("image/jpeg", photo)]
+        assert tg.visible(CHAT) == ["a photo"]  # no "new conversation" notice, no photo dropped
+    finally:
+        await t.close()
+
+
 async def test_with_vision_off_the_model_gets_a_description_instead(tmp_path, fake_openai, tg):
     tg.add_file("big", jpeg(1280, 960))
     t = await telegram_harness(tmp_path, fake_openai, tg, core={"vision": False})
