@@ -213,9 +213,21 @@ class McpServerEntry(Section):
     env: dict[str, str] = Field(default_factory=dict, json_schema_extra={"secret": True})
     """Every value is treated as a secret (masked, redacted from logs)."""
     url: str | None = None
+    """Its user info and query are secrets (an HTTP server's only way to take credentials): see ``url_secrets``."""
     approval: Literal["ask", "auto", "deny"] = DEFAULT_APPROVAL
     startup_timeout_seconds: PositiveFloat = DEFAULT_STARTUP_TIMEOUT
     call_timeout_seconds: PositiveFloat = DEFAULT_CALL_TIMEOUT
+
+    def url_secrets(self) -> set[str]:
+        """The parts of ``url`` that carry credentials (user name, password, query), as written and decoded."""
+        if not self.url:
+            return set()
+        try:
+            parts = urlsplit(self.url)
+            found = [p for p in (parts.username, parts.password, parts.query) if p]
+        except ValueError:  # an unparsable URL is refused when the server starts; mask it whole meanwhile
+            found = [self.url]
+        return {*found, *(unquote(p) for p in found)}
 
 
 class FetchUrlConfig(Section):
@@ -312,6 +324,8 @@ class AppConfig(Section):
         """Every non-empty secret (enabled or not), longest first, for redacting logs."""
         values = {value for _, _, value in _iter_secrets(self) if value}
         values.add(self.store.dsn_password())
+        for server in self.agent.mcp_servers:
+            values |= server.url_secrets()
         values.discard("")
         return sorted(values, key=lambda v: (-len(v), v))
 

@@ -8,14 +8,20 @@ secret."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import logging
 
 from bridge.cli import main as cli_main
+from bridge.config import load_config
+from bridge.logs import configure_logging
 from channels.telegram.channel import SECRET_HEADER
+from core.tools.mcp import McpManager, McpServerConfig
 from tests.browser.server import open_stream
 from tests.fakes.openai_server import HttpError, Text, ToolCalls
 from tests.fakes.telegram import FakeTelegram
 from tests.support.bridge_process import AUTH, ENV, SECRETS, TG_TOKEN, WEBHOOK_SECRET, start_bridge, until
+from tests.support.ports import free_port
 
 CHAT = 555
 
@@ -88,3 +94,38 @@ async def test_no_secret_reaches_a_log_line_a_chat_or_check(tmp_path, fake_opena
     checked = capfd.readouterr()
     assert "config OK" in checked.out and "echo__echo" in checked.out
     assert not leaks(checked.out + checked.err), leaks(checked.out + checked.err)
+
+
+async def test_the_credentials_in_an_http_mcp_servers_url_reach_neither_check_nor_the_log(tmp_path, capfd):
+    """An HTTP MCP server takes a key only in its URL (user info, or the query): ``check`` shows the URL without
+    them, and the log masks them (the MCP SDK's debug line names the endpoint it connects to)."""
+    password, key = "hunter2-mcp-pass", "mcp-query-key-42"
+    url = f"http://bob:{password}@127.0.0.1:{free_port()}/mcp?key={key}"
+    path = tmp_path / "chatbridge.toml"
+    path.write_text(f'[bridge]\nlog_level = "debug"\n[llm]\nprovider = "openai"\nmodel = "m"\n'
+                    f'base_url = "http://127.0.0.1:9/v1"\n[[agent.mcp_servers]]\nname = "h"\nurl = "{url}"\n'
+                    f'startup_timeout_seconds = 2\n')
+    await asyncio.to_thread(cli_main, ["check", "-c", str(path)])  # the server is unreachable: check says so
+    checked = capfd.readouterr()
+    out = checked.out + checked.err
+    assert "127.0.0.1" in out and "/mcp" in out
+    assert password not in out and key not in out
+
+    config = load_config(path, env={})
+    stream = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    configure_logging("debug", config.secret_values(), stream=stream)
+    try:
+        manager = McpManager()
+        await manager.start([McpServerConfig(name="h", url=url, startup_timeout=2.0)])
+        await manager.aclose()
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+    log = stream.getvalue()
+    assert "127.0.0.1" in log  # the endpoint was logged
+    assert password not in log and key not in log
