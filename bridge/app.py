@@ -8,6 +8,7 @@ import dataclasses
 import hmac
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -259,13 +260,14 @@ def build_http_app(channels: list[Channel], mcp: McpManager | None = None, *, me
     async def healthz(_: web.Request) -> web.Response:
         states = {c.name: c.state() for c in channels}
         body: dict[str, object] = {"channels": states}
-        if started is not None and not started.is_set():
-            return web.json_response({"status": "starting", **body}, status=503, headers={"Retry-After": "1"})
         if mcp is not None and mcp.sources():
             # Shown, but never the reason for a 503: an MCP server only adds tools, and while one is away the
             # chat still works (its tools answer that it is restarting). Taking the bridge out of a load
-            # balancer for it would cost every conversation for the sake of a few tool calls.
+            # balancer for it would cost every conversation for the sake of a few tool calls. (While the
+            # bridge starts, they show which server it is waiting for.)
             body["mcp_servers"] = mcp.states()
+        if started is not None and not started.is_set():
+            return web.json_response({"status": "starting", **body}, status=503, headers={"Retry-After": "1"})
         failing = sorted(name for name, state in states.items() if state == ERROR)
         if failing:
             return web.json_response({"status": "error", "failing": failing, **body}, status=503)
@@ -284,6 +286,26 @@ def build_http_app(channels: list[Channel], mcp: McpManager | None = None, *, me
 
     if metrics is not None:
         app.router.add_get("/metrics", metrics_page)
+    return app
+
+
+def starting_app(mcp: McpManager | None = None) -> web.Application:
+    """What the web server answers while the bridge starts, before the core and the channels exist (the MCP
+    servers starting, for up to their ``startup_timeout_seconds``; the core starting): ``/healthz`` 503
+    ``"starting"``, as it answers until everything has started, and every other path 503 with a
+    ``Retry-After``, so a platform's webhook is sent again later and the web chat says it is starting. A
+    monitor or an orchestrator probing the port sees the bridge starting rather than a refused connection."""
+    app = build_http_app([], mcp, started=asyncio.Event())
+
+    async def starting(_: web.Request) -> web.Response:
+        return web.json_response({"error": "chatbridge is starting; try again in a moment"}, status=503,
+                                 headers={"Retry-After": "1"})
+
+    async def no_keep_alive(_: web.Request, response: web.StreamResponse) -> None:
+        response.force_close()  # a client's next request reaches the application once it takes over
+
+    app.router.add_route("*", "/{tail:.*}", starting)
+    app.on_response_prepare.append(no_keep_alive)
     return app
 
 
@@ -409,6 +431,20 @@ class _Run:
     async def start_up(self) -> int | None:
         """Everything up to "chatbridge started"; an ExitCode when the bridge cannot start, else None."""
         config = self.config
+        # The port answers from the first moment (``starting_app``); the application with the channels' routes
+        # takes over once the core has started, its router being fixed once it serves.
+        if config.web.enabled:
+            try:
+                bound = await _bind(config.web.host, config.web.port)
+            except OSError as exc:
+                print(f"chatbridge: cannot listen on {config.web.host}:{config.web.port}: {exc.strerror or exc}",
+                      file=sys.stderr)
+                return ExitCode.STARTUP
+            try:
+                self.runner, sockets = await _serve(starting_app(self.mcp), bound, shutdown_timeout=1.0)
+            finally:
+                for sock in bound:
+                    sock.close()  # the stand-in's servers hold duplicates
         # MCP servers start before the core, so their tools are in the registry from the first turn; one that
         # fails is logged and left out, and the rest keep working.
         await start_mcp_servers(config, manager=self.mcp)
@@ -438,15 +474,12 @@ class _Run:
                   f"{exc.strerror or exc}", file=sys.stderr)
             return ExitCode.STARTUP
         if config.web.enabled:
-            self.runner = web.AppRunner(app, access_log=None)
-            await self.runner.setup()
-            site = web.TCPSite(self.runner, config.web.host, config.web.port)
-            try:
-                await site.start()
-            except OSError as exc:
-                print(f"chatbridge: cannot listen on {config.web.host}:{config.web.port}: {exc.strerror or exc}",
-                      file=sys.stderr)
-                return ExitCode.STARTUP
+            # Both serve the same sockets for a moment, then the stand-in closes its own: no connection is
+            # refused in between (an application's routes cannot be swapped while it serves).
+            stand_in = self.runner
+            self.runner, _ = await _serve(app, sockets)  # duplicates of the stand-in's sockets, open till it closes
+            if stand_in is not None:
+                await stand_in.cleanup()
             log.info("listening on http://%s:%d", config.web.host, config.web.port)
         for channel in self.channels:
             try:
@@ -509,6 +542,46 @@ class _Run:
         except Exception as exc:
             log.warning("forced exit: the store could not be closed (%s)", exc or type(exc).__name__)
         log.warning("forced exit")
+
+
+async def _bind(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for ``host`` and ``port``, made as ``loop.create_server`` makes them: one for each
+    address the host stands for (all of them for ``""``), the address reusable, an IPv6 one IPv6 only.
+
+    Bound once, they are served first by the stand-in (``starting_app``), then by the application: each
+    server is given a duplicate (``_serve``), which it closes when it stops, so the port stays open from one
+    to the other and closes with the last."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                        flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(128)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+async def _serve(app: web.Application, sockets: list[socket.socket], *,
+                 shutdown_timeout: float = 60.0) -> tuple[web.AppRunner, list[socket.socket]]:
+    """A runner serving ``app`` on a duplicate of each of ``sockets`` (see ``_bind``), and the duplicates
+    (open until the runner is cleaned up). ``shutdown_timeout``: how long closing it waits for the requests
+    in progress (aiohttp's default, 60 s, unless given)."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    served = [sock.dup() for sock in sockets]
+    for sock in served:
+        await web.SockSite(runner, sock).start()
+    return runner, served
 
 
 async def _steps(steps: dict[str, Awaitable[T]], until: float, phase: str) -> dict[str, T]:

@@ -3,7 +3,10 @@
 A call whose arguments are not a JSON object matching the tool's ``parameters`` schema never runs and is
 never offered for approval: the model gets the reason as the call's output (``InvalidArguments``). The
 check uses the ``jsonschema`` library (the dialect the schema names, Draft 2020-12 when it names none); a
-tool whose schema is itself invalid is checked only for "a JSON object" and logged once.
+tool whose schema is itself invalid is checked only for "a JSON object" and logged once. So is one whose
+schema refers (``$ref``) to something it does not hold, such as a ``$defs`` entry an MCP server left out or
+a remote document (never fetched): the reference is followed only when a call's arguments reach it, so that
+shows at a call, not when the schema is compiled, and must not fail the turn.
 
 What an approval shows (``shown_arguments``): every argument, its value as JSON text in full. The
 schema's ``required`` arguments come first and are marked ``key`` — they say what the call does (for
@@ -22,6 +25,7 @@ from typing import Any
 
 import jsonschema
 from jsonschema.exceptions import SchemaError, ValidationError, best_match
+from referencing.exceptions import Unresolvable
 
 from core.snapshot import ShownArgument
 
@@ -61,7 +65,13 @@ class ArgumentChecker:
         if not isinstance(parsed, dict):
             raise InvalidArguments("the arguments must be a JSON object")
         if self._validator is not None:
-            errors = list(self._validator.iter_errors(parsed))
+            try:
+                errors = list(self._validator.iter_errors(parsed))
+            except Unresolvable as exc:
+                log.warning("tool %s has a parameters schema whose reference %r cannot be resolved; its calls "
+                            "are checked only for a JSON object", self.tool_name, exc.ref)
+                self._validator = None
+                return parsed
             if errors:
                 raise InvalidArguments(_reason(errors))
         return parsed

@@ -55,7 +55,8 @@ log = logging.getLogger(__name__)
 
 TOOL_SEPARATOR = "__"
 PING_SECONDS = 5.0
-"""After a call timed out, how long the server has to answer a ping before it counts as stuck and is restarted."""
+"""After a call timed out or its caller gave up on it, how long the server has to answer a ping before it
+counts as stuck and is restarted."""
 MAX_TOOL_NAME = 64
 """The longest tool name the model APIs take (OpenAI's and Anthropic's function names: ``^[a-zA-Z0-9_-]{1,64}$``);
 a server's tool whose ``<server>__<tool>`` is longer is left out, as one offered would fail every request."""
@@ -664,10 +665,13 @@ class McpToolSource:
             finally:  # cancelled: the source is closing, or the connection ended under the call
                 _settle(call.future, exc=McpToolError(self._interrupted_text(call.name, live)))
         # (outside the scope, which the settled call cancels) a slow tool leaves the server answering a ping;
-        # a server that answers nothing at all is stuck, and is restarted
-        if timed_out and live.open and not await self._answers_ping(session):
-            self._lost(live, f"the server stopped answering (a call timed out, then a ping within "
-                             f"{_seconds(PING_SECONDS)})")
+        # a server that answers nothing at all is stuck, and is restarted. A call its caller gave up on (a
+        # user's /stop of a call that hung) is as much a sign as a timeout, and the only one before it: without
+        # the ping the next call waited out its whole timeout. The caller is gone, so this costs no one a wait.
+        given_up = call.future.cancelled()
+        if (timed_out or given_up) and live.open and not self._closing and not await self._answers_ping(session):
+            what = "a call timed out" if timed_out else "a call was given up on"
+            self._lost(live, f"the server stopped answering ({what}, then a ping within {_seconds(PING_SECONDS)})")
 
     def _fail_pending(self, live: _Live) -> None:
         while True:
@@ -679,7 +683,8 @@ class McpToolSource:
                 _settle(request.future, exc=McpToolError(self._unavailable_text(request.name)))
 
     async def _answers_ping(self, session: ClientSession) -> bool:
-        """Whether the server answers a ping within ``PING_SECONDS`` (after one of its calls timed out)."""
+        """Whether the server answers a ping within ``PING_SECONDS`` (after one of its calls timed out, or was
+        given up on)."""
         import anyio
 
         try:
@@ -871,6 +876,9 @@ class McpManager:
         self._supervisor = TaskSupervisor("mcp")  # the servers outlive the core: they have their own
         self._sources: list[McpToolSource] = []
         self._all: list[McpToolSource] = []
+        self._owners: dict[str, str] = {}
+        """Each full tool name offered, and the server it is the tool of."""
+        self._withheld: set[McpTool] = set()
         self.statuses: list[McpServerStatus] = []
 
     async def start(self, configs: Sequence[McpServerConfig], timeout: float | None = None) -> list[str]:
@@ -902,11 +910,29 @@ class McpManager:
             else:
                 self._sources.append(source)
                 self.statuses.append(McpServerStatus(cfg.name, cfg.target(),
-                                                     tools=tuple(t.spec.name for t in result)))
+                                                     tools=tuple(t.spec.name for t in self._claim(source))))
         return failures
 
+    def _claim(self, source: McpToolSource) -> list[McpTool]:
+        """The tools of ``source`` whose full names no earlier server's tool has (in configuration order).
+
+        ``<server>__<tool>`` is not unique across servers: server ``a``'s tool ``b__c`` and server ``a__b``'s
+        tool ``c`` are both ``a__b__c``. A second one is left out with a warning, as a second tool of the
+        same name on one server is, rather than stopping the bridge (a registry takes each name once). The
+        built-in tools' names have no ``__``, so no MCP tool takes one of theirs."""
+        kept: list[McpTool] = []
+        for tool in source.tools:
+            owner = self._owners.setdefault(tool.spec.name, source.config.name)
+            if owner == source.config.name:
+                kept.append(tool)
+                continue
+            log.warning("MCP server %s: skipping tool %r (%s is already the name of a tool of server %s)",
+                        source.config.name, tool.remote_name, tool.spec.name, owner)
+            self._withheld.add(tool)
+        return kept
+
     def tools(self) -> list[McpTool]:
-        return [tool for source in self._sources for tool in source.tools]
+        return [tool for source in self._sources for tool in source.tools if tool not in self._withheld]
 
     def sources(self) -> list[McpToolSource]:
         """Every configured server, in configuration order (those that failed to start included)."""

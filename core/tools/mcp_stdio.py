@@ -5,8 +5,10 @@ joining the pipe's chunks by string concatenation (quadratic in the line's lengt
 whole line, so a 10 MB tool result cost about 100 MB and seconds of CPU, and a 50 MB one ran past the call
 timeout; it has no setting that bounds a line. Everything else is kept as the SDK does it: the SDK's safe
 default environment, the server in a process group of its own, and on exit stdin closed, a grace period,
-then the SDK's own termination of the process group. ``ClientSession`` takes these streams like any
-transport's. (On Windows the SDK's transport is used as it is, without the bound.)
+then the SDK's own termination of the process group; a stop that is cancelled part way (a close cut short,
+a forced exit) kills the process group at once instead, so that no server outlives the bridge.
+``ClientSession`` takes these streams like any transport's. (On Windows the SDK's transport is used as it
+is, without the bound.)
 
 The server's stderr is read line by line (each line bounded to ``MAX_STDERR_LINE`` bytes) and handed to
 the caller's ``stderr`` function, which logs it; the end of its stdout (the server exited, or is exiting)
@@ -18,7 +20,10 @@ read and dropped, and the message is rebuilt from its head by :func:`salvage`. A
 it had so far, marked as cut (and flagged in ``_meta`` under ``CUT_META``, with ``isError`` set so that the
 SDK does not hold the cut result against the tool's output schema; :mod:`core.tools.mcp` reads the flag
 and treats the result as the tool's text). Any other oversized answer becomes a JSON-RPC error naming its
-size, so the request it answers fails at once instead of waiting for its timeout.
+size, so the request it answers fails at once instead of waiting for its timeout. So does an answer that is
+not valid JSON-RPC (its result not an object, no ``"jsonrpc"``, a line cut short) when its ``id`` can be
+read: the SDK drops what it cannot parse, and the call would wait out its timeout. Other lines that are
+not JSON-RPC (a server's debug output) are dropped: the first of a connection is logged, the rest counted.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ TAIL_ID = re.compile(r'"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+)\s*(?:,[^{}]*)?}\s*$'
 """The top-level ``"id"`` at the end of a message (only other plain members may follow it)."""
 CUT_WORD = re.compile(r"(?<=\s)\S{1,256}$")
 """The last word of a stderr line cut at ``MAX_STDERR_LINE``, when it is short enough to be a secret's head."""
+STRAY_SUMMARY_SECONDS = 300.0
+"""How often, at most, the lines a server wrote to its stdout that are not JSON-RPC are summed up in the log."""
 
 
 @contextlib.asynccontextmanager
@@ -102,18 +109,68 @@ async def bounded_stdio_client(command: str, args: Sequence[str], env: Mapping[s
             try:
                 yield read_stream, write_stream
             finally:
-                with anyio.CancelScope(shield=True):
-                    read_stream.close()  # the reader now only drains the pipe
-                    await write_stream.aclose()
-                    await _stop(process, stderr_done)
-                group.cancel_scope.cancel()
+                try:
+                    with anyio.CancelScope(shield=True):
+                        read_stream.close()  # the reader now only drains the pipe
+                        await write_stream.aclose()
+                        await _stop(process, stderr_done)
+                except BaseException:
+                    # The shield holds off anyio's cancellation only: a plain asyncio cancel (a close cut short
+                    # by its timeout, a forced exit, the event loop's final cancel of what is left) still cuts
+                    # the stop at its first wait. The server is then killed at once, its helpers with it, so
+                    # that none is left running after the bridge.
+                    _end_group(process.pid)
+                    raise
+                finally:
+                    group.cancel_scope.cancel()
     finally:
         for stream in (read_stream, read_writer, write_stream, write_reader):
             await stream.aclose()
 
 
+class _StrayLines:
+    """The lines of one connection's stdout that are not JSON-RPC messages (a server's debug output, where only
+    the protocol belongs). The first is logged as a warning; the rest are counted and summed up in one line
+    at most every ``STRAY_SUMMARY_SECONDS`` and at the end of the connection: a server that prints a line per
+    step of its work would otherwise fill the log with a warning per line."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.count = 0
+        self.unreported = 0
+        self.reported_at = 0.0
+
+    def add(self, size: int) -> None:
+        self.count += 1
+        if self.count == 1:
+            log.warning("MCP server %r wrote a line to its stdout that is not a JSON-RPC message (%d bytes; a "
+                        "server must log to stderr)", self.name, size)
+            self.reported_at = anyio.current_time()
+            return
+        self.unreported += 1
+        if anyio.current_time() - self.reported_at >= STRAY_SUMMARY_SECONDS:
+            self.report()
+
+    def report(self) -> None:
+        if self.unreported:
+            log.warning("MCP server %r wrote %d more lines to its stdout that are not JSON-RPC messages (%d in all "
+                        "on this connection)", self.name, self.unreported, self.count)
+            self.unreported = 0
+            with contextlib.suppress(RuntimeError):  # at the end of the connection, from a finally
+                self.reported_at = anyio.current_time()
+
+
 async def _read(process: Process, out: MemoryObjectSendStream[Any], limit: int,
                 on_exit: Callable[[int | None], None] | None, name: str) -> None:
+    stray = _StrayLines(name)
+    try:
+        await _read_lines(process, out, limit, on_exit, name, stray)
+    finally:
+        stray.report()
+
+
+async def _read_lines(process: Process, out: MemoryObjectSendStream[Any], limit: int,
+                      on_exit: Callable[[int | None], None] | None, name: str, stray: _StrayLines) -> None:
     assert process.stdout is not None
     head = bytearray()
     tail = bytearray()
@@ -135,7 +192,7 @@ async def _read(process: Process, out: MemoryObjectSendStream[Any], limit: int,
                         del tail[:-TAIL_BYTES]
                     if newline < 0:
                         break
-                    message = _message(bytes(head), size, limit, bytes(tail), name)
+                    message = _message(bytes(head), size, limit, bytes(tail), name, stray)
                     head.clear()
                     tail.clear()
                     size = 0
@@ -250,9 +307,13 @@ async def _exited(process: Process, timeout: float) -> bool:
     return False
 
 
-def _message(line: bytes, size: int, limit: int, tail: bytes = b"", name: str = "?") -> Any:
-    """One line as a SessionMessage (a parse error is handed on as the value, as the SDK does), or None
-    for a blank line or an oversized one that cannot be matched to a request."""
+def _message(line: bytes, size: int, limit: int, tail: bytes = b"", name: str = "?",
+             stray: _StrayLines | None = None) -> Any:
+    """One line as a SessionMessage, or None for a blank line or an oversized one that cannot be matched to
+    a request. A line that is not a valid message but carries the id of a request of ours is an answer gone
+    wrong, and becomes an error answering that request (:func:`invalid_answer`), so the call fails at once
+    instead of waiting for its timeout; any other line that is not JSON-RPC is counted in ``stray`` and
+    handed on as the parse error (as the SDK does, which drops it)."""
     from mcp.shared.message import SessionMessage
     from mcp.types import jsonrpc_message_adapter
 
@@ -263,9 +324,66 @@ def _message(line: bytes, size: int, limit: int, tail: bytes = b"", name: str = 
     try:
         return SessionMessage(jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:
-        log.warning("MCP server %r wrote a line to its stdout that is not a JSON-RPC message (%d bytes; a server "
-                    "must log to stderr)", name, size)
+        answer = invalid_answer(line, name)
+        if answer is not None:
+            return answer
+        (stray or _StrayLines(name)).add(size)
         return exc
+
+
+def invalid_answer(line: bytes, name: str = "?") -> Any:
+    """An error answer (a SessionMessage) for ``line``, which is not a valid JSON-RPC message but looks like an
+    answer to a request of ours: it has an ``id`` and no ``method`` (a request of the server's own is not
+    answered for it). The id is read leniently: from a line cut short (a JSON object that does not end),
+    as far as it goes, or from the line's end, where some servers write it. None when no id is found."""
+    from mcp.shared.message import SessionMessage
+    from mcp.types import jsonrpc_message_adapter
+
+    text = line.decode("utf-8", "replace")
+    why = ""
+    try:
+        parsed = pydantic_core.from_json(text)
+    except ValueError:
+        why = "the line ends before its JSON does"
+        try:
+            parsed = pydantic_core.from_json(text, allow_partial="trailing-strings")
+        except ValueError:
+            parsed = None
+    if parsed is None:  # not JSON at all, as far as it goes: only an id at its end marks it as an answer
+        found = TAIL_ID.search(text.rstrip())
+        if found is None or not text.lstrip().startswith("{"):
+            return None
+        why = "it is not valid JSON"
+        parsed = {"id": pydantic_core.from_json(found.group(1))}
+    if not isinstance(parsed, dict) or "method" in parsed or not _is_id(parsed.get("id")):
+        return None
+    if why:
+        pass  # not JSON: said above
+    elif parsed.get("jsonrpc") != "2.0":
+        why = 'it lacks "jsonrpc": "2.0"'
+    elif "result" in parsed and not isinstance(parsed["result"], dict):
+        why = f'its "result" is a JSON {_json_kind(parsed["result"])}, not an object'
+    elif "error" in parsed and "result" not in parsed:
+        why = 'its "error" is not an object with a "code" and a "message"'
+    else:
+        why = 'it is neither a result nor an error answer'
+    log.warning("MCP server %r answered request %s with a message that is not valid JSON-RPC (%s); the request "
+                "fails with that", name, parsed["id"], why)
+    error = {"jsonrpc": "2.0", "id": parsed["id"],
+             "error": {"code": -32603, "message": f"the server's answer is not valid JSON-RPC: {why}"}}
+    return SessionMessage(jsonrpc_message_adapter.validate_python(error, by_name=False))
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, list):
+        return "array"
+    return "null" if value is None else "value"
 
 
 def salvage(head: bytes, size: int, tail: bytes = b"", name: str = "?") -> Any:
