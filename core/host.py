@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-from core.agent.deciders import Decider, DecideResult
+from core.agent.deciders import AllowEntries, Decider, DecideResult
 from core.envelope import InboundEnvelope
 from core.events import CoreEvent
 from core.leadership import Lead
@@ -96,9 +96,11 @@ class ChannelHost(Protocol):
         it as busy). ShuttingDownError / AdmissionError: not accepted, do not acknowledge it."""
         ...
 
-    def set_deciders(self, allow_from: Iterable[str]) -> None:
+    def set_deciders(self, allow_from: Iterable[str] | AllowEntries) -> None:
         """The users (ids or names, as in the channel's ``allow_from``) who may decide any approval of this
-        channel besides the sender of the turn's message; ``"*"`` names nobody. Until set: only the sender."""
+        channel besides the sender of the turn's message; ``"*"`` names nobody. Until set: only the sender.
+        A channel that can tell its ids from its names passes an ``AllowEntries``, so that a name never
+        matches an id (``core.agent.deciders``); a plain list matches each entry against both."""
         ...
 
     async def decide(self, session_key: str, tool_call_id: str, decision: Decision,
@@ -231,8 +233,8 @@ class CoreHost:
             raise ValueError(f"channel {self._channel!r} cannot submit as {envelope.channel!r}")
         return await self._core.submit(envelope)
 
-    def set_deciders(self, allow_from: Iterable[str]) -> None:
-        self._core.set_deciders(self._channel, allow_from)
+    def set_deciders(self, allow_from: Iterable[str] | AllowEntries) -> None:
+        self._core.set_deciders(self._channel, allow_from)  # an AllowEntries is itself a list of its entries
 
     async def decide(self, session_key: str, tool_call_id: str, decision: Decision,
                      decided_by: Decider | str | None, *, origin: Sequence[str] = ()) -> DecideResult:

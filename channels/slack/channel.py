@@ -43,12 +43,15 @@ also after a restart. A press is remembered with ``host.mark_seen`` so a redeliv
 What reaches core (``channels.slack.inbound`` says what an event is): DMs; in channels (``group_policy``)
 an @mention, answered in a thread rooted at it, and later messages of a thread the bot has joined (kept as
 channel state, so it survives a restart) under ``mention``, every message under ``all``, nothing under
-``off``. ``allow_from`` (user ids or usernames) is checked for every message that would reach core, before
-anything is stored. A username is matched through ``users.info``; only a definite mismatch drops a message: when
-Slack does not say who the sender is (a 5xx, a 429, a timeout), the event is left unacknowledged and Slack
-delivers it again, and a slash command is answered "could not be taken just now; please try again". Commands
-are message text: ``/stop`` (or just ``stop``) in a DM, ``@bot stop`` in a thread; the four commands also work
-as Slack slash commands in a DM when the app registers them.
+``off``. A thread reply that arrives while the mention that opens its thread is still being taken (its
+sender's ``users.info`` is slow) waits for that mention, within the same bound, and then reads the thread's
+state (``_joining``); only within this process: one that reaches another process meanwhile is not addressed,
+as it would be were the mention refused. ``allow_from`` (user ids or usernames) is checked for every message
+that would reach core, before anything is stored. A username is matched through ``users.info``; only a
+definite mismatch drops a message: when Slack does not say who the sender is (a 5xx, a 429, a timeout), the
+event is left unacknowledged and Slack delivers it again, and a slash command is answered "could not be taken
+just now; please try again". Commands are message text: ``/stop`` (or just ``stop``) in a DM, ``@bot stop``
+in a thread; the four commands also work as Slack slash commands in a DM when the app registers them.
 
 Files shared with a message travel as ``MediaItem``s; core downloads them during the turn through
 ``fetch_attachment`` (``core.media.fetch.AttachmentSource``).
@@ -63,7 +66,7 @@ import logging
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -101,6 +104,7 @@ from channels.slack.render import PART_LIMIT, SlackRenderer, message_args
 from channels.slack.sdk_log import LeftForRedelivery, sdk_logger
 from channels.slack.settings import EVENTS_PATH, SlackConfig
 from channels.slack.sink import Destination, PromptHandle, SlackOps, SlackPrompts, SlackSink
+from core.agent.deciders import AllowEntries
 from core.channel import ERROR, SinkError
 from core.envelope import InboundEnvelope, MediaItem, ThreadRef, TurnTarget
 from core.host import ChannelHost, Decider, DecideResult, ShuttingDownError
@@ -204,7 +208,8 @@ class SlackChannel:
         self.settings = settings
         self.calls = calls or Calls(Throttle())
         if self.calls.observe is None:
-            self.calls.observe = host.count_call  # every Web API attempt shows in /metrics
+            # every Web API attempt of the channel's shows in /metrics (not the SDK's own apps.connections.open)
+            self.calls.observe = host.count_call
         self.api = SlackApi(client, self.calls, chat_interval=settings.chat_interval,
                             workspace_interval=settings.workspace_interval,
                             thinking_interval=settings.thinking_interval, updates=settings.workspace_updates)
@@ -221,11 +226,14 @@ class SlackChannel:
         self.handler: AsyncSocketModeHandler | None = None
         self.ready = asyncio.Event()
         self._names: dict[str, tuple[str, ...]] = {}
+        self._joining: dict[str, list[asyncio.Event]] = {}
+        """Threads a mention is being taken in (by their state key), until it was stored or dropped."""
         self._state = "stopped"
         self._receiving = False
         self._task: asyncio.Task[None] | None = None
         self._open = OpenApprovals(host, self._open_records)
-        host.set_deciders(settings.allow_from)
+        # its ids and usernames apart: a username spelled like an allowed id (``u0bob``) decides nothing
+        host.set_deciders(AllowEntries(ids=frozenset(self.allow.ids), names=frozenset(self.allow.names)))
 
         async def authorize(enterprise_id: str | None, user_id: str | None) -> AuthorizeResult:
             # a plain function: bolt passes arguments by the names it reads off the signature, and would take a
@@ -555,19 +563,40 @@ class SlackChannel:
         async with asyncio.timeout(self.settings.submit_timeout):
             if not await self._addressed(inbound):
                 return
-            envelope = self._envelope(inbound)
-            if envelope is None:
-                return
-            # who the sender is could not be learned (users.info failed): UserUnknownError leaves the event
-            # unacknowledged, so Slack delivers it again and the next try may learn it
-            if not await self._allowed(inbound.user):
-                return
-            if inbound.channel_type != "im" and inbound.reply_thread_ts:
-                # the bot answers in this thread: later messages in it need no mention
-                await self.host.set_state(_thread_key(inbound.channel, inbound.reply_thread_ts), "joined")
-            retry = request.headers.get("x-slack-retry-num")
-            result = await self.host.submit(envelope)
-            log.debug("Slack message %s:%s (retry %s): %s", inbound.channel, inbound.ts, retry, result.value)
+            joins = inbound.channel_type != "im" and inbound.reply_thread_ts is not None
+            with self._taking(inbound.channel, inbound.reply_thread_ts) if joins else contextlib.nullcontext():
+                envelope = self._envelope(inbound)
+                if envelope is None:
+                    return
+                # who the sender is could not be learned (users.info failed): UserUnknownError leaves the event
+                # unacknowledged, so Slack delivers it again and the next try may learn it
+                if not await self._allowed(inbound.user):
+                    return
+                if joins and inbound.reply_thread_ts:
+                    # the bot answers in this thread: later messages in it need no mention
+                    await self.host.set_state(_thread_key(inbound.channel, inbound.reply_thread_ts), "joined")
+                retry = request.headers.get("x-slack-retry-num")
+                result = await self.host.submit(envelope)
+                log.debug("Slack message %s:%s (retry %s): %s", inbound.channel, inbound.ts, retry, result.value)
+
+    @contextlib.contextmanager
+    def _taking(self, channel: str, thread_ts: str | None) -> Iterator[None]:
+        """While a message that joins a thread is being taken (its sender checked, the thread marked, the message
+        stored): a reply in that thread arriving meanwhile waits for it (``_addressed``), rather than reading the
+        thread's state before the mention wrote it and dropping the reply. Released once the mention is stored,
+        so the reply comes after it; or refused, or failed (the reply then finds no state, as before)."""
+        key = _thread_key(channel, thread_ts or "")
+        done = asyncio.Event()
+        self._joining.setdefault(key, []).append(done)
+        try:
+            yield
+        finally:
+            done.set()
+            waiting = self._joining.get(key, [])
+            if done in waiting:
+                waiting.remove(done)
+            if not waiting:
+                self._joining.pop(key, None)
 
     async def _allowed(self, user: str) -> bool:
         """Whether ``allow_from`` lets ``user`` in. False only for a definite mismatch; raises UserUnknownError
@@ -614,7 +643,17 @@ class SlackChannel:
         if policy == "all" or inbound.kind == "mention":
             return True
         if inbound.kind == "thread_reply" and inbound.thread_ts:
-            return await self.host.get_state(_thread_key(inbound.channel, inbound.thread_ts)) is not None
+            key = _thread_key(inbound.channel, inbound.thread_ts)
+            if await self.host.get_state(key) is not None:
+                return True
+            joining = list(self._joining.get(key, ()))
+            if not joining:
+                return False
+            # the mention that opens this thread is still being taken here: wait for it (within the caller's
+            # submit bound), then the thread's state says whether it was taken
+            for done in joining:
+                await done.wait()
+            return await self.host.get_state(key) is not None
         return False
 
     def _envelope(self, inbound: SlackInbound) -> InboundEnvelope | None:
@@ -674,8 +713,11 @@ class SlackChannel:
         if result is DecideResult.NOT_PENDING:
             self._spawn("slack:gone", self._ephemeral(press.channel_id, press.user_id, press.thread_ts, GONE))
             # the pressed message still shows buttons (its outcome update failed, or never came): show how the
-            # request ended on it, whatever was shown before
-            if entry is not None and _shows_buttons(body):
+            # request ended on it, whatever was shown before. Not while this process's live sink has yet to say
+            # how it ended (it timed out a moment ago): the sink shows that, with its line ("nobody decided in
+            # time"), which a bare "ended" shown first would keep off the message for good
+            waits_for_sink = posted_here and entry is not None and entry.outcome is None and entry.sink_ends
+            if entry is not None and _shows_buttons(body) and not waits_for_sink:
                 self._spawn("slack:approval-ended", self._show_ended(entry, press, posted_here))
             return
         outcome: Literal["allowed", "denied"] = "allowed" if press.decision == "allow" else "denied"

@@ -299,6 +299,14 @@ class SlackSink(LiveSink):
         finally:
             await self.slack_ops.clear_thinking()
 
+    async def abort(self) -> None:
+        try:
+            await super().abort()
+        finally:
+            # cut off before the end of its turn: it will not say how its requests ended (a press on one does)
+            if isinstance(self.prompts, SlackPrompts):
+                self.prompts.release()
+
 
 @dataclass(slots=True)
 class PromptHandle:
@@ -323,6 +331,10 @@ class PromptHandle:
     posted_at: float = 0.0
     """When its post was sent (``time.time()``): where to look for it in the conversation while ``ts`` is
     unknown (``SlackChannel.locate_prompt``)."""
+    sink_ends: bool = False
+    """A live sink of this process posted it and will say how it ended (``SlackPrompts.ended``): a press that
+    finds it no longer pending leaves its message to the sink, which knows the line (timed out, stopped), rather
+    than showing a bare "ended" that the sink's line could no longer replace."""
     showing: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
     """Held while an update shows the outcome: a second one waits, and is not sent when the first went through."""
 
@@ -345,6 +357,13 @@ class SlackPrompts:
         self._channel = channel
         self._target = target
         self._dest = dest
+        self._posted: list[PromptHandle] = []
+
+    def release(self) -> None:
+        """The sink is gone before its turn's end: the requests it has not ended are a press's to end."""
+        for handle in self._posted:
+            handle.sink_ends = False
+        self._posted.clear()
 
     async def post(self, session_key: str, request: ApprovalRequest) -> Any:
         d = self._dest
@@ -375,7 +394,14 @@ class SlackPrompts:
                 await self._channel.save_prompts()
             raise
         handle.ts = str(response["ts"])
-        await self._channel.save_prompts()
+        # the sink holds it now and ends it (a post whose answer never came is not the sink's: a press ends it)
+        handle.sink_ends = True
+        self._posted.append(handle)
+        try:
+            await self._channel.save_prompts()
+        except BaseException:
+            handle.sink_ends = False  # the sink is not handed it after all
+            raise
         return handle
 
     async def ended(self, handle: Any, line: str) -> None:
