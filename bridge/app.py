@@ -226,14 +226,15 @@ async def body_cap(request: web.Request, handler: Callable[[web.Request], Awaita
 
     aiohttp enforces ``client_max_size`` only where a handler reads the body, so a route that ignores its
     body (new conversation, stop) would still act on an oversized request. A declared length is refused at
-    once; a body sent without one (chunked) is read here up to the cap (the handler gets it from aiohttp's
-    cache). A route marked with ``channels.common.http.streams_own_body`` (a file upload) enforces its own
-    limit; a multipart body elsewhere is left to its handler, which reads it under the same cap."""
+    once; a body sent without one (chunked) is read here up to the cap, whatever its type (the handler gets it
+    from aiohttp's cache; a route that reads a multipart body from the stream would find it read, which no
+    route but the upload does). A route marked with ``channels.common.http.streams_own_body`` (a file upload)
+    enforces its own limit."""
     if has_own_body_limit(request.match_info.handler):
         return await handler(request)
     if request.content_length is not None and request.content_length > MAX_BODY:
         return _too_large()
-    if request.body_exists and request.content_length is None and not request.content_type.startswith("multipart/"):
+    if request.body_exists and request.content_length is None:
         try:
             await request.read()
         except web.HTTPRequestEntityTooLarge:

@@ -167,6 +167,10 @@ async def test_an_oversized_body_is_refused_on_every_route_and_nothing_is_proces
         async with http.request(method, base + path, data=_chunks(BIG), headers=headers,
                                 allow_redirects=False) as resp:  # no Content-Length: the size shows only as read
             assert resp.status == 413, ("chunked", method, path, resp.status)
+        multipart = {**headers, "Content-Type": "multipart/form-data; boundary=x"}  # any kind of body
+        async with http.request(method, base + path, data=_chunks(BIG), headers=multipart,
+                                allow_redirects=False) as resp:
+            assert resp.status == 413, ("chunked multipart", method, path, resp.status)
     async with http.get(f"{base}/api/sessions", headers=AUTH) as resp:
         assert (await resp.json())["sessions"] == []  # POST /api/sessions created nothing
     assert fake_openai.requests == [] and tg.visible(CHAT) == []
