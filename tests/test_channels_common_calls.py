@@ -188,3 +188,23 @@ async def test_the_operators_call_timeout_is_the_bound_of_every_call_the_channel
     for wrong in ("31", "0"):
         with pytest.raises(ConfigError, match=rf"channels\.{name}\.call_timeout_seconds"):
             load_config(config(f"call_timeout_seconds = {wrong}"), env={})
+
+
+async def test_one_failure_several_calls_share_is_counted_once():
+    """Calls waiting on one shared request (Feishu's tenant token, fetched once for all of them) fail with the
+    one error it raised: /metrics counts that one 429 once, and each call's own later try as it ends."""
+    counted: list[str] = []
+    calls = Calls(Throttle(), CallPolicy(initial_wait=0.0, max_wait=0.0, timeout=None), observe=counted.append)
+    shared: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    shared.set_exception(PlatformError("429", kind="rate_limited", retry_after=0.01))
+    fresh: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    fresh.set_result("ok")
+    tries = 0
+
+    async def waiting() -> str:
+        nonlocal tries
+        tries += 1
+        return await asyncio.shield(shared if tries <= 2 else fresh)
+
+    assert await asyncio.gather(calls.call(waiting), calls.call(waiting)) == ["ok", "ok"]
+    assert counted.count("rate_limited") == 1 and counted.count("ok") == 2

@@ -23,6 +23,10 @@ pace before an attempt, does not count against the attempt's bound (the bound is
 so a long queue for the budget never turns into a timed-out, half-done attempt. ``outside_bound`` does the
 same for any other wait of the bridge's own inside an attempt (a channel's cap on requests in flight).
 
+Each attempt is counted once for the metrics (``observe``) by its result, and one failure once: an error that
+several calls share (Feishu's tenant token, fetched once for every call waiting on it, fails them all with the
+one error object it raised) counts for the first attempt it failed, not again for each waiter.
+
 ``retry=False`` tries once: a live update is superseded by the next one, which repeats the whole target
 state with newer content, so retrying it would only show something stale later. Its 429 still pauses the
 scope. Retrying is tenacity's business; the first try runs bare (``core.retrying``).
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -47,6 +52,9 @@ from core.metrics import CallResult
 from core.retrying import run_with_retries
 
 T = TypeVar("T")
+
+_counted: weakref.WeakSet[PlatformError] = weakref.WeakSet()
+"""The failures an attempt was counted for already (see the module docstring)."""
 
 _bound: ContextVar[asyncio.Timeout | None] = ContextVar("attempt_bound", default=None)
 """The bound of the attempt running in this task (``Calls.call``), if any."""
@@ -154,7 +162,9 @@ class Calls:
                 raise PlatformError(f"no answer within {bound:g}s", kind="transient", outcome_unknown=True) from None
             except PlatformError as exc:
                 unknown = unknown or exc.outcome_unknown
-                self._observe("rate_limited" if exc.kind == "rate_limited" else "error")
+                if exc not in _counted:
+                    _counted.add(exc)
+                    self._observe("rate_limited" if exc.kind == "rate_limited" else "error")
                 if exc.kind == "rate_limited" and scopes:
                     self.throttle.pause(exc.scope or scopes[0].key, exc.retry_after or 1.0)
                 raise

@@ -11,12 +11,24 @@ Receiving, in one of two modes:
   and Feishu pushes it again. A card button press (``card.action.trigger``) arrives on the same connection and its
   answer (a toast, the decided card) rides on the ack: the handler waits for the bridge's answer at most
   ``press_wait`` seconds (a press still being carried out then is told it was received: it goes on).
-- **webhook**: ``POST /feishu/events`` on the [web] server. The body is capped (``max_body_bytes``), a
-  signed request must be fresh (five minutes; lark-oapi does not check the age), and lark-oapi's own
-  dispatcher decrypts it (``encrypt_key``), checks the verification token and ``X-Lark-Signature``, and
-  answers ``url_verification`` (plain or encrypted). It is synchronous, so it runs in a worker thread. A
-  request it refuses is answered 401 without reaching core. An accepted message is answered 200 only after
-  core stored it (503 otherwise, and Feishu delivers it again).
+- **webhook**: ``POST /feishu/events`` on the [web] server. The body is capped (``max_body_bytes``). With an
+  ``encrypt_key``, a signed request (one carrying any of the ``X-Lark-*`` signature headers) must carry all
+  three, a timestamp of digits at most five minutes off, and the signature of exactly those values: the bridge
+  checks this itself (``signed``) before lark-oapi, which neither checks the age nor tells a missing header
+  from an empty one, so the timestamp's digits moved to the front of the nonce signed the same and made an old
+  request look unstamped. An unsigned request goes on to lark-oapi, which refuses every one but
+  ``url_verification``. lark-oapi's dispatcher then decrypts the body, checks the verification token and
+  ``X-Lark-Signature`` again, and answers ``url_verification`` (plain or encrypted). It is synchronous, so it
+  runs in a worker thread. A request it refuses is answered 401 without reaching core. An accepted message is
+  answered 200 only after core stored it (503 otherwise, and Feishu delivers it again).
+
+Events the bridge does not handle (a message recalled or read, the bot added to a chat, …: subscribed to in
+the developer console, or pushed to every app) are acknowledged and dropped, never refused: lark-oapi answers
+an event without a handler with an error (HTTP 500, or a 500 ack over the long connection), which Feishu takes
+for a failed delivery and pushes again for hours. The long connection registers a no-op for the IM events an
+app commonly subscribes to (``IGNORED_EVENTS``); the webhook reads the event's type first and registers a no-op
+for it, so any type is answered 200 (``{"msg": "ignored"}``) once lark-oapi's token and signature checks
+passed. Each type is logged once, at INFO.
 
 Several processes on one database need no leader here. Feishu's long connection works in cluster mode:
 each process opens its own (an app may hold up to 50), and Feishu pushes every event to one of them at
@@ -33,8 +45,13 @@ Then: our own messages are ignored, ``allow_from`` (open_id, user_id or union_id
 (``mention``: a group message only when the bot is @mentioned) apply before anything reaches core. A message
 of a kind the bridge cannot read (a forwarded conversation, a shared chat or contact, a card, a vote, …:
 ``channels.feishu.inbound``) reaches no model: in a private chat, or @mentioning the bot in a group, its sender
-is told once (``UNREADABLE``, a reply to it; the message id goes through ``host.mark_seen``, and the reply's
-``uuid`` derives from it, so a re-push is not told twice); anywhere else it is ignored.
+is told (``UNREADABLE``, a reply to it), and the message is acknowledged only once the reply was sent, as a
+message is once stored: a reply that could not be sent (Feishu down past the call policy's tries, or still
+being sent after ``submit_wait``) leaves the message unacknowledged (no ack over the long connection, 503 over
+the webhook), and Feishu pushes it again, which tries again. The reply's ``uuid`` derives from the message, so
+within Feishu's hour a repeat posts nothing new; the message id is marked seen (``host.mark_seen``) once the
+reply was sent, and a push of a message older than that hour is told only if it was never marked (its
+message id is then marked first, as no uuid covers it any more). Anywhere else it is ignored.
 Commands (``/stop``, ``/new``, ``/help``, ``/compact``) are message text, with or without the @mention
 (the bot's mention is removed from the text).
 
@@ -66,6 +83,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
 import re
@@ -80,6 +98,7 @@ import aiohttp
 import lark_oapi as lark
 from aiohttp import web
 from lark_oapi.core.const import LARK_REQUEST_NONCE, LARK_REQUEST_SIGNATURE, LARK_REQUEST_TIMESTAMP
+from lark_oapi.core.utils import AESCipher
 from lark_oapi.event.callback.model.p2_card_action_trigger import P2CardActionTrigger, P2CardActionTriggerResponse
 from lark_oapi.ws import client as ws_client_module
 
@@ -116,6 +135,18 @@ UNREADABLE = "I can't read this kind of message ({kind}) yet; please send it as 
 _MESSAGE_TYPE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 FRESHNESS = 300.0
 """Seconds a signed webhook request may be old (or early)."""
+_STAMP = re.compile(r"[0-9]{1,12}")
+"""A webhook request's timestamp: seconds, digits only (nothing a shifted nonce could lend it)."""
+_EVENT_TYPE = re.compile(r"^[a-z][a-z0-9_.]{0,79}$")
+HANDLED_EVENTS = frozenset({"im.message.receive_v1", "card.action.trigger"})
+IGNORED_EVENTS = (
+    "im.message.recalled_v1", "im.message.message_read_v1", "im.message.reaction.created_v1",
+    "im.message.reaction.deleted_v1", "im.chat.member.bot.added_v1", "im.chat.member.bot.deleted_v1",
+    "im.chat.member.user.added_v1", "im.chat.member.user.deleted_v1", "im.chat.member.user.withdrawn_v1",
+    "im.chat.updated_v1", "im.chat.disbanded_v1", "im.chat.access_event.bot_p2p_chat_entered_v1",
+)
+"""Events an app commonly subscribes to that the bridge does not handle: the long connection acknowledges
+and drops them (lark-oapi would answer 500, and Feishu push them again)."""
 WORKING_SIGN_DELAY = 0.25
 """Seconds a turn's card (its working sign) waits before it opens, unless text comes first: lark-oapi builds a
 new HTTP client (a TLS context with the CA bundle) for every request, 30-50 ms of CPU in the event loop, which
@@ -172,6 +203,25 @@ class FeishuSettings:
                    verification_token=config.verification_token, encrypt_key=config.encrypt_key,
                    allow_from=tuple(config.allow_from), group_policy=config.group_policy,
                    stream_interval=config.stream_interval_ms / 1000, max_body_bytes=config.max_body_bytes)
+
+
+class NotTold(Exception):
+    """The sender of a message the bridge cannot read was not told (yet): the message is left unacknowledged,
+    and Feishu pushes it again."""
+
+
+def signed(headers: Any, body: bytes, encrypt_key: str, now: float) -> bool:
+    """A webhook request's ``X-Lark-*`` headers are all there, its timestamp is digits within ``FRESHNESS`` of
+    ``now``, and its signature is sha256(timestamp + nonce + encrypt_key + body) of exactly those values."""
+    stamp = headers.get(LARK_REQUEST_TIMESTAMP)
+    nonce = headers.get(LARK_REQUEST_NONCE)
+    signature = headers.get(LARK_REQUEST_SIGNATURE)
+    if stamp is None or nonce is None or signature is None or not (nonce.isascii() and signature.isascii()):
+        return False
+    if not _STAMP.fullmatch(stamp) or abs(now - int(stamp)) > FRESHNESS:
+        return False
+    expected = hashlib.sha256((stamp + nonce + encrypt_key).encode("utf-8") + body).hexdigest()
+    return hmac.compare_digest(expected.encode("ascii"), signature.encode("ascii"))
 
 
 class AllowList:
@@ -288,6 +338,10 @@ class FeishuChannel:
         self._downloads: aiohttp.ClientSession | None = None
         self._pressing: set[str] = set()
         """The event ids of the presses being carried out here (a push of one again is answered ``RECEIVED``)."""
+        self._telling: dict[str, asyncio.Task[bool]] = {}
+        """The replies to unreadable messages being sent, by message id (a push of one again waits for it)."""
+        self._ignored: set[str] = set()
+        """The event types acknowledged and dropped so far (each is logged once)."""
         host.set_deciders(settings.allow_from)
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -383,9 +437,12 @@ class FeishuChannel:
             loop.call_soon_threadsafe(self._set_state, word)
 
         def make_client() -> Any:  # on the connection's thread (see LongConnection)
-            dispatcher = (lark.EventDispatcherHandler.builder("", "")
-                          .register_p2_im_message_receive_v1(self._on_ws_message)
-                          .register_p2_card_action_trigger(self._on_card_press).build())
+            builder = (lark.EventDispatcherHandler.builder("", "")
+                       .register_p2_im_message_receive_v1(self._on_ws_message)
+                       .register_p2_card_action_trigger(self._on_card_press))
+            for event_type in IGNORED_EVENTS:
+                builder.register_p2_customized_event(event_type, lambda _e, t=event_type: self._ignore(t))
+            dispatcher = builder.build()
             client = lark.ws.Client(self.settings.app_id, self.settings.app_secret, event_handler=dispatcher,
                                     domain=self.settings.connection_domain or self.settings.domain,
                                     log_level=lark.LogLevel.ERROR)
@@ -514,8 +571,9 @@ class FeishuChannel:
         except BaseException as exc:
             if not stored.done():
                 stored.set_exception(exc)
-            if isinstance(exc, (AdmissionError, ShuttingDownError)):
-                log.info("a Feishu message could not be stored (%s); Feishu will push it again", type(exc).__name__)
+            if isinstance(exc, (AdmissionError, ShuttingDownError, NotTold)):
+                log.info("a Feishu message could not be %s (%s); Feishu will push it again",
+                         "answered" if isinstance(exc, NotTold) else "stored", type(exc).__name__)
                 return
             raise
         if not stored.done():
@@ -523,8 +581,9 @@ class FeishuChannel:
 
     async def accept(self, payload: dict[str, Any]) -> bool:
         """Hand one ``im.message.receive_v1`` body to core. False when it is not for core (ours, not allowed,
-        not addressed, nothing to answer, or a kind it cannot read); raises AdmissionError / ShuttingDownError
-        when core did not store it (or, for a message it cannot read, could not start telling its sender)."""
+        not addressed, nothing to answer, or a kind it cannot read, whose sender was told); raises
+        AdmissionError / ShuttingDownError when core did not store it, NotTold when the sender of a message it
+        cannot read was not told within ``submit_wait``."""
         message = read_message(payload, self.bot_open_id)
         if message is None or not self.allow.allows(message.sender):
             return False
@@ -535,7 +594,7 @@ class FeishuChannel:
         if not message.readable:
             # never in a group unless it is addressed to the bot (under "all" too: not a word per shared card)
             if message.chat_type == "p2p" or message.mentioned_bot:
-                self.host.spawn("feishu:unreadable", self._tell_unreadable(message))
+                await self._tell_unreadable(message)
             return False
         if not message.text.strip() and not message.media:
             return False
@@ -549,11 +608,37 @@ class FeishuChannel:
         return True
 
     async def _tell_unreadable(self, message: FeishuMessage) -> None:
-        """Tell the sender of a message the bridge cannot read, once: the message id is marked seen first (a
-        re-push, also to another process or after a restart, is told nothing), and the reply's ``uuid`` derives
-        from the message (``send_plain``), so a retried send is not shown twice either."""
-        if not await self.host.mark_seen(f"unreadable:{message.message_id}"):
-            return
+        """Tell the sender of a message the bridge cannot read; raises NotTold when that failed or is still
+        under way after ``submit_wait`` (the reply goes on, in a task of its own: a push of the message again
+        waits for that one instead of sending a second)."""
+        task = self._telling.get(message.message_id)
+        if task is None:
+            task = self.host.spawn("feishu:unreadable", self._tell(message))
+            self._telling[message.message_id] = task
+
+            def forget(done: asyncio.Task[bool], key: str = message.message_id) -> None:
+                if self._telling.get(key) is done:
+                    del self._telling[key]
+
+            task.add_done_callback(forget)
+        try:
+            told = await asyncio.wait_for(asyncio.shield(task), self.settings.submit_wait)
+        except TimeoutError:
+            raise NotTold("the reply is still being sent") from None
+        if not told:
+            raise NotTold("the reply could not be sent")
+
+    async def _tell(self, message: FeishuMessage) -> bool:
+        """Reply ``UNREADABLE`` to ``message``; False when the reply could not be sent (and the next push of the
+        message tries again). Within Feishu's hour the reply's uuid (derived from the message: ``send_plain``)
+        makes a repeat post nothing, so the message is marked seen only once the reply was sent; a message
+        older than that is told only when it was never marked, and marked first (nothing else would keep a
+        second push from posting a second reply)."""
+        key = f"unreadable:{message.message_id}"
+        created = message.create_time_ms
+        recent = created is None or time.time() - created / 1000 < UUID_REMEMBERED
+        if not recent and not await self.host.mark_seen(key):
+            return True  # told before
         kind = message.message_type if _MESSAGE_TYPE.match(message.message_type) else "unknown"
         log.info("a Feishu message of a kind the bridge cannot read (%s) in %s: its sender is told", kind,
                  message.chat_id)
@@ -562,6 +647,22 @@ class FeishuChannel:
         except SinkError as exc:
             log.warning("could not tell the sender of a %s message in %s that it cannot be read: %s", kind,
                         message.chat_id, exc)
+            return not recent  # an old one is marked already: a push of it again would find it told
+        if recent:
+            await self.host.mark_seen(key)
+        return True
+
+    def _ignore(self, event_type: str) -> None:
+        """An event the bridge does not handle, once lark-oapi checked it: acknowledged and dropped (on the SDK's
+        thread or a webhook worker; the set is only added to)."""
+        name = event_type if _EVENT_TYPE.match(event_type) else "unknown"
+        if name in self._ignored:
+            log.debug("a Feishu %s event, which the bridge does not handle, was ignored", name)
+            return
+        if len(self._ignored) < 256:
+            self._ignored.add(name)
+        log.info("Feishu pushes %s events, which the bridge does not handle: they are acknowledged and ignored "
+                 "(unsubscribe from them in the developer console to stop them)", name)
 
     @staticmethod
     def _context(message: FeishuMessage) -> FeishuContext:
@@ -818,8 +919,13 @@ class FeishuChannel:
         body = await request.content.read(cap + 1)
         if len(body) > cap:
             return web.json_response({"msg": "too large"}, status=413)
-        stamp = request.headers.get(LARK_REQUEST_TIMESTAMP)
-        if stamp is not None:
+        key = self.settings.encrypt_key
+        headers = request.headers
+        if key:
+            if any(h in headers for h in (LARK_REQUEST_TIMESTAMP, LARK_REQUEST_NONCE, LARK_REQUEST_SIGNATURE)) \
+                    and not signed(headers, body, key, time.time()):
+                return web.json_response({"msg": "rejected"}, status=401)
+        elif (stamp := headers.get(LARK_REQUEST_TIMESTAMP)) is not None:
             try:
                 fresh = abs(time.time() - float(stamp)) <= FRESHNESS
             except ValueError:
@@ -827,13 +933,25 @@ class FeishuChannel:
             if not fresh:
                 return web.json_response({"msg": "rejected"}, status=401)
         messages: list[dict[str, Any]] = []
+        ignored: list[str] = []
 
         def on_message(data: Any) -> None:
             messages.append(json.loads(lark.JSON.marshal(data)))
 
-        dispatcher = (lark.EventDispatcherHandler.builder(self.settings.encrypt_key, self.settings.verification_token)
-                      .register_p2_im_message_receive_v1(on_message)
-                      .register_p2_card_action_trigger(self._on_card_press).build())
+        builder = (lark.EventDispatcherHandler.builder(key, self.settings.verification_token)
+                   .register_p2_im_message_receive_v1(on_message)
+                   .register_p2_card_action_trigger(self._on_card_press))
+        kind = event_type(body, key)
+        if kind is not None and kind[1] not in HANDLED_EVENTS:
+            # lark-oapi answers an event without a handler 500, and Feishu would push it again for hours: a no-op
+            # for its type, which runs only once lark-oapi's checks passed
+            def ignore(_event: Any, name: str = kind[1]) -> None:
+                ignored.append(name)
+                self._ignore(name)
+
+            register = builder.register_p2_customized_event if kind[0] == "p2" else builder.register_p1_customized_event
+            register(kind[1], ignore)
+        dispatcher = builder.build()
         raw = lark.RawRequest()
         raw.uri = request.path
         raw.headers = dict(request.headers)
@@ -842,21 +960,46 @@ class FeishuChannel:
         raw.body = body
         answer = await asyncio.to_thread(dispatcher.do, raw)
         if answer.status_code != 200:
-            # a wrong token or signature, a body that does not decrypt, an event we do not handle: never
-            # echo lark-oapi's message (it can quote the request)
+            # a wrong token or signature, a body that does not decrypt: never echo lark-oapi's message (it can
+            # quote the request)
             return web.json_response({"msg": "rejected"}, status=401)
+        if ignored:
+            return web.json_response({"msg": "ignored"})
         if messages and not self.ready.is_set():
             # the bot's own identity is not known yet (set-up still retrying): it could not tell a mention
             return web.json_response({"msg": "not ready"}, status=503)
         for payload in messages:
             try:
                 await self.accept(payload)  # returns once core has stored it
-            except (AdmissionError, ShuttingDownError):
+            except (AdmissionError, ShuttingDownError, NotTold):
                 return web.json_response({"msg": "busy"}, status=503)
         return web.Response(status=200, body=answer.content or b"{}", content_type="application/json")
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post(WEBHOOK_PATH, self.webhook)
+
+
+def event_type(body: bytes, encrypt_key: str) -> tuple[Literal["p1", "p2"], str] | None:
+    """The schema and type of a webhook body, read before lark-oapi checks it (None when it cannot be read: lark-oapi
+    then refuses it). Only to register a no-op for a type the bridge does not handle; nothing else trusts it."""
+    try:
+        outer = json.loads(body)
+        encrypted = outer.get("encrypt")
+        if encrypted:
+            if not encrypt_key:
+                return None
+            outer = json.loads(AESCipher(encrypt_key).decrypt_str(encrypted))
+        if outer.get("schema"):
+            name = outer["header"]["event_type"]
+            schema: Literal["p1", "p2"] = "p2"
+        elif outer.get("uuid"):
+            name = outer["event"]["type"]
+            schema = "p1"
+        else:
+            return None
+    except Exception:  # any body that does not decrypt or parse (lark-oapi refuses it)
+        return None
+    return (schema, name) if isinstance(name, str) and name else None
 
 
 class _Handoff:
