@@ -3,8 +3,9 @@ every route without the web token, oversized bodies on every route, the Telegram
 wrong, or a replayed) secret, and a web client reaching for Telegram's conversations.
 
 The routes are read from the application the bridge builds, so a route added later without being classified
-here fails :func:`test_every_route_is_classified`. Slack and Feishu have no HTTP routes in this build (their
-channels are not wired yet); their request checks are to be added here with their routes."""
+here fails :func:`test_every_route_is_classified` (with every channel that has routes enabled: Telegram's webhook,
+Slack's HTTP mode, Feishu's webhook). Slack's and Feishu's own request checks are tested with their channels
+(``tests/test_slack_channel.py``, ``tests/test_feishu_edges.py``, ``tests/test_feishu_channel.py``)."""
 
 from __future__ import annotations
 
@@ -46,8 +47,27 @@ UPLOAD = ("POST", "/api/sessions/{id}/attachments")
 """Takes files up to [media] max_bytes, streamed under that limit (its own 413), not the 1 MiB cap."""
 PUBLIC = {("GET", "/healthz"), ("GET", "/login"), ("POST", "/login"), ("GET", "/static/{filename}")}
 """Open by design: the health check (monitors), the sign-in form and the page's static files."""
-OWN_SECRET = {("POST", "/telegram/webhook")}
+OWN_SECRET = {("POST", "/telegram/webhook"), ("POST", "/slack/events"), ("POST", "/feishu/events")}
 """Called by the platform, with its own secret instead of the web token."""
+
+
+ROUTED_CHANNELS = """
+[channels.slack]
+enabled = true
+mode = "http"
+bot_token = "xoxb-0000-routes-test"
+signing_secret = "slack-signing-secret-routes"
+api_base = "http://127.0.0.1:9/api/"
+[channels.feishu]
+enabled = true
+mode = "webhook"
+app_id = "cli_routes_test"
+app_secret = "feishu-app-secret-routes"
+encrypt_key = "feishu-encrypt-key-routes"
+verification_token = "feishu-verification-routes"
+domain = "http://127.0.0.1:9"
+"""
+"""The other channels that add routes to the web server, configured so that they do."""
 
 
 @pytest.fixture
@@ -81,7 +101,7 @@ async def test_every_route_is_classified(tmp_path, fake_openai, tg) -> None:
     from tests.support.ports import free_port
 
     path = tmp_path / "c.toml"
-    path.write_text(config_text(tmp_path, fake_openai, tg, free_port()))
+    path.write_text(config_text(tmp_path, fake_openai, tg, free_port(), extra=ROUTED_CHANNELS))
     from bridge.config import load_config
 
     config = load_config(path, env=ENV)
