@@ -22,6 +22,7 @@ import pytest
 
 from core.tools.base import ToolContext
 from core.tools.mcp import McpManager, McpServerConfig, McpTool, McpToolError
+from tests.support.process import alive
 
 LISTING_SERVER = Path(__file__).parent / "mcp_servers" / "listing_server.py"
 CTX = ToolContext(session_key="s", turn_id="t", call_id="c")
@@ -44,13 +45,6 @@ async def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
             await asyncio.sleep(0.02)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie (exited, not yet reaped by its parent) is not alive
-        return stat.read().split(")")[-1].split()[0] != "Z"
 
 
 def _logged(caplog: pytest.LogCaptureFixture, logger: str, text: str) -> bool:
@@ -70,7 +64,7 @@ async def test_a_close_cut_short_with_a_call_in_flight_leaves_no_server_running(
         began = time.monotonic()
         await manager.aclose(timeout=0.5)
         assert time.monotonic() - began < 5.0
-        await until(lambda: not _alive(pid), timeout=5.0)
+        await until(lambda: not alive(pid), timeout=5.0)
         await asyncio.wait({call}, timeout=5.0)
         assert call.done()
     finally:

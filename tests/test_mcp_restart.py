@@ -25,6 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from core.tools.base import ToolContext, ToolRegistry
 from core.tools.mcp import McpManager, McpServerConfig, McpTool, McpToolError, RestartPolicy
+from tests.support.process import alive
 
 ECHO_SERVER = Path(__file__).parent / "mcp_servers" / "echo_server.py"
 CTX = ToolContext(session_key="s", turn_id="t", call_id="c")
@@ -116,13 +117,6 @@ async def test_a_killed_server_answers_that_it_is_restarting_then_comes_back(ech
     assert "MCP server echo is back (restart 1): 10 tools" in messages
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie (exited, not yet reaped by its parent) is not alive
-        return stat.read().split(")")[-1].split()[0] != "Z"
 
 
 async def test_a_server_whose_helper_holds_its_output_open_is_still_noticed_gone_and_its_helper_ends(gate) -> None:
@@ -153,7 +147,7 @@ async def test_a_server_whose_helper_holds_its_output_open_is_still_noticed_gone
             gate.release()
             await manager.aclose()
         # each helper ended with its server's connection: the killed one's, and the one stopped at the close
-        await until(lambda: not any(_alive(helper) for helper in helpers), timeout=10)
+        await until(lambda: not any(alive(helper) for helper in helpers), timeout=10)
     finally:
         for helper in helpers:
             with contextlib.suppress(ProcessLookupError):
