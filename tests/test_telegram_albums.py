@@ -77,6 +77,12 @@ def album(tg: FakeTelegram, group: str, caption: str | None, *photos: str, chat_
             for i, photo in enumerate(photos)]
 
 
+def new_images(body: dict) -> list[tuple[str, bytes]]:
+    """The images of a request's last user message: those the user just sent (earlier ones are history)."""
+    last = [m for m in body["messages"] if m["role"] == "user"][-1]
+    return image_parts({"messages": [last]})
+
+
 async def stored_parts(t: TelegramHarness) -> list[str]:
     return await t.channel.host.state_names("album:")
 
@@ -124,7 +130,7 @@ async def test_an_album_mentioning_the_bot_in_its_caption_is_answered_whole_in_a
 
 async def test_parts_in_separate_batches_join_while_they_come_within_the_window_up_to_the_bound(
         tmp_path, fake_openai, tg):
-    fake_openai.script(Text("four photos"))
+    fake_openai.script(Text("four photos"), Text("and a fifth"))
     clock = StepClock()
     t = await harness(tmp_path, fake_openai, tg, clock)
     try:
@@ -141,12 +147,14 @@ async def test_parts_in_separate_batches_join_while_they_come_within_the_window_
         [request] = fake_openai.requests
         assert image_parts(request) == [("image/jpeg", PHOTOS[p]) for p in photos]
         assert last_user_text(request).startswith("four")
-        # a fifth part after that: its album was answered already, and it is not answered on its own
+        # a fifth part after that: its album was answered already, so it is answered as a follow-up, its photo
+        # with it
         tg.user_message(photo="p1", extra={"media_group_id": "7"})
         await t.wait_for(t.consumed)
         clock.advance(WINDOW)
         await t.settle()
-        assert len(fake_openai.requests) == 1 and tg.visible(CHAT) == ["four photos"]
+        assert [new_images(r) for r in fake_openai.requests[1:]] == [[("image/jpeg", PHOTOS["p1"])]]
+        assert tg.visible(CHAT) == ["four photos", "and a fifth"]
         assert await stored_parts(t) == []
     finally:
         await t.close()
@@ -290,4 +298,133 @@ async def test_an_album_by_webhook_is_one_answer(tmp_path, fake_openai, tg):
         assert image_parts(request) == [("image/jpeg", PHOTOS["p1"]), ("image/jpeg", PHOTOS["p2"])]
         assert tg.visible(CHAT) == ["via webhook"]
     finally:
+        await t.close()
+
+
+async def test_the_rest_of_an_album_delayed_past_the_window_reaches_the_model_and_a_redelivery_does_not(
+        tmp_path, fake_openai, tg):
+    fake_openai.script(Text("one photo so far"), Text("and two more"), Text("a third answer"))
+    clock = StepClock()
+    t = await harness(tmp_path, fake_openai, tg, clock)
+    try:
+        first = tg.user_message(caption="what are these?", photo="p1", extra={"media_group_id": "80"})
+        await t.wait_for(lambda: t.channel.albums.parts(str(CHAT)) == 1)
+        await t.wait_for(lambda: clock.asleep == 1)
+        clock.advance(WINDOW)  # Telegram holds the rest of the album back until after the window
+        await t.settle()
+        rest = [tg.user_message(photo=p, extra={"media_group_id": "80"}) for p in ("p2", "p3")]
+        await t.wait_for(t.consumed)
+        clock.advance(WINDOW)
+        await t.settle()
+        # every photo reached the model: the late ones as a follow-up message of their own
+        assert [new_images(r) for r in fake_openai.requests] == [
+            [("image/jpeg", PHOTOS["p1"])], [("image/jpeg", PHOTOS["p2"]), ("image/jpeg", PHOTOS["p3"])]]
+        assert last_user_text(fake_openai.requests[0]).startswith("what are these?")
+        assert tg.visible(CHAT) == ["one photo so far", "and two more"]
+        # Telegram delivers parts of either group again: duplicates, not answered
+        tg.user_message(photo="p3", message_id=rest[1]["message"]["message_id"], extra={"media_group_id": "80"})
+        tg.user_message(caption="what are these?", photo="p1", message_id=first["message"]["message_id"],
+                        extra={"media_group_id": "80"})
+        await t.wait_for(t.consumed)
+        clock.advance(WINDOW)
+        await t.settle()
+        assert len(fake_openai.requests) == 2 and tg.visible(CHAT) == ["one photo so far", "and two more"]
+        assert await stored_parts(t) == []
+    finally:
+        await t.close()
+
+
+async def test_late_parts_of_an_album_that_mentioned_the_bot_are_answered_in_a_group(tmp_path, fake_openai, tg):
+    fake_openai.script(Text("the first"), Text("the others"))
+    clock = StepClock()
+    t = await harness(tmp_path, fake_openai, tg, clock)  # group_policy = "mention": only the caption mentions it
+    try:
+        at = f"@{tg.username}"
+        album(tg, "81", f"{at} compare these", "p1", chat_id=GROUP, chat_type="supergroup",
+              caption_entities=[{"type": "mention", "offset": 0, "length": len(at)}])
+        await t.wait_for(t.consumed)
+        clock.advance(WINDOW)
+        await t.settle()
+        late = album(tg, "81", None, "p2", "p3", chat_id=GROUP, chat_type="supergroup")
+        await t.wait_for(t.consumed)
+        clock.advance(WINDOW)
+        await t.settle()
+        assert [new_images(r) for r in fake_openai.requests] == [
+            [("image/jpeg", PHOTOS["p1"])], [("image/jpeg", PHOTOS["p2"]), ("image/jpeg", PHOTOS["p3"])]]
+        answers = tg.messages(GROUP)
+        assert [m.text for m in answers] == ["the first", "the others"]
+        assert answers[1].reply_to == late[0]["message"]["message_id"]  # quotes the first late photo
+    finally:
+        await t.close()
+
+
+async def test_a_part_refused_by_webhook_and_posted_again_after_the_window_is_not_lost(tmp_path, fake_openai, tg):
+    fake_openai.script(Text("the first photo"), Text("the second photo"))
+    store = FailingSecondAlbumWrite(tmp_path / "chat.db")
+    clock = StepClock()
+    t = await harness(tmp_path, fake_openai, tg, clock, core={"store": store}, mode="webhook",
+                      webhook_url="https://bot.example.com/telegram/webhook", webhook_secret="s3cret")
+    url = await t.serve_webhook()
+    try:
+        parts = [tg.user_message(caption="two photos" if i == 0 else None, photo=p, enqueue=False,
+                                 extra={"media_group_id": "82"}) for i, p in enumerate(("p1", "p2"))]
+        async with aiohttp.ClientSession() as http:
+            async def post(update: dict) -> int:
+                async with http.post(url, json=update, headers={SECRET_HEADER: "s3cret"}) as resp:
+                    return resp.status
+
+            assert [await post(u) for u in parts] == [200, 503]  # the second could not be stored
+            clock.advance(WINDOW)  # Telegram posts it again only later: the album was handed over meanwhile
+            await t.settle()
+            assert await post(parts[1]) == 200
+        clock.advance(WINDOW)
+        await t.settle()
+        assert [new_images(r) for r in fake_openai.requests] == [[("image/jpeg", PHOTOS["p1"])],
+                                                                 [("image/jpeg", PHOTOS["p2"])]]
+        assert tg.visible(CHAT) == ["the first photo", "the second photo"]
+    finally:
+        await t.close()
+
+
+class FailingSecondAlbumWrite(SqliteStore):
+    """The first write of the second album part fails (a locked database)."""
+
+    def __init__(self, path) -> None:
+        super().__init__(path)
+        self.names: list[str] = []
+
+    async def set_channel_state(self, channel: str, name: str, value: str) -> None:
+        if name.startswith("album:") and name not in self.names:
+            self.names.append(name)
+            if len(self.names) == 2:
+                raise StoreError("sqlite store: set_channel_state failed (OperationalError: database is locked)")
+        await super().set_channel_state(channel, name, value)
+
+
+async def test_an_album_is_not_ended_by_its_window_while_getupdates_fails(tmp_path, fake_openai, tg):
+    fake_openai.script(Text("three photos"), Text("unused"))
+    clock = StepClock()
+    t = await harness(tmp_path, fake_openai, tg, clock, poll_backoff=(0.01,))
+    try:
+        first = tg.user_message(caption="what are these?", photo="p1", extra={"media_group_id": "83"})
+        failing = True
+        tg.fail("getUpdates", status=429, description="Too Many Requests: retry after 0", retry_after=0, times=10**6,
+                when=lambda p: failing and int(p.get("offset") or 0) > first["update_id"])
+        await t.wait_for(lambda: t.channel.albums.parts(str(CHAT)) == 1)
+        await t.wait_for(lambda: tg.count("getUpdates") >= 3)  # failing, over and over
+        await t.wait_for(lambda: clock.asleep == 1)
+        clock.advance(2 * WINDOW)  # no part for two windows, but Telegram could not be asked for them
+        await t.wait_for(lambda: clock.asleep == 1)
+        assert fake_openai.requests == [] and t.channel.albums.parts(str(CHAT)) == 1
+        for photo in ("p2", "p3"):
+            tg.user_message(photo=photo, extra={"media_group_id": "83"})
+        failing = False
+        await t.wait_for(t.consumed)
+        clock.advance(WINDOW)
+        await t.settle()
+        [request] = fake_openai.requests  # one answer, about all three
+        assert new_images(request) == [("image/jpeg", PHOTOS[p]) for p in ("p1", "p2", "p3")]
+        assert tg.visible(CHAT) == ["three photos"]
+    finally:
+        failing = False
         await t.close()

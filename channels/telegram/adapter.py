@@ -21,6 +21,9 @@
   message stored before ids named the bot and delivered again after the upgrade (a crash between storing it
   and saving the offset, across the upgrade) is not recognised; the offset, taken over, keeps that to the
   last batch.
+- A group upgraded to a supergroup gets a new chat id; ``migration`` reads the upgrade from Telegram's service
+  message, and ``in_session_of`` has a message of the new chat go on in the group's session (its history, a
+  /stop there stopping a reply begun in the group) while its reply goes to the new chat.
 - The reply's destination (chat type, message id, forum topic) is typed here, once, as a
   ``TelegramContext`` that travels with the turn target.
 """
@@ -178,6 +181,22 @@ def album_part(message: Message, me: BotIdentity, *, allow: AllowList, group_pol
     envelope, is_addressed = prepared
     return AlbumPart(chat_id=envelope.chat_id, album_id=album_id, message_id=message.message_id,
                      envelope=envelope, addressed=is_addressed)
+
+
+def migration(message: Message) -> tuple[int, int] | None:
+    """(the old chat id, the new one) when ``message`` is Telegram's notice that a group was upgraded to a
+    supergroup (sent in both chats), else None."""
+    if message.migrate_to_chat_id is not None:
+        return message.chat.id, message.migrate_to_chat_id
+    if message.migrate_from_chat_id is not None:
+        return message.migrate_from_chat_id, message.chat.id
+    return None
+
+
+def in_session_of(envelope: InboundEnvelope, chat_id: str) -> InboundEnvelope:
+    """``envelope``, answered in its own chat, in the session ``chat_id`` would have (the group its supergroup
+    was upgraded from): core keys a session by the envelope's ``session_key`` when one is set."""
+    return envelope.model_copy(update={"session_key": envelope.model_copy(update={"chat_id": chat_id}).key()})
 
 
 def in_album(message: Message) -> bool:

@@ -10,7 +10,10 @@ When an album is complete: once none of its messages has come for ``window`` sec
 sends an album's messages together, so the next one normally follows within a fraction of that), and at the
 latest ``max_wait`` seconds after its first one; at once when it holds ``MAX_PARTS`` (Telegram's largest
 album) or when another message of the same chat comes, so that a chat's messages still reach core in the order
-they were sent (an album, then the question about it). The clock is injectable, so tests move it themselves.
+they were sent (an album, then the question about it). The quiet window does not run while receiving fails
+(``pause``: ``getUpdates`` failing or backing off, a batch not stored): the rest of an album may be waiting at
+Telegram then, and it counts again from when receiving works (``resume``); ``max_wait`` still bounds the album.
+The clock is injectable, so tests move it themselves.
 
 Nothing accepted is lost. Each message of an album is written to the channel's durable state
 (``album:<bot id>:<chat id>:<media_group_id>:<message id>``) before its update is acknowledged to Telegram
@@ -22,12 +25,19 @@ and only once core has accepted it are the parts deleted. A crash or stop at any
 store: the next start (every process, at start) finds them and submits the album after ``max_wait`` (so an
 album another process is still collecting is left to it), and one that core could not store is tried again.
 
-Never twice: the merged message's event id is the album's (``<bot id>:<chat id>:album:<media_group_id>``), so
-core's durable dedupe drops a second submission of the same album: a part Telegram delivers again after the
-album was answered, parts found again after a crash between the submission and the deletion, two processes
-that both submit what is left of one album. Such a late part is stored, submitted as a duplicate, and deleted.
-A part that comes more than ``max_wait`` after its album was handed over is not added to it (the album was
-answered already) and is not answered on its own either (its album's event id is taken).
+Never twice, never lost: the parts handed over together are a group, recorded in the album's record
+(``album-groups:<bot id>:<chat id>:<media_group_id>``: each group's first message id and the ids of its
+parts) before the group is submitted. The first group's event id is the album's
+(``<bot id>:<chat id>:album:<media_group_id>``), a later group's the album's followed by its first message id,
+so core's durable dedupe drops a second submission of the same group: parts found again after a crash between
+the submission and the deletion, two processes that both submit what is left of one album, a retry after core
+stored the group but the answer to it was lost. A part Telegram delivers again after its album was handed
+over is found in the record: it is stored, submitted again with its group (a duplicate), and deleted. A part
+that comes after its album was handed over (the rest of an album delayed by a failing ``getUpdates``, a part
+whose first write failed and that Telegram delivered again later) is not in the record: it starts a group of
+its own, answered as a follow-up message carrying its photos, and addressed to the bot when the album was.
+The record outlives the album's parts (a part can be delivered again up to a day later); records older than
+``RECORD_TTL`` are removed when an album of the same chat is handed over, and at every start.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -53,6 +64,10 @@ ALBUM_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """The form of a media_group_id this channel collects (Telegram's are digits); a message whose id has another
 form is answered on its own."""
 STATE_PREFIX = "album:"
+RECORD_PREFIX = "album-groups:"
+RECORD_TTL = 2 * 86400.0
+"""Seconds an album's record is kept after its last group was handed over: Telegram keeps an update it could
+not deliver for a day, so a part delivered again later than that is not to be expected."""
 RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
 """Between tries of an album core could not store."""
 
@@ -78,14 +93,42 @@ class AlbumPart:
                    bool(data["addressed"]))
 
 
-def album_event_id(bot_id: int, chat_id: str, album_id: str) -> str:
-    return f"{bot_id}:{chat_id}:album:{album_id}"
+def album_event_id(bot_id: int, chat_id: str, album_id: str, later: int | None = None) -> str:
+    """The event id of an album's first group, or (``later``: its first message id) of a later one."""
+    base = f"{bot_id}:{chat_id}:album:{album_id}"
+    return base if later is None else f"{base}:{later}"
 
 
-def merge(parts: list[AlbumPart], event_id: str) -> InboundEnvelope | None:
-    """The one message an album's parts make, or None when none of them is addressed to the bot."""
+@dataclass(slots=True)
+class Record:
+    """What was handed over of one album: each group (by its first message id, in the order they were formed)
+    with its parts' message ids, whether any part was addressed to the bot, and when it last changed."""
+
+    groups: dict[int, list[int]] = field(default_factory=dict)
+    addressed: bool = False
+    at: float = 0.0
+
+    def dump(self) -> str:
+        return json.dumps({"groups": [[first, ids] for first, ids in self.groups.items()],
+                           "addressed": self.addressed, "at": self.at})
+
+    @classmethod
+    def load(cls, value: str | None) -> Record:
+        if value is None:
+            return cls()
+        data = json.loads(value)
+        return cls({int(first): [int(i) for i in ids] for first, ids in data["groups"]}, bool(data["addressed"]),
+                   float(data["at"]))
+
+    def group_of(self, message_id: int) -> int | None:
+        return next((first for first, ids in self.groups.items() if message_id in ids), None)
+
+
+def merge(parts: list[AlbumPart], event_id: str, *, addressed: bool = False) -> InboundEnvelope | None:
+    """The one message an album's parts make, or None when none of them is addressed to the bot (and the album
+    was not, ``addressed``)."""
     parts = sorted(parts, key=lambda p: p.message_id)
-    if not any(p.addressed for p in parts):
+    if not addressed and not any(p.addressed for p in parts):
         return None
     first = parts[0].envelope
     return first.model_copy(update={
@@ -128,7 +171,11 @@ class Albums:
         self.clock = clock or Clock()
         self.retry_delays = retry_delays
         self.prefix = f"{STATE_PREFIX}{bot_id}:"
+        self.record_prefix = f"{RECORD_PREFIX}{bot_id}:"
         self._albums: dict[tuple[str, str], _Album] = {}
+        self._handing: dict[tuple[str, str], asyncio.Lock] = {}
+        self._paused = False
+        self._resumed = asyncio.Event()
 
     @property
     def pending(self) -> int:
@@ -154,6 +201,8 @@ class Albums:
         album = self._albums.get((part.chat_id, part.album_id))
         now = self.clock.now()
         if album is None or not album.collecting:
+            # a first part, or one after its album was handed over (or while it is): a group of its own then, or
+            # found in the album's record as a part handed over before (``_hand_over``)
             album = self._start(part.chat_id, part.album_id, now, self.window)
         album.last = now
         album.parts.add(part.message_id)
@@ -165,6 +214,22 @@ class Albums:
         self.host.spawn(f"telegram:album:{chat_id}:{album_id}", self._run(album))  # may raise ShuttingDownError
         self._albums[album.key] = album
         return album
+
+    def pause(self) -> None:
+        """Receiving fails for now (polling): no album is complete by its quiet window until ``resume``."""
+        if not self._paused:
+            self._paused = True
+            self._resumed = asyncio.Event()
+
+    def resume(self) -> None:
+        """Receiving works again: the quiet window of every album being collected counts from now."""
+        if self._paused:
+            self._paused = False
+            now = self.clock.now()
+            for album in self._albums.values():
+                if album.collecting:
+                    album.last = max(album.last, now)
+            self._resumed.set()
 
     async def flush_chat(self, chat_id: str) -> None:
         """Hand over the albums of ``chat_id`` now, and return once each was offered to core: a message of the
@@ -194,6 +259,7 @@ class Albums:
             album_id, sep2, _ = rest.partition(":")
             if sep and sep2:
                 found.add((chat_id, album_id))
+        await self._forget_old_records(self.record_prefix)
         now = self.clock.now()
         for key in sorted(found - set(self._albums)):
             log.info("handing over a Telegram album left stored (chat %s)", key[0])
@@ -221,30 +287,50 @@ class Albums:
         """Wait until the album is complete: ``quiet`` seconds after its last part, at most ``max_wait`` after
         its first, or at once when told to."""
         while not album.now.is_set():
-            left = min(album.last + album.quiet, album.first + self.max_wait) - self.clock.now()
+            paused = self._paused
+            bound = album.first + self.max_wait
+            left = (bound if paused else min(album.last + album.quiet, bound)) - self.clock.now()
             if left <= 0:
                 return
-            sleep = asyncio.ensure_future(self.clock.sleep(left))
-            told = asyncio.ensure_future(album.now.wait())
+            waiters = [asyncio.ensure_future(self.clock.sleep(left)), asyncio.ensure_future(album.now.wait())]
+            if paused:
+                waiters.append(asyncio.ensure_future(self._resumed.wait()))
             try:
-                await asyncio.wait({sleep, told}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for waiter in (sleep, told):
+                for waiter in waiters:
                     waiter.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.gather(sleep, told, return_exceptions=True)
+                    await asyncio.gather(*waiters, return_exceptions=True)
 
     async def _hand_over(self, album: _Album) -> str:
-        """Submit the album as the store holds it, then forget its parts: "done", "retry" (not taken: the
-        store or core failed for a moment) or "closing" (core accepts nothing more: the parts stay stored)."""
+        """Submit what the store holds of the album, then forget those parts: "done", "retry" (not taken: the
+        store or core failed for a moment) or "closing" (core accepts nothing more: the parts stay stored).
+        One hand-over of an album at a time in this process: its record is read, changed and written."""
+        lock = self._handing.setdefault(album.key, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._hand_over_locked(album)
+        finally:
+            if not lock.locked() and self._handing.get(album.key) is lock:
+                del self._handing[album.key]
+
+    async def _hand_over_locked(self, album: _Album) -> str:
         prefix = self._name(album.chat_id, album.album_id)
+        record_name = self._record_name(album.chat_id, album.album_id)
         try:
             names = await self.host.state_names(prefix)
             values = [(name, await self.host.get_state(name)) for name in names]
+            stored = await self.host.get_state(record_name)
         except Exception as exc:
             log.warning("the parts of a Telegram album (chat %s) could not be read (%s); trying again",
                         album.chat_id, exc)
             return "retry"
+        try:
+            record = Record.load(stored)
+        except (ValueError, KeyError, TypeError) as exc:  # what is stored now is handed over as new
+            log.error("the record of a Telegram album (chat %s) cannot be read and is replaced: %s", album.chat_id, exc)
+            record = Record()
         parts: list[AlbumPart] = []
         for name, value in values:
             if value is None:
@@ -253,21 +339,66 @@ class Albums:
                 parts.append(AlbumPart.load(album.chat_id, album.album_id, int(name[len(prefix):]), value))
             except (ValueError, KeyError, TypeError, ValidationError) as exc:
                 log.error("a stored Telegram album part (%s) cannot be read and is left out: %s", name, exc)
-        envelope = merge(parts, album_event_id(self.bot_id, album.chat_id, album.album_id)) if parts else None
-        if envelope is not None:
+        groups: dict[int, list[AlbumPart]] = {}
+        new = [p for p in parts if record.group_of(p.message_id) is None]
+        if new:  # parts not handed over before: a group of their own, recorded before it is submitted
+            first = min(p.message_id for p in new)
+            record.groups[first] = sorted(p.message_id for p in new)
+            record.addressed = record.addressed or any(p.addressed for p in new)
+            record.at = time.time()
             try:
-                await self.host.submit(envelope)
-            except ShuttingDownError:
-                return "closing"
-            except AdmissionError:
-                log.warning("a Telegram album (chat %s) could not be stored; trying again", album.chat_id)
+                await self.host.set_state(record_name, record.dump())
+            except Exception as exc:
+                log.warning("a Telegram album (chat %s) could not be recorded (%s); trying again", album.chat_id, exc)
                 return "retry"
-            except Exception as exc:  # our bug: logged, and the album dropped rather than tried forever
-                log.error("a Telegram album (chat %s) could not be handed over and is skipped: %s",
-                          album.chat_id, f"{type(exc).__name__}: {exc}")
-        for name in names:
-            try:
-                await self.host.delete_state(name)
-            except Exception as exc:  # found again at the next start, and dropped then as a duplicate
-                log.warning("a handed-over Telegram album part (%s) could not be deleted: %s", name, exc)
+        for p in parts:
+            group = record.group_of(p.message_id)
+            assert group is not None
+            groups.setdefault(group, []).append(p)
+        order = list(record.groups)
+        for group, members in sorted(groups.items(), key=lambda g: order.index(g[0])):
+            later = None if order.index(group) == 0 else group
+            event_id = album_event_id(self.bot_id, album.chat_id, album.album_id, later)
+            envelope = merge(members, event_id, addressed=record.addressed)
+            if envelope is not None:
+                try:
+                    await self.host.submit(envelope)
+                except ShuttingDownError:
+                    return "closing"
+                except AdmissionError:
+                    log.warning("a Telegram album (chat %s) could not be stored; trying again", album.chat_id)
+                    return "retry"
+                except Exception as exc:  # our bug: logged, and the album dropped rather than tried forever
+                    log.error("a Telegram album (chat %s) could not be handed over and is skipped: %s",
+                              album.chat_id, f"{type(exc).__name__}: {exc}")
+            for p in members:
+                name = self._name(album.chat_id, album.album_id, p.message_id)
+                try:
+                    await self.host.delete_state(name)
+                except Exception as exc:  # found again at the next start, and dropped then as a duplicate
+                    log.warning("a handed-over Telegram album part (%s) could not be deleted: %s", name, exc)
+        read = {self._name(album.chat_id, album.album_id, p.message_id) for p in parts}
+        for name, value in values:  # unreadable parts: left out above, and not kept forever
+            if value is not None and name not in read:
+                with contextlib.suppress(Exception):
+                    await self.host.delete_state(name)
+        await self._forget_old_records(f"{self.record_prefix}{album.chat_id}:")
         return "done"
+
+    def _record_name(self, chat_id: str, album_id: str) -> str:
+        return f"{self.record_prefix}{chat_id}:{album_id}"
+
+    async def _forget_old_records(self, prefix: str) -> None:
+        """Remove the records under ``prefix`` not changed for ``RECORD_TTL``. A store that fails leaves them for
+        the next time."""
+        try:
+            for name in await self.host.state_names(prefix):
+                value = await self.host.get_state(name)
+                try:
+                    old = value is not None and Record.load(value).at < time.time() - RECORD_TTL
+                except (ValueError, KeyError, TypeError):
+                    old = True  # unreadable: of no use to anyone
+                if old:
+                    await self.host.delete_state(name)
+        except Exception as exc:
+            log.warning("old Telegram album records could not be removed (%s); removing them later", exc)

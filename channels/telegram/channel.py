@@ -37,12 +37,20 @@ for the bytes of a photo, document or voice note; it resolves the file with ``ge
 ``<api_base>/file/bot<token>/<file_path>`` (a self-hosted Bot API server in ``--local`` mode keeps files on
 its own disk and serves no such URL: those are reported as not downloadable). Redirects are followed only
 on the Bot API server's host; the token never appears in an error.
+
+A group upgraded to a supergroup: Telegram gives the supergroup a new chat id, and tells of it by a service
+message in each chat, and by answering a call to the old id with the new one (``TelegramClient``). Either way
+the channel keeps the move as durable state (``migrated:<new chat id>`` holding the old id), loaded at every
+start before anything is received: the new chat's messages go on in the group's session (the same history,
+a /stop there stopping a reply begun in the group), and their replies go to the new chat. A service message
+whose move could not be kept is not acknowledged (Telegram delivers it again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -72,7 +80,16 @@ from channels.common.live_sink import LiveSettings, LiveSink
 from channels.common.splitter import split_text
 from channels.common.throttle import Clock, Throttle
 from channels.telegram import render
-from channels.telegram.adapter import CHANNEL, AllowList, BotIdentity, album_part, in_album, normalize
+from channels.telegram.adapter import (
+    CHANNEL,
+    AllowList,
+    BotIdentity,
+    album_part,
+    in_album,
+    in_session_of,
+    migration,
+    normalize,
+)
 from channels.telegram.albums import Albums
 from channels.telegram.approvals import ApprovalButtons
 from channels.telegram.client import TelegramClient
@@ -80,7 +97,7 @@ from channels.telegram.settings import WEBHOOK_PATH, TelegramConfig
 from channels.telegram.sink import Destination, TelegramOps, TelegramPrompts, entities
 from channels.telegram.updates import NotAnUpdate, read_update
 from core.channel import ERROR, SinkError
-from core.envelope import MediaItem, TurnTarget
+from core.envelope import InboundEnvelope, MediaItem, TurnTarget
 from core.host import AdmissionError, ChannelHost, ShuttingDownError
 from core.leadership import Lead, run_as_leader
 from core.media.fetch import FetchError
@@ -98,6 +115,10 @@ def offset_key(bot_id: int) -> str:
     """The channel state holding the polling offset of the bot ``bot_id``: update ids are numbered per bot, so
     another bot's offset (a token replaced, another config on the same database) would skip its updates."""
     return f"offset:{bot_id}"
+
+
+MOVED_PREFIX = "migrated:"
+"""Channel state ``migrated:<new chat id>``: the id of the group the supergroup was upgraded from."""
 
 
 STANDBY = "standby"
@@ -165,6 +186,11 @@ class TelegramChannel:
         self.offset_key = offset_key(bot.id)
         self.albums = Albums(host, bot.id, window=settings.album_window, max_wait=settings.album_max_wait,
                              clock=album_clock)
+        self.moved_from: dict[int, int] = {}
+        """Supergroups upgraded from groups: the new chat id, the old one (whose session goes on)."""
+        self._moves_kept: set[int] = set()
+        self.client.on_move = self._on_move
+        self.client.on_poll_failure = self.albums.pause
         self.me: BotIdentity | None = None
         self.drafts_rejected = False
         self._state = "stopped"
@@ -273,11 +299,64 @@ class TelegramChannel:
                 self._state = ERROR
                 log.error("Telegram set-up failed (%s); retrying in %.0fs", exc, delay)
                 await asyncio.sleep(delay)
+        await self._load_moves()
         await self._recover_albums()
         self._state = self.settings.mode
         self.ready.set()
         if self.settings.mode == "polling":
             await run_as_leader(self._await_lead, self._poll, on_change=self._on_lead)
+
+    async def _load_moves(self) -> None:
+        """Read the groups upgraded to supergroups, before anything is received: a message of the new chat
+        handled without it would start a session of its own. A store that fails is read again."""
+        failures = 0
+        while self._receiving:
+            try:
+                for name in await self.host.state_names(MOVED_PREFIX):
+                    value = await self.host.get_state(name)
+                    if value is None:
+                        continue
+                    try:
+                        new, old = int(name[len(MOVED_PREFIX):]), int(value)
+                    except ValueError:
+                        log.error("a kept Telegram group upgrade (%s) cannot be read and is skipped", name)
+                        continue
+                    self.moved_from[new] = old
+                    self.client.moved[old] = new
+                    self._moves_kept.add(new)
+                return
+            except Exception as exc:
+                delay = self.settings.poll_backoff[min(failures, len(self.settings.poll_backoff) - 1)]
+                failures += 1
+                self._state = ERROR
+                log.error("could not read the Telegram group upgrades (%s); retrying in %.0fs", exc, delay)
+                await asyncio.sleep(delay)
+
+    async def remember_move(self, old: int, new: int) -> None:
+        """The group ``old`` is now the supergroup ``new``: its messages go on in the group's session, in this
+        run and (once the write is done) every later one. Raises what the store raises."""
+        old = self.moved_from.get(old, old)  # a group that moved before keeps its first session
+        self.moved_from[new] = old
+        self.client.moved.setdefault(old, new)
+        if new not in self._moves_kept:
+            await self.host.set_state(f"{MOVED_PREFIX}{new}", str(old))
+            self._moves_kept.add(new)
+
+    async def _on_move(self, old: int, new: int) -> None:
+        """A call found the group upgraded (``TelegramClient.on_move``). A write that fails leaves the move
+        known to this run; the service message, when it comes, tries again."""
+        try:
+            await self.remember_move(old, new)
+        except Exception as exc:
+            log.warning("could not keep a Telegram group's upgrade to a supergroup: %s", exc)
+
+    def _in_session(self, envelope: InboundEnvelope) -> InboundEnvelope:
+        """``envelope`` in the session of the group its chat was upgraded from, if it was."""
+        try:
+            old = self.moved_from.get(int(envelope.chat_id))
+        except ValueError:
+            return envelope
+        return envelope if old is None else in_session_of(envelope, str(old))
 
     async def _recover_albums(self) -> None:
         """Hand over the albums a previous run stored but did not hand over. A store that fails here leaves
@@ -376,13 +455,19 @@ class TelegramChannel:
                 failures += 1
                 self._state = ERROR if failures > 2 else "polling"
                 log.warning("Telegram getUpdates failed (%s); retrying in %.0fs", exc, delay)
+                self.albums.pause()  # the rest of an album may be waiting at Telegram meanwhile
                 await asyncio.sleep(delay)
                 continue
             failures = 0
             self._state = "polling"
             if not updates:
+                self.albums.resume()
                 continue
             outcome, unconfirmed = await self._hand_over(updates)
+            if outcome == "refused":
+                self.albums.pause()  # until the batch is fetched again (parts of an album among it)
+            else:
+                self.albums.resume()
             confirmed = [u for u in updates if unconfirmed is None or u.update_id < unconfirmed]
             if confirmed:
                 offset = confirmed[-1].update_id + 1
@@ -469,6 +554,14 @@ class TelegramChannel:
         message = update.message
         if message is None:
             return True  # edited messages and other update kinds are ignored (see adapter)
+        moved = migration(message)
+        if moved is not None:  # a group upgraded to a supergroup: nothing to answer, but the move is kept
+            try:
+                await self.remember_move(*moved)
+            except Exception as exc:
+                log.error("a Telegram group's upgrade to a supergroup could not be kept: %s", exc)
+                raise AdmissionError("the upgrade could not be kept") from exc
+            return True
         if self.me is None:
             return False  # not receiving yet (the webhook answers 503 before set-up is done)
         policy = self.settings.group_policy
@@ -476,13 +569,13 @@ class TelegramChannel:
             if in_album(message):  # collected with the rest of its album, and kept durably before it is confirmed
                 part = album_part(message, self.me, allow=self.allow, group_policy=policy)
                 if part is not None:
-                    await self.albums.add(part)
+                    await self.albums.add(dataclasses.replace(part, envelope=self._in_session(part.envelope)))
                 return True
             envelope = normalize(message, self.me, allow=self.allow, group_policy=policy)
             if envelope is None:
                 return True
             await self.albums.flush_chat(envelope.chat_id)  # an album sent before this message goes first
-            await self.host.submit(envelope)
+            await self.host.submit(self._in_session(envelope))
         except ShuttingDownError:
             return False
         return True

@@ -25,11 +25,14 @@ an answer it could not read or that reported a server error.
 
 A group upgraded to a supergroup has a new chat id (Telegram answers the old one with ``migrate_to_chat_id``):
 the call is made again in the new chat at once, and every later call to the old chat goes to the new one.
+``on_move`` is told of the upgrade first (the channel keeps it durably: the new chat goes on in the old chat's
+session, ``TelegramChannel.remember_move``), and ``moved`` is filled at start from what it kept.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from aiogram import Bot
@@ -129,6 +132,12 @@ class TelegramClient:
         """The bot's budget of new messages, shared by every chat."""
         self.moved: dict[int, int] = {}
         """Groups upgraded to supergroups: the old chat id, the new one."""
+        self.on_move: Callable[[int, int], Awaitable[None]] | None = None
+        """Told of a group found upgraded (the old chat id, the new one) before the call is made again there;
+        it must not raise."""
+        self.on_poll_failure: Callable[[], None] | None = None
+        """Told of every failed attempt of ``getUpdates`` (one the call policy retries too): receiving is held
+        up, so an album's rest may be waiting at Telegram (``Albums.pause``)."""
         self._answer_models: dict[type[TelegramMethod[Any]], object] = {}
         """aiogram reads every answer into ``Response[<the method's result type>]``, a pydantic generic model
         that pydantic caches only weakly: once the garbage collector had freed it, the next call built the
@@ -170,8 +179,14 @@ class TelegramClient:
         for _ in range(2):  # an upgrade is followed once, not a chat that moves again at once
             try:
                 return await self._once(method, request_timeout)
+            except PlatformError:
+                if isinstance(method, GetUpdates) and self.on_poll_failure is not None:
+                    self.on_poll_failure()
+                raise
             except _Moved as moved:
                 log.info("a group was upgraded to a supergroup; its replies go to the new chat from now on")
+                if self.on_move is not None:
+                    await self.on_move(moved.old, moved.new)
                 self.moved[moved.old] = moved.new
                 method = method.model_copy(update={"chat_id": moved.new})
         raise PlatformError(f"{method.__api_method__}: the chat moved again", kind="permanent")
