@@ -13,10 +13,15 @@ of the process that posted the request, and in its open-requests record in the s
 Who may press is core's rule (``core.agent.deciders``: the user whose message started the turn or, when
 ``allow_from`` is a list rather than "*", a user on it; the channel hands core its ``allow_from`` once).
 A press goes to the channel host's ``decide`` as the presser's id and username; a press core refuses gets
-an alert and nothing changes. The callback query is always answered, and after a decision the message is
-edited to show it (the edit carries no keyboard, which removes it). An approval that ends without
+an alert and nothing changes. The callback query is always answered (a press whose decision could not be made,
+core or the relay failing, is answered "please press again" and changes nothing), and after a decision the
+message is edited to show it (the edit carries no keyboard, which removes it). An approval that ends without
 a press (timed out, the turn stopped) is edited the same way by the sink; a press the bridge no longer
 knows (after a restart, or once the turn ended) is answered "no longer pending" and its keyboard removed.
+A press that lands after the approval ended but before the sink marked it (the sink still busy with a slow
+edit or a 429 pause) does not know how it ended: its message says "no longer pending" at once (no sink may
+ever come: one aborted marks nothing), and the sink's line, the real end, replaces that when it comes. The
+edits of one request are made one at a time, each showing the newest line, so the real end is what stays.
 
 The Bot API has no idempotency key, so the message with the keyboard is never sent twice: when its post's
 outcome is unknown (Telegram may have shown it, its answer did not come), the request stays pending without a
@@ -33,6 +38,9 @@ sink edits the message once to show how the approval ended (the presser's name c
 message the record does not name as the request's is edited by the receiving process itself. The keyboard of
 a request that has a record is never removed while it may be pending.
 
+A request is remembered here (and kept in the record) while it is open, however many newer ones were posted:
+only requests that ended are forgotten past ``MAX_REMEMBERED``.
+
 Approvals do not outlive the process (a restart ends the turn that waited for them), but their buttons
 would: so every posted request that has not ended is also kept in the channel's durable state, and the next
 start edits each one to say it was denied by the restart, before the first update is read; with several
@@ -44,11 +52,12 @@ A button nobody can act on never looks live.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from aiogram.methods import AnswerCallbackQuery, EditMessageReplyMarkup, EditMessageText
@@ -70,9 +79,13 @@ log = logging.getLogger(__name__)
 PREFIX = "ap"
 CODES: dict[str, Literal["allow", "deny"]] = {"a": "allow", "d": "deny"}
 MAX_REMEMBERED = 1024
+"""Requests that ended kept in memory (a late press on one is answered "already allowed"); open ones are all kept."""
 
 NOT_YOURS = "Only the person who asked, or a user allowed to use this bot, can decide this."
 GONE = "This request is no longer pending."
+PRESS_NOT_TAKEN = "Your press could not be taken just now; please press again."
+NO_LONGER_PENDING = "⌛ No longer pending."
+"""What a press that found the request ended shows, until the sink shows how it ended (if it ever does)."""
 OUTCOME_ROOM = 200
 """Room kept free in the last message for the outcome line an edit appends ("✅ Allowed by <name>")."""
 MIN_SHOWN = 60
@@ -91,9 +104,22 @@ class PendingApproval:
     """The request's message texts; the last one carries the keyboard and, after an edit, the outcome."""
     message_id: int | None = None
     outcome: str | None = None
+    """"allowed" or "denied" after a press; "ended" when it ended otherwise (timed out, stopped, turn over: the
+    sink's line); "gone" when a press found it ended before the sink marked it (the sink's line still replaces
+    the press's "no longer pending")."""
     origin: tuple[str, ...] = ()
     """A subagent's request (``run_subagent``): the child sessions it came through; the press names them."""
-    """"allowed" or "denied" after a press; "ended" when it ended otherwise (timed out, stopped, turn over)."""
+    line: str | None = None
+    """The outcome line its message is to show (the newest way it ended)."""
+    shown: str | None = None
+    """The outcome line last edited onto its message."""
+    editing: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
+    """Held while its message is edited to show an outcome: those edits are made one at a time."""
+
+    def ends(self, outcome: str, line: str) -> None:
+        """It ended (``outcome``) and its message is to show ``line`` (``ApprovalButtons.show_outcome``). Set
+        together, without a pause, so a check of ``outcome`` and the line it leads to cannot be split."""
+        self.outcome, self.line = outcome, line
 
 
 def request_parts(tool_name: str, arguments: Sequence[ShownArgument], limit: int = MESSAGE_LIMIT,
@@ -249,9 +275,17 @@ class ApprovalButtons:
                                 tuple(request_parts(tool_name, arguments, self._channel.limit, label)),
                                 origin=origin)
         self._by_ref[entry.ref] = entry
-        while len(self._by_ref) > MAX_REMEMBERED:
-            self._by_ref.popitem(last=False)
+        self._forget_ended()
         return entry
+
+    def _forget_ended(self) -> None:
+        """Past ``MAX_REMEMBERED``, forget the oldest requests that ended. An open one is never forgotten, however
+        old: a press on it must still decide it, and the record (made from what is remembered) must keep it for a
+        restart to close."""
+        excess = len(self._by_ref) - MAX_REMEMBERED
+        if excess > 0:
+            for ref in [r for r, e in self._by_ref.items() if e.outcome is not None][:excess]:
+                del self._by_ref[ref]
 
     def get(self, ref: str) -> PendingApproval | None:
         return self._by_ref.get(ref)
@@ -289,7 +323,11 @@ class ApprovalButtons:
             # The post's answer never came (its outcome unknown): the press says where the request is shown.
             entry.message_id = message.message_id
             if entry.outcome is None:
-                await self._save()  # a restart can close it now
+                try:
+                    await self._save()  # a restart can close it now
+                except Exception as exc:  # the press still decides; the id goes with the next save
+                    log.warning("could not record where the approval request for %s is shown: %s",
+                                entry.tool_name, exc)
         if entry is None or entry.outcome is not None:
             decided = entry is not None and entry.outcome in ("allowed", "denied")
             await self._answer(query, f"Already {entry.outcome}." if entry is not None and decided else GONE)
@@ -297,23 +335,30 @@ class ApprovalButtons:
                 await self._drop_keyboard(message.chat.id, message.message_id)
             return
         copy = self._other_copy(message, entry)
-        result = await self._channel.host.decide(entry.session_key, entry.call_id, decision,
-                                                 decided_by=presser(query), origin=entry.origin)
+        result = await self._decide(query, entry, decision)
+        if result is None:
+            return
         if result is DecideResult.REFUSED:
             await self._answer(query, NOT_YOURS, alert=True)
             return
         if result is DecideResult.NOT_PENDING:
-            entry.outcome = "ended"
+            # It ended before this press. Unless the sink marked it meanwhile (or a press decided it), how it
+            # ended is the sink's to say; the message says "no longer pending" at once (without its buttons)
+            # in case no sink comes, and the sink's line replaces it when it does (``TelegramPrompts.ended``).
+            first = entry.outcome is None
+            if first:
+                entry.ends("gone", NO_LONGER_PENDING)
             await self._answer(query, GONE)
-            await self.show_outcome(entry, "⌛ No longer pending.")
+            if first:
+                await self.show_outcome(entry)
             if copy is not None:
                 await self._drop_keyboard(copy.chat.id, copy.message_id)
             return
         who = sender_name(query.from_user)
-        entry.outcome = "allowed" if decision == "allow" else "denied"
-        await self._answer(query, "Allowed" if decision == "allow" else "Denied")
         mark = "✅ Allowed" if decision == "allow" else "❌ Denied"
-        await self.show_outcome(entry, f"{mark} by {who}")
+        entry.ends("allowed" if decision == "allow" else "denied", f"{mark} by {who}")
+        await self._answer(query, "Allowed" if decision == "allow" else "Denied")
+        await self.show_outcome(entry)
         if copy is not None:  # a second copy of the request: it shows the decision too, without buttons
             await self._edit_outcome(copy.chat.id, copy.message_id, outcome_text(entry, f"{mark} by {who}"))
 
@@ -322,8 +367,9 @@ class ApprovalButtons:
         """A press on a request another process posted: decided where the approval is pending; the message
         is left to the posting process's sink, which shows how the approval ended once. A message that process
         may not know as the request's (its record has no message id yet, or names another) is edited here."""
-        result = await self._channel.host.decide(entry.session_key, entry.call_id, decision,
-                                                 decided_by=presser(query), origin=entry.origin)
+        result = await self._decide(query, entry, decision)
+        if result is None:
+            return
         copy = self._other_copy(message, entry)
         if result is DecideResult.REFUSED:
             await self._answer(query, NOT_YOURS, alert=True)
@@ -341,12 +387,33 @@ class ApprovalButtons:
                 await self._edit_outcome(copy.chat.id, copy.message_id,
                                          outcome_text(entry, f"{mark} by {sender_name(query.from_user)}"))
 
-    async def show_outcome(self, entry: PendingApproval, line: str) -> None:
-        """Edit the approval message to show how it ended; the edit has no keyboard, so the buttons go.
-        It answers a press, so it goes at once (honouring a 429 pause, without waiting for a pace slot)."""
+    async def _decide(self, query: CallbackQuery, entry: PendingApproval,
+                      decision: Literal["allow", "deny"]) -> DecideResult | None:
+        """The press's decision, from core (forwarded to the process holding the approval); None when it could
+        not be made (core or the relay failed): the press is answered "please press again" and nothing changed,
+        rather than Telegram's spinner turning until the client gives up."""
+        try:
+            return await self._channel.host.decide(entry.session_key, entry.call_id, decision,
+                                                   decided_by=presser(query), origin=entry.origin)
+        except Exception as exc:
+            log.warning("a press on the approval for %s could not be decided (%s): the user was told to press "
+                        "again", entry.tool_name, exc, exc_info=exc)
+            await self._answer(query, PRESS_NOT_TAKEN)
+            return None
+
+    async def show_outcome(self, entry: PendingApproval) -> None:
+        """Edit the approval message to show how it ended (``entry.line``); the edit has no keyboard, so the
+        buttons go. It answers a press, so it goes at once (honouring a 429 pause, without waiting for a pace
+        slot). One request's edits go one at a time, each with the newest line, and a line already shown is not
+        edited again: whichever of a press's "no longer pending" and the sink's line comes first, the sink's
+        stays."""
         if entry.ref:  # one of this run's: it is no longer open
             await self._save()
-        if entry.message_id is not None:
+        async with entry.editing:
+            line = entry.line
+            if entry.message_id is None or line is None or line == entry.shown:
+                return
+            entry.shown = line
             await self._edit_outcome(entry.chat_id, entry.message_id, outcome_text(entry, line))
 
     async def _edit_outcome(self, chat_id: int, message_id: int, text: str) -> bool:

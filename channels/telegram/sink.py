@@ -185,6 +185,8 @@ class TelegramPrompts:
 
     async def ended(self, handle: Any, line: str) -> None:
         entry: PendingApproval = handle
-        if entry.outcome is None:  # a press already showed its own outcome
-            entry.outcome = "ended"
-            await self._channel.approval_buttons.show_outcome(entry, line)
+        # A press that decided showed its own outcome; one that only found it ended ("gone") did not know how,
+        # so this line replaces its "no longer pending".
+        if entry.outcome in (None, "gone"):
+            entry.ends("ended", line)
+            await self._channel.approval_buttons.show_outcome(entry)
