@@ -296,6 +296,30 @@ async def test_parallel_calls_are_told_apart_by_their_ids_whatever_their_index_s
         await h.core.shutdown()
 
 
+async def test_two_calls_of_one_reply_with_the_same_id_both_run_and_both_get_an_output(tmp_path, fake_openai):
+    """A model that gives two calls of one reply the same id (at different indices): the second is a call of
+    its own, renamed so that each call and its output agree, not fragments of the first."""
+    async def echo(args: dict[str, Any]) -> str:
+        return json.dumps(args, sort_keys=True)
+
+    tools = ToolRegistry(default_policy="auto")
+    tool = ScriptTool("echo", echo)
+    tools.add(tool)
+    fake_openai.script(ToolCalls([("echo", '{"a": 1}'), ("echo", '{"b": 2}')], ids=["dup", "dup"]), Text("done"))
+    h = await make_harness(tmp_path, fake_openai, tools=tools)
+    try:
+        await h.say("go")
+        await h.settle()
+        assert tool.calls == [{"a": 1}, {"b": 2}]
+        sent = request_messages(fake_openai.requests[1])
+        ids = [c["id"] for c in sent[-3]["tool_calls"]]
+        assert ids[0] == "dup" and ids[1].startswith("dup_") and len(set(ids)) == 2
+        assert [(m["tool_call_id"], m["content"]) for m in sent[-2:]] == [
+            (ids[0], '{"a": 1}'), (ids[1], '{"b": 2}')]
+    finally:
+        await h.core.shutdown()
+
+
 async def test_an_answer_cut_at_the_output_limit_says_so_in_the_chat_and_in_history(tmp_path, fake_openai):
     fake_openai.script(Text("Step 1: open the lid. Step 2: remove the", finish_reason="length"))
     h = await make_harness(tmp_path, fake_openai, max_output_tokens=200)

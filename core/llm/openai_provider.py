@@ -229,6 +229,8 @@ class _StreamState:
     open_at: dict[int, int] = field(default_factory=dict)
     """The wire's ``index`` (-1 - the position in its chunk when none is given) → the call its fragments
     without an id continue."""
+    opened_at: dict[int, int] = field(default_factory=dict)
+    """Each call (by the index it is known by here) → the wire index it opened at."""
     opened: int = 0
 
     def _call_index(self, wire: int, call_id: str | None) -> int:
@@ -236,16 +238,21 @@ class _StreamState:
         with its id (OpenAI sends it on a call's first fragment only); later fragments carry the wire's
         index, or none at all (Gemini's endpoint), or 0 for every call (some servers number within each
         chunk): so a fragment with an id not seen before opens a new call, and one without an id continues
-        the call last opened at its wire index."""
+        the call last opened at its wire index. An id seen before continues its call (some servers repeat it on
+        every fragment), unless the fragment names another wire index than the call opened at: a model that
+        gave two calls of one reply the same id (the loop renames the second, ``AgentLoop._unique_call_id``);
+        without indices that cannot be told from a repeat, and the second call's fragments continue the first."""
         if call_id:
             known = self.call_ids.get(call_id)
-            if known is None:
+            if known is None or (wire >= 0 and self.opened_at[known] >= 0 and self.opened_at[known] != wire):
                 known = self.call_ids[call_id] = self._open()
+                self.opened_at[known] = wire
             self.open_at[wire] = known
             return known
         known = self.open_at.get(wire)
         if known is None:  # a server that sends no ids: its wire indices tell the calls apart
             known = self.open_at[wire] = self._open()
+            self.opened_at[known] = wire
         return known
 
     def _open(self) -> int:
