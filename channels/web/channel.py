@@ -5,7 +5,8 @@ which is a native stream: each ``turn`` event appends what the text gained, or r
 model request rewound it, and carries the tools, approvals and state when they change; at most one event
 per ``update_interval`` (latest wins), approvals at once. ``finish`` succeeds once the terminal event is in
 the stream (from there every connected client gets it, and a reconnecting one replays it or resyncs).
-``send_plain`` (busy notices, command replies, fallbacks) appends a ``notice`` event. History deltas and
+``send_plain`` (busy notices, command replies, fallbacks) appends a ``notice`` event (marked ``sender_only``
+when it answers one page message, not a ``/new``: only the tab that sent it shows it). History deltas and
 titles come from core events, through the channel's ``SessionHost``; the HTTP API is ``WebServer``. With
 other processes on the same store, the turns they run reach this one's browsers (``channels.web.fanout``).
 
@@ -193,12 +194,17 @@ class WebChannel:
         return LiveSink(WebOps(self, target), PlainRenderer(), calls, settings=NO_GATE)
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
-        client_id = WebContext.of(target).client_id
+        context = WebContext.of(target)
         stream = self.hub.stream(target.chat_id)
-        data: dict[str, Any] = {"text": text, "client_id": client_id, "at": time.time()}
-        dropped = stream.dropped_by(client_id)
+        data: dict[str, Any] = {"text": text, "client_id": context.client_id, "at": time.time()}
+        dropped = stream.dropped_by(context.command_id)
         if dropped:  # the notice of a /new: the page marks these messages as not answered
             data["dropped"] = dropped
+        if context.client_id is not None and context.command_id is None:
+            # A busy notice, a command's answer: it concerns the page that sent the message. A stream does not
+            # know which tab it feeds, so every tab gets it and each page keeps only those of its own client
+            # ids; a /new's notice is everyone's (the conversation restarted, and it names what it dropped).
+            data["sender_only"] = True
         stream.append("notice", data)
 
     # ---- core events ----------------------------------------------------------------------------

@@ -43,3 +43,6 @@ def message_view(view: dict[str, Any], client_ids: Mapping[str, str] | None = No
 
 class WebContext(TypedContext):
     client_id: str | None = None
+    command_id: str | None = None
+    """Set by the server on a ``/new``, whose client may have sent no client id: its notice finds by it the
+    messages the command left unanswered (``SessionStream.dropped_by``)."""

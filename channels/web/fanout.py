@@ -3,10 +3,10 @@
 With several processes on one store (``core.relay``; the host gives no relay to a process alone, and then
 nothing here runs), each web channel relays to the others, on the topic ``channel.web``, every event its
 session streams append (``SessionStream.share``: ``turn`` increments, ``turn_committed``, ``session_title``,
-``notice``, ``subagent``) and every event of its session-list feed. A process that receives one appends it
-to its own stream of that session — only if it has one, i.e. a browser follows that session there — under
-its own event ids, so ids stay monotonic per connection, and a reconnect that lands on another process
-cannot replay and gets ``resync_required`` + ``task_state``.
+``notice``, ``message_queued``, ``subagent``) and every event of its session-list feed. A process that
+receives one appends it to its own stream of that session — only if it has one, i.e. a browser follows that
+session there — under its own event ids, so ids stay monotonic per connection, and a reconnect that lands on
+another process cannot replay and gets ``resync_required`` + ``task_state``.
 
 Messages (JSON): ``{"e": name, "s": session id, "d": data}`` an event of a session stream;
 ``{"f": name, "d": data}`` a feed event; ``{"sync": session id | null}`` "send the whole running turn(s)":

@@ -373,26 +373,28 @@ class WebServer:
             return _error(400, "'client_id' must be 1 to 64 letters, digits, '-' or '_'")
         if not self.accepting:
             return _error(503, "the bridge is shutting down; send the message again in a minute")
+        command_id = uuid.uuid4().hex if parse_command(text) == "new" else None
         envelope = InboundEnvelope(
             channel=CHANNEL, chat_id=sid, session_key=session_key(sid), sender_id=SENDER, content=text,
-            media=media, event_id=client_id, channel_context=WebContext(client_id=client_id).wrap())
+            media=media, event_id=client_id,
+            channel_context=WebContext(client_id=client_id, command_id=command_id).wrap())
         try:
             result = await self.host.submit(envelope)
         except ShuttingDownError:
             return _error(503, "the bridge is shutting down; send the message again in a minute")
         except AdmissionError:  # not stored, so its client_id is still free for the resend
             return _error(503, "the message could not be saved; send it again")
-        self._follow(sid, client_id, text, refs, result)
+        self._follow(sid, client_id, command_id, text, refs, result)
         return web.json_response({"status": result.value}, status=202)
 
-    def _follow(self, sid: str, client_id: str | None, text: str, refs: list[dict[str, Any]],
-                result: SubmitResult) -> None:
-        """Keep which page messages wait (shown by ``task_state``, named by the ``/new`` notice that leaves them
-        unanswered) and which ``/new`` came after them."""
+    def _follow(self, sid: str, client_id: str | None, command_id: str | None, text: str,
+                refs: list[dict[str, Any]], result: SubmitResult) -> None:
+        """Keep which page messages wait (told to the open pages at once, listed by ``task_state``, named by
+        the ``/new`` notice that leaves them unanswered) and which ``/new`` came after them."""
         if result is SubmitResult.QUEUED and client_id is not None:
             self.channel.hub.stream(sid).message_queued(client_id, {"text": text, "attachments": refs})
-        elif result is SubmitResult.COMMAND and parse_command(text) == "new":
-            self.channel.hub.stream(sid).new_requested(client_id)
+        elif result is SubmitResult.COMMAND and command_id is not None:
+            self.channel.hub.stream(sid).new_requested(command_id)
 
     async def _attachments(self, sid: str,
                            ids: Any) -> tuple[tuple[MediaItem, ...], list[dict[str, Any]]] | web.Response:

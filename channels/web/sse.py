@@ -7,6 +7,10 @@ which is how a ``Last-Event-ID`` from another life of the stream is recognised. 
 kept, bounded by count and by bytes, and replayed to a reconnecting client when its ``Last-Event-ID`` is
 still covered; otherwise the client is told ``resync_required`` and starts from a fresh ``task_state``.
 
+A page message that was queued (its turn has not begun) is told once, live, as a ``message_queued`` event,
+and listed in every fresh connection's ``task_state`` (``queued``) until its turn begins or a ``/new``
+drops it; the ``/new``'s notice names the ones it dropped (``dropped``), whoever sent them and the ``/new``.
+
 A pending tool approval appears in the ``turn`` events' ``approvals`` list and, once, as an
 ``approval_request`` event; a fresh connection's ``task_state`` carries the approvals still pending.
 
@@ -266,6 +270,12 @@ class SessionStream:
             if name == "subagent":
                 self.child_event(str(data["turn_id"]), list(data["origin"]), dict(data["event"]))
                 return True
+            if name == "message_queued" and data["client_id"] not in self.client_ids.values():
+                # kept for the task_state of pages that connect here later
+                self._remember_queued({k: v for k, v in data.items() if k != "session_id"})
+            elif name == "notice":  # a /new's notice: what it dropped waits no more
+                for client_id in data.get("dropped", []):
+                    self._queued.pop(client_id, None)
             if name == "turn_committed" and self.live is not None and not self.live.held_here:
                 # a commit closes the turn (a page treats it so); its terminal event may never come, when
                 # another process closed it for a process that died
@@ -372,27 +382,33 @@ class SessionStream:
         self._queued.pop(client_id, None)
 
     def message_queued(self, client_id: str, view: dict[str, Any] | None = None) -> None:
-        """A page message was queued (its turn has not begun); ``view``: what a page shows of it, for
-        ``task_state``'s ``queued``."""
-        self._queued[client_id] = {**(view or {}), "client_id": client_id}
+        """A page message was queued (its turn has not begun); ``view``: what a page shows of it. It is listed
+        in ``task_state``'s ``queued`` for pages that connect later, and told at once to the pages connected
+        now (a ``message_queued`` event): a tab sees at once what another tab (or an API client) queued."""
+        if client_id in self.client_ids.values():
+            return  # its turn began while the POST was being answered: it waits no more
+        self._remember_queued({**(view or {}), "client_id": client_id})
+        self.append("message_queued", {"session_id": self.session_id, **self._queued[client_id]})
+
+    def _remember_queued(self, entry: dict[str, Any]) -> None:
+        self._queued[entry["client_id"]] = entry
         if len(self._queued) > WAITING_KEPT:
             del self._queued[next(iter(self._queued))]
 
-    def new_requested(self, client_id: str | None) -> None:
-        """A ``/new`` was accepted: the messages waiting now are the ones it may leave unanswered (its notice
-        names them, when it has a client id); none of them is listed as queued any more."""
+    def new_requested(self, command_id: str) -> None:
+        """A ``/new`` was accepted (``command_id``: the server's name for it, as its client may have sent no
+        client id): the messages waiting now are the ones it may leave unanswered, which its notice names;
+        none of them is listed as queued any more."""
         waiting = list(self._queued)
         self._queued.clear()
-        if client_id is None:
-            return
-        self._new_commands[client_id] = waiting
+        self._new_commands[command_id] = waiting
         if len(self._new_commands) > WAITING_KEPT:
             del self._new_commands[next(iter(self._new_commands))]
 
-    def dropped_by(self, client_id: str | None) -> list[str]:
-        """The messages a ``/new`` (by its client id) left unanswered: those waiting when it came whose turn
-        never began (a /new that failed leaves them to be answered); [] for any other client id."""
-        before = self._new_commands.pop(client_id, []) if client_id else []
+    def dropped_by(self, command_id: str | None) -> list[str]:
+        """The messages a ``/new`` (by its ``command_id``) left unanswered: those waiting when it came whose
+        turn never began (a /new that failed leaves them to be answered); [] for anything else."""
+        before = self._new_commands.pop(command_id, []) if command_id else []
         began = set(self.client_ids.values())
         return [c for c in before if c not in began]
 

@@ -236,6 +236,7 @@
     session: null,
     live: null,            // the running (or just finished, not yet committed) turn
     pending: new Map(),    // client_id → {text, files} of a sent message not yet in history
+    sentIds: new Set(),    // every client_id this page posted: the notices meant for its sender only
     outgoing: [],          // files attached to the next message: {key, name, ref (once uploaded), failed}
     notices: [],           // {text, after: id of the last history message when it arrived}
     held: [],              // deltas that arrived while a full fetch was on its way
@@ -418,8 +419,8 @@
     }
   }
 
-  // The messages waiting for their turn (task_state's queued: sent from this tab, another one, or before a
-  // reload) show as sent, greyed like this page's own, once each (by client_id); like those, a message leaves
+  // The messages waiting for their turn (task_state's queued, and each message_queued event: sent from this
+  // tab, another one, an API client, or before a reload) show as sent, greyed like this page's own, once each (by client_id); like those, a message leaves
   // app.pending when the history holds it (or /new's notice marks it not answered). True when one was added.
   function adoptQueued(session, queued) {
     let added = false;
@@ -468,6 +469,7 @@
       markCommitted(); // opened between the turn's commit and its terminal event: the answer is in history
       if (adoptQueued(d.session_id, d.queued || [])) renderHistory(); else renderLive();
     });
+    on("message_queued", (d) => { if (adoptQueued(d.session_id, [d])) renderHistory(); });
     on("subagent", applySubagent);
     on("turn", applyTurn);
     on("approval_request", (d) => {
@@ -984,6 +986,7 @@
   // One POST of a message: {status} when the server answered it, {error, retry} when not.
   async function postMessage(cid, entry) {
     const body = { text: entry.text, client_id: cid, attachments: entry.files.map((r) => r.id) };
+    app.sentIds.add(cid);
     let resp;
     try {
       resp = await fetch("/api/sessions/" + entry.session + "/messages", {
@@ -1057,12 +1060,14 @@
   }
   // A notice about one of this page's messages. "busy" (and a /new that dropped messages) turn the message
   // into "not queued" showing the notice once, in place; a notice that comes before the POST's answer waits
-  // for it (only then is it known to be the "busy" one).
+  // for it (only then is it known to be the "busy" one). A notice for the sender only (a busy notice, a command's
+  // answer) of a message another tab sent is not this page's business: the stream carries it to every tab.
   function messageNotice(d) {
     for (const dropped of d.dropped || []) {
       const e = app.pending.get(dropped);
       if (e && !e.command) { markUnsent(dropped, e, "⚠️ Not answered: /new started a new conversation."); e.dropped = true; }
     }
+    if (d.sender_only && !app.sentIds.has(d.client_id)) return;
     const entry = d.client_id ? app.pending.get(d.client_id) : undefined;
     if (entry && entry.state === "sending") { entry.notice = d.text; return; }
     if (entry && entry.state === "unsent") { if (!(d.dropped || []).length) { entry.note = d.text; renderPending(); } return; }
