@@ -97,7 +97,10 @@ async def assert_followed(follower: Follower, shown: list[tuple[str, str]], turn
         last = await follower.until(lambda e: e.name == "turn_committed", after=last + 1)
     events = follower.events
     assert_monotonic(events)
-    assert [e.name for e in events if e.name not in ("turn", "turn_committed")] == ["task_state"], events
+    assert [e.name for e in events if e.name not in ("turn", "turn_committed", "message_queued")] == ["task_state"], \
+        events
+    queued = [e.data["client_id"] for e in events if e.name == "message_queued"]
+    assert len(queued) == len(set(queued)), queued  # a message waiting behind a reply is announced once
     committed = [e.data for e in events if e.name == "turn_committed"]
     assert [(m["role"], m["content"]) for c in committed for m in c["messages"]] == shown
     # which turn each event belongs to: every event of one turn (its progress, its commit, its end) comes
