@@ -167,7 +167,12 @@ async def test_an_old_open_request_still_decides_after_many_newer_ones(tmp_path,
         tg.user_message("how many plums?", chat_id=557)
         third = await approval_message(t, 557)
 
-        records = await open_records(t)
+        # the record learns a request's message id once Telegram's answer to the post is in: wait for that
+        for _ in range(500):  # at most 5 s
+            records = await open_records(t)
+            if all(r.get("message_id") for r in records):
+                break
+            await asyncio.sleep(0.01)
         assert sorted((r["chat_id"], r.get("message_id")) for r in records) == [
             (555, first.message_id), (557, third.message_id)]
 
