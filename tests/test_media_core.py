@@ -5,6 +5,7 @@ pieces (sniffing, names, vision knowledge, provider wire formats)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 import zlib
@@ -310,18 +311,30 @@ def test_auto_vision_is_given_up_when_the_model_says_it_takes_no_images_but_true
 # ---- transcripts: only a real one, and within the text budget ------------------------------------------
 
 async def transcription_endpoint(answer):
-    """An OpenAI-compatible ``/audio/transcriptions`` on 127.0.0.1 answering ``answer()``; (runner, base_url)."""
+    """An OpenAI-compatible ``/audio/transcriptions`` on 127.0.0.1 answering ``answer()`` (a response, or a
+    coroutine of one: an answer that waits); (runner, base_url)."""
     async def handler(request: web.Request) -> web.Response:
         await request.read()
-        return answer()
+        response = answer()
+        return await response if inspect.isawaitable(response) else response
 
     app = web.Application()
     app.router.add_post("/v1/audio/transcriptions", handler)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+
+
+async def transcribing_harness(tmp_path, fake_openai, base_url, **settings):
+    """The core with a transcriber for ``base_url`` and a downloading channel: (harness, channel)."""
+    transcriber = Transcriber(base_url, "whisper-1", "", retry_delays=())
+    h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber, **settings)
+    channel = DownloadingChannel()
+    h.core.add_channel(channel)
+    await h.core.start()
+    return h, channel
 
 
 GARBAGE = {
@@ -336,11 +349,7 @@ GARBAGE = {
 async def test_an_answer_that_is_not_a_transcript_never_reaches_the_model_as_the_users_words(
         tmp_path, fake_openai, answer):
     runner, base = await transcription_endpoint(GARBAGE[answer])
-    transcriber = Transcriber(base, "whisper-1", "", retry_delays=())
-    h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber)
-    channel = DownloadingChannel()
-    h.core.add_channel(channel)
-    await h.core.start()
+    h, channel = await transcribing_harness(tmp_path, fake_openai, base)
     try:
         channel.files["v"] = voice_ogg()
         await h.core.submit(channel.envelope("", media=(MediaItem(kind="voice", file_id="v"),)))
@@ -377,28 +386,18 @@ async def test_a_transcript_is_cut_to_the_text_budget_it_shares_with_the_documen
 async def test_a_messages_voice_notes_are_transcribed_at_the_same_time(tmp_path, fake_openai):
     """The service answers only once it holds all three requests: one transcription after another (each
     waiting for its own answer) would never get one."""
-    arrived: list[web.Request] = []
+    arrived: list[None] = []
     all_there = asyncio.Event()
 
-    async def handler(request: web.Request) -> web.Response:
-        await request.read()
-        arrived.append(request)
+    async def answer() -> web.Response:
+        arrived.append(None)
         if len(arrived) == 3:
             all_there.set()
         await all_there.wait()
         return web.json_response({"text": "spoken words"})
 
-    app = web.Application()
-    app.router.add_post("/v1/audio/transcriptions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    base = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-    transcriber = Transcriber(base, "whisper-1", "", retry_delays=())
-    h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber, media_fetch_timeout=5.0)
-    channel = DownloadingChannel()
-    h.core.add_channel(channel)
-    await h.core.start()
+    runner, base = await transcription_endpoint(answer)
+    h, channel = await transcribing_harness(tmp_path, fake_openai, base, media_fetch_timeout=5.0)
     try:
         channel.files.update(a=voice_ogg(), b=voice_ogg(), c=voice_ogg())
         await h.core.submit(channel.envelope("", media=tuple(MediaItem(kind="voice", file_id=f) for f in "abc")))
@@ -415,25 +414,15 @@ async def test_voice_notes_on_a_stalled_transcription_service_share_one_deadline
     deadline together and the fifth, whose turn comes after it, is not sent at all (each with its own timeout,
     the fifth would wait one more)."""
     stalled = asyncio.Event()
-    arrived: list[web.Request] = []
+    arrived: list[None] = []
 
-    async def handler(request: web.Request) -> web.Response:
-        await request.read()
-        arrived.append(request)
-        await stalled.wait()  # never set: the client gives up
+    async def answer() -> web.Response:
+        arrived.append(None)
+        await stalled.wait()  # never set while the test runs: the client gives up
         return web.json_response({"text": "late"})
 
-    app = web.Application()
-    app.router.add_post("/v1/audio/transcriptions", handler)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    base = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-    transcriber = Transcriber(base, "whisper-1", "", retry_delays=())
-    h = await make_harness(tmp_path, fake_openai, start=False, transcriber=transcriber, media_fetch_timeout=1.0)
-    channel = DownloadingChannel()
-    h.core.add_channel(channel)
-    await h.core.start()
+    runner, base = await transcription_endpoint(answer)
+    h, channel = await transcribing_harness(tmp_path, fake_openai, base, media_fetch_timeout=1.0)
     try:
         channel.files.update({f: voice_ogg() for f in "abcde"})
         await h.core.submit(channel.envelope("", media=tuple(MediaItem(kind="voice", file_id=f) for f in "abcde")))
