@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,11 @@ from core.settings import CoreSettings
 from core.store import Store
 
 CHARS_PER_TOKEN = 4
-"""A deliberately rough estimate; the model's own overflow error is the backstop (one recovery)."""
+"""A deliberately rough estimate; the model's own overflow error is the backstop (one recovery). It is far off
+for some scripts (a Chinese character costs a token or two, not a quarter of one): an overflow whose error
+says by how much the request was over teaches the builder the session's share of the budget (``fitted``)."""
+MAX_FITTED_SESSIONS = 10_000
+"""Sessions whose learnt window is remembered (an int each; the least recently fitted go first)."""
 IMAGE_CHARS = 6400
 """What an image costs in the budget: about 1,600 tokens, the most Anthropic charges for one (OpenAI's
 high-detail images cost less)."""
@@ -103,6 +108,10 @@ class TurnInputBuilder:
         self._settings = settings
         self._images = images
         self._vision = vision or (lambda: False)
+        self._fitted: OrderedDict[str, int] = OrderedDict()
+        """How many characters of a session's context the model's window holds, learnt from an overflow that
+        said its size: later turns are built to fit it instead of overflowing again (each losing a request to
+        it). Kept in this process."""
 
     async def prepare(self, key: str, base_state_version: int, runtime: RuntimeContext,
                       cache: ContextCache | None = None) -> PreparedTurnInput:
@@ -117,13 +126,32 @@ class TurnInputBuilder:
         covered = summary.covers_through_seq if summary is not None else 0
         rest = tuple(m for m in history if m.seq > covered and m.source.kind not in ("summary", "notice"))
         budget = int(self._settings.context_window * CHARS_PER_TOKEN * 0.75)
+        fitted = self._fitted.get(key)
+        if fitted is not None:
+            budget = min(budget, int(fitted * 0.75))
         return await self._build(key, base_state_version, runtime, budget, rest, summary, recovered=False,
                                  cache=cache)
 
-    async def recover_after_overflow(self, prev: PreparedTurnInput) -> PreparedTurnInput:
+    async def recover_after_overflow(self, prev: PreparedTurnInput, window_share: float | None = None,
+                                     refused: tuple[LLMMessage, ...] = ()) -> PreparedTurnInput:
         """The model said the prompt does not fit (or the request was over the server's size limit): rebuild
-        with half the history budget, showing only the newest user message's images."""
-        return await self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars // 2,
+        with half the history budget, showing only the newest user message's images.
+
+        When the error said how much of the prompt the window holds (``window_share``, from
+        ``ProviderError.window_share``), the window is that share of the refused request's characters
+        (``refused``: this input and the turn's requests so far, which are sent again after it): the input is
+        rebuilt to fill three quarters of it with them, as ``prepare`` leaves room for the answer, and the
+        session's later turns are built to fit the same window."""
+        budget = prev.budget_chars // 2
+        if window_share is not None:
+            sent = _chars(refused or prev.messages)
+            window = int(sent * window_share)
+            budget = max(1, min(budget, int(window * 0.75) - max(0, sent - _chars(prev.messages))))
+            self._fitted[prev.session_key] = window
+            self._fitted.move_to_end(prev.session_key)
+            if len(self._fitted) > MAX_FITTED_SESSIONS:
+                self._fitted.popitem(last=False)
+        return await self._build(prev.session_key, prev.base_state_version, prev.runtime, budget,
                                  prev.history, prev.summary, recovered=True)
 
     async def with_summary(self, prev: PreparedTurnInput, summary: Summary) -> PreparedTurnInput:
@@ -172,6 +200,11 @@ class TurnInputBuilder:
             content = "\n\n".join(part for part in (m.content, *missing) if part)
             out[index] = dataclasses.replace(m, content=content, images=tuple(images))
         return tuple(out)
+
+
+def _chars(messages: tuple[LLMMessage, ...]) -> int:
+    """What ``assemble`` counts of a request: its texts and tool-call arguments."""
+    return sum(len(m.content) + sum(len(tc.arguments) for tc in m.tool_calls) for m in messages)
 
 
 def summary_of(text: str, previous: Summary | None, messages: list[ChatMessage]) -> Summary:

@@ -158,10 +158,10 @@ class TurnRunner:
                 compaction.append(summary)
         current = prepared
 
-        async def recover() -> tuple[LLMMessage, ...]:
+        async def recover(overflow: ProviderError, refused: tuple[LLMMessage, ...]) -> tuple[LLMMessage, ...]:
             nonlocal current
             try:
-                current = await self._builder.recover_after_overflow(current)
+                current = await self._builder.recover_after_overflow(current, overflow.window_share, refused)
             except Exception as exc:
                 raise _RecoveryFailed(repr(exc)) from exc
             return current.messages

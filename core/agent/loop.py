@@ -162,6 +162,10 @@ def request_status(err: ProviderError) -> RequestStatus:
     return "failed"
 
 
+Recover = Callable[[ProviderError, tuple[LLMMessage, ...]], Awaitable[tuple[LLMMessage, ...]]]
+"""Rebuilds a turn's base input after a context overflow, given the error and the refused request."""
+
+
 class AgentLoop:
     def __init__(self, *, provider: LLMProvider, tools: ToolRegistry, broker: ApprovalBroker,
                  settings: CoreSettings, session_key: str, turn_id: str, requested_by: str | None,
@@ -191,9 +195,10 @@ class AgentLoop:
         """The tool call ids of the context and of this turn (``_unique_call_id``)."""
 
     async def run(self, base: tuple[LLMMessage, ...],
-                  recover: Callable[[], Awaitable[tuple[LLMMessage, ...]]] | None = None) -> None:
+                  recover: Recover | None = None) -> None:
         """Run requests until the model answers without tool calls (or max_turns). ProviderError propagates
-        (after at most one overflow recovery through ``recover``, which rebuilds the base context).
+        (after at most one overflow recovery through ``recover``, which rebuilds the base context; it is given
+        the overflow error, whose wording may say by how much the request was over, and the refused request).
 
         A request with images that the model refuses (a 400) is made again with images described in words:
         first those before the newest message with images (an older unreadable image; the user's new photo still
@@ -216,7 +221,7 @@ class AgentLoop:
                 if self._recovers(exc, rnd) and recover is not None:
                     recovered = True
                     log.info("context overflow in %s; rebuilding the input once", self._key)
-                    base = await recover()
+                    base = await recover(exc, messages)
                     self._note_ids(base)
                     base = _describe(base, described)
                     continue

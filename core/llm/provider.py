@@ -8,6 +8,7 @@ provider can hand on a string that cannot be stored or sent.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -172,6 +173,34 @@ class ProviderError(Exception):
     @property
     def retryable(self) -> bool:
         return self.kind in RETRYABLE_KINDS
+
+    @property
+    def window_share(self) -> float | None:
+        """For a context overflow whose message gives the sizes: the share of the refused prompt the model's
+        window holds (its limit over the tokens asked for), below 1; None when the message does not say."""
+        return window_share(self.detail) if self.kind is ProviderErrorKind.CONTEXT_OVERFLOW else None
+
+
+_OVERFLOW_SIZES = (
+    # (pattern, group of the tokens asked for, group of the window); the wordings servers use today
+    (re.compile(r"requested tokens \((\d+)\) exceed context window of (\d+)"), 1, 2),  # llama-cpp-python
+    (re.compile(r"maximum context length is (\d+) tokens.*?(?:resulted in|requested) (\d+) tokens"), 2, 1),  # OpenAI
+    (re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum"), 1, 2),  # Anthropic
+    (re.compile(r"request \((\d+) tokens\) exceeds the available context size \((\d+) tokens\)"), 1, 2),  # llama-server
+)
+
+
+def window_share(message: str) -> float | None:
+    """The window over the prompt's tokens, read from an overflow error's wording (see ``_OVERFLOW_SIZES``).
+    Token counts come only from the model's side: a rough character estimate (``core.input_builder``) can be
+    far off for some scripts (a Chinese character is one token or more, not a quarter of one)."""
+    text = message.lower().replace(",", "")
+    for pattern, asked_group, window_group in _OVERFLOW_SIZES:
+        found = pattern.search(text)
+        if found is not None:
+            asked, window = int(found.group(asked_group)), int(found.group(window_group))
+            return window / asked if 0 < window < asked else None
+    return None
 
 
 class LLMProvider(Protocol):

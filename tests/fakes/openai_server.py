@@ -122,12 +122,12 @@ class HttpError:
         return cls(status, _error_body("The server is overloaded or not ready yet.", "server_error", None))
 
     @classmethod
-    def context_overflow(cls) -> HttpError:
+    def context_overflow(cls, window: int = 8192, asked: int = 9001) -> HttpError:
         return cls(
             400,
             _error_body(
-                "This model's maximum context length is 8192 tokens. However, your messages resulted in "
-                "9001 tokens. Please reduce the length of the messages.",
+                f"This model's maximum context length is {window} tokens. However, your messages resulted in "
+                f"{asked} tokens. Please reduce the length of the messages.",
                 "invalid_request_error",
                 "context_length_exceeded",
             ),
@@ -265,6 +265,10 @@ class FakeOpenAI:
         self.port = 0
         self.reject_images = False
         """Play a model without vision (400 for any request carrying an image)."""
+        self.window: tuple[int, float] | None = None
+        """Play a model's context window: (tokens, tokens per character). A request whose message texts cost
+        more is refused as OpenAI refuses it (400 context_length_exceeded, the sizes in the message), before
+        the script is read."""
         self.transcript = "transcribed speech"
         self.transcription_error: HttpError | None = None
         self.transcriptions: list[Transcribed] = []
@@ -363,8 +367,11 @@ class FakeOpenAI:
             return web.json_response(_error_body(f"Invalid image_url: {exc}", "invalid_request_error",
                                                  "invalid_image_url"), status=400)
 
+        asked = self.tokens(body)
         if self.api_key is not None and key != self.api_key:
             reply: Reply | None = HttpError.auth()
+        elif self.window is not None and asked > self.window[0]:
+            reply = HttpError.context_overflow(self.window[0], asked)
         elif images and self.reject_images:
             reply = HttpError(400, _error_body(_NO_VISION, "invalid_request_error", None))
         elif self._queue:
@@ -390,6 +397,19 @@ class FakeOpenAI:
         if body.get("stream"):
             return await self._stream(request, body, reply, request_no)
         return await self._plain(body, reply, request_no)
+
+    def tokens(self, body: dict[str, Any]) -> int:
+        """What the request's message texts cost at ``window``'s tokens per character."""
+        if self.window is None:
+            return 0
+        chars = 0
+        for m in body.get("messages") or ():
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                chars += sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+        return int(chars * self.window[1])
 
     def _http_error(self, reply: HttpError, key: str) -> web.Response:
         payload = reply.body if reply.body is not None else _error_body(f"HTTP {reply.status}", "error", None)
