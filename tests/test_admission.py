@@ -15,38 +15,11 @@ from tests.fakes.openai_server import Function, Text, last_user_text
 from tests.support import db
 from tests.support.channel import TestChannel
 from tests.support.harness import Harness, make_harness
-from tests.support.store import SlowAnswerStore
+from tests.support.store import FlakyStore, SlowAnswerStore, given_up_while_held
 
 
 def echo(body):
     return Text("echo: " + last_user_text(body).split("\n\n")[0])
-
-
-class FlakyStore(SqliteStore):
-    """Admissions and user-message writes fail while told to; an admission may be held at a gate."""
-
-    def __init__(self, path) -> None:
-        super().__init__(path)
-        self.fail_admissions = 0
-        self.fail_appends = 0
-        self.admission_gate: asyncio.Event | None = None
-        self.at_gate = 0
-        """Admissions that reached the gate."""
-
-    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds, key=None):  # type: ignore[override]
-        if self.admission_gate is not None:
-            self.at_gate += 1
-            await self.admission_gate.wait()
-        if self.fail_admissions:
-            self.fail_admissions -= 1
-            raise StoreError("sqlite store: admit_inbound failed (OperationalError: disk I/O error)")
-        return await super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds, key=key)
-
-    async def append_message(self, key, message, **kw):  # type: ignore[override]
-        if self.fail_appends:
-            self.fail_appends -= 1
-            raise StoreError("sqlite store: append_message failed (OperationalError: disk I/O error)")
-        return await super().append_message(key, message, **kw)
 
 
 async def test_a_queued_message_is_stored_before_submit_returns(tmp_path, fake_openai):
@@ -239,14 +212,7 @@ async def test_a_message_stored_after_its_sender_stopped_waiting_is_answered_onc
     fake_openai.default = Function(echo)
     store = SlowAnswerStore(tmp_path / "chat.db")
     h = await make_harness(tmp_path, fake_openai, store=store)
-    store.gate = asyncio.Event()
-    submitting = asyncio.create_task(h.say("are you there?", event_id="e1"))
-    await h.wait_for(lambda: store.held == 1)
-    submitting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await submitting
-    store.gate.set()
-    store.gate = None
+    await given_up_while_held(h, store, "are you there?", "e1")
     await h.wait_for(lambda: "echo: are you there?" in h.platform.visible("c1"))
     assert await h.say("are you there?", event_id="e1") is SubmitResult.DUPLICATE  # the redelivery
     await h.settle()

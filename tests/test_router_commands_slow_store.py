@@ -9,50 +9,14 @@ import asyncio
 import pytest
 
 from core.router import AdmissionError, SubmitResult
-from core.sqlite_store import SqliteStore
-from core.store import StoreError
 from tests.fakes.openai_server import Function, Text, last_user_text
 from tests.fakes.slack.harness import slack_harness
 from tests.support.harness import Harness, make_harness
+from tests.support.store import FlakyStore, SlowMarkAnswers, given_up_while_held
 
 
 def echo(body):
     return Text("echo: " + last_user_text(body).split("\n\n")[0])
-
-
-class SlowMarkAnswers(SqliteStore):
-    """Recording a command's event lands at once; its answer is held at ``gate`` (a slow fsync). As with the
-    SQLite writer, a write on its way lands even when its caller stops waiting for the answer. A channel's own
-    keys (``mark_seen``) are not held."""
-
-    gate: asyncio.Event | None = None
-    held = 0
-
-    async def mark_event_processed(self, channel, event_id, *, ttl_seconds):  # type: ignore[override]
-        write = asyncio.ensure_future(super().mark_event_processed(channel, event_id, ttl_seconds=ttl_seconds))
-        if self.gate is not None and not channel.endswith("channel-keys"):
-            self.held += 1
-            await self.gate.wait()
-        return await asyncio.shield(write)
-
-
-class GatedAdmissions(SqliteStore):
-    """Storing an inbound message waits for ``gate`` and fails while ``failures`` is above zero."""
-
-    def __init__(self, path) -> None:
-        super().__init__(path)
-        self.gate = asyncio.Event()
-        self.gate.set()
-        self.failures = 0
-        self.at_gate = 0
-
-    async def admit_inbound(self, channel, event_id, payload, *, ttl_seconds, key=None):  # type: ignore[override]
-        self.at_gate += 1
-        await self.gate.wait()
-        if self.failures:
-            self.failures -= 1
-            raise StoreError("sqlite store: admit_inbound failed (OperationalError: disk I/O error)")
-        return await super().admit_inbound(channel, event_id, payload, ttl_seconds=ttl_seconds, key=key)
 
 
 async def counting(tmp_path, fake_openai, store) -> tuple[Harness, asyncio.Event]:
@@ -66,22 +30,10 @@ async def counting(tmp_path, fake_openai, store) -> tuple[Harness, asyncio.Event
     return h, hold
 
 
-async def given_up_while_recorded(h: Harness, store: SlowMarkAnswers, text: str, event_id: str) -> None:
-    """``text`` is submitted; its sender stops waiting once the event's record has landed, before its answer."""
-    store.gate = asyncio.Event()
-    submitting = asyncio.create_task(h.say(text, event_id=event_id))
-    await h.wait_for(lambda: store.held == 1)
-    submitting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await submitting
-    store.gate.set()
-    store.gate = None
-
-
 async def test_a_stop_whose_sender_stopped_waiting_still_stops_the_reply(tmp_path, fake_openai):
     store = SlowMarkAnswers(tmp_path / "chat.db")
     h, hold = await counting(tmp_path, fake_openai, store)
-    await given_up_while_recorded(h, store, "/stop", "e2")
+    await given_up_while_held(h, store, "/stop", "e2")
     assert await h.say("/stop", event_id="e2") is SubmitResult.DUPLICATE  # the platform's redelivery
     await h.wait_for(lambda: any(s.endswith("⏹ Stopped.") for s in h.platform.visible("c1")))
     hold.set()
@@ -95,7 +47,7 @@ async def test_a_new_whose_sender_stopped_waiting_still_starts_a_new_conversatio
     store = SlowMarkAnswers(tmp_path / "chat.db")
     h, _ = await counting(tmp_path, fake_openai, store)
     await h.say("waiting")
-    await given_up_while_recorded(h, store, "/new", "e3")
+    await given_up_while_held(h, store, "/new", "e3")
     assert await h.say("/new", event_id="e3") is SubmitResult.DUPLICATE  # the platform's redelivery
     await h.wait_for(lambda: len(h.platform.visible("c1")) == 2)
     await h.say("after new")
@@ -112,20 +64,20 @@ async def test_a_new_whose_sender_stopped_waiting_still_starts_a_new_conversatio
 
 async def test_a_redelivery_while_the_first_is_stored_into_a_full_queue_is_not_told_busy(tmp_path, fake_openai):
     """queue_capacity=1: the first delivery's place, its write still under way, fills the queue."""
-    store = GatedAdmissions(tmp_path / "chat.db")
+    store = FlakyStore(tmp_path / "chat.db")
     hold = asyncio.Event()
     fake_openai.script(Text("slow", hold=hold))
     fake_openai.default = Function(echo)
     h = await make_harness(tmp_path, fake_openai, store=store, queue_capacity=1)
     await h.say("first")
     await h.wait_for(lambda: len(fake_openai.requests) == 1)  # its turn runs, the queue is empty
-    store.gate.clear()
+    store.admission_gate = asyncio.Event()
     first = asyncio.create_task(h.say("second", event_id="e2"))
-    await h.wait_for(lambda: store.at_gate == 2)
+    await h.wait_for(lambda: store.at_gate == 1)
     again = asyncio.create_task(h.say("second", event_id="e2"))  # the platform sends it again meanwhile
     await asyncio.wait([again], timeout=0.2)
     assert not again.done()  # it waits for the first delivery's outcome
-    store.gate.set()
+    store.admission_gate.set()
     assert await first is SubmitResult.QUEUED
     assert await again is SubmitResult.DUPLICATE
     hold.set()
@@ -135,16 +87,16 @@ async def test_a_redelivery_while_the_first_is_stored_into_a_full_queue_is_not_t
 
 
 async def test_a_redelivery_while_the_first_fails_to_be_stored_is_taken_as_new(tmp_path, fake_openai):
-    store = GatedAdmissions(tmp_path / "chat.db")
+    store = FlakyStore(tmp_path / "chat.db")
     fake_openai.default = Function(echo)
     h = await make_harness(tmp_path, fake_openai, store=store)
-    store.gate.clear()
-    store.failures = 1
+    store.admission_gate = asyncio.Event()
+    store.fail_admissions = 1
     first = asyncio.create_task(h.say("hello", event_id="e1"))
     await h.wait_for(lambda: store.at_gate == 1)
     again = asyncio.create_task(h.say("hello", event_id="e1"))
     await asyncio.wait([again], timeout=0.2)
-    store.gate.set()
+    store.admission_gate.set()
     with pytest.raises(AdmissionError):
         await first
     assert await again is SubmitResult.QUEUED

@@ -16,29 +16,16 @@ from channels.telegram.approvals import GONE
 from channels.telegram.sink import TelegramPrompts
 from tests.browser.server import RecordingTool, registry
 from tests.fakes.openai_server import Text, ToolCalls
-from tests.fakes.telegram import FakeTelegram, Shown
 from tests.fakes.telegram.harness import TelegramHarness, telegram_harness
+from tests.support.telegram_approvals import ALLOW, ASK, DENY, REQUEST, approval_message, lookup_tool
 
-ASK = ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_T1"])
-ALLOW = "✅ Allow"
-REQUEST = '🔧 Approval needed: lookup\nquery="apples"'
 TIMED_OUT = "⌛ Denied: nobody decided in time."
 PRESS_AGAIN = "Your press could not be taken just now; please press again."
 
 
 @pytest.fixture
 def tool() -> RecordingTool:
-    return RecordingTool("lookup", result="42 apples")
-
-
-def with_keyboard(tg: FakeTelegram, chat_id: int) -> list[Shown]:
-    return [m for m in tg.messages(chat_id) if m.buttons]
-
-
-async def approval_message(t: TelegramHarness, chat_id: int) -> Shown:
-    await t.wait_for(lambda: with_keyboard(t.tg, chat_id))
-    [msg] = with_keyboard(t.tg, chat_id)
-    return msg
+    return lookup_tool()
 
 
 async def open_records(t: TelegramHarness) -> list[dict[str, Any]]:
@@ -207,7 +194,7 @@ async def test_a_press_core_could_not_decide_is_answered_and_can_be_made_again(t
         await t.wait_for(lambda: tg.answers(press))
         assert [a.get("text") for a in tg.answers(press)] == [PRESS_AGAIN]
         shown = tg.chats[555][msg.message_id]
-        assert shown.text == REQUEST and [label for label, _ in shown.buttons] == [ALLOW, "❌ Deny"]
+        assert shown.text == REQUEST and [label for label, _ in shown.buttons] == [ALLOW, DENY]
         assert tool.calls == []
 
         monkeypatch.setattr(host, "decide", real)

@@ -14,25 +14,19 @@ import pytest
 from channels.common.open_approvals import OPEN_APPROVALS
 from channels.telegram.approvals import GONE
 from tests.browser.server import RecordingTool, registry
-from tests.fakes.openai_server import Text, ToolCalls
+from tests.fakes.openai_server import Text
 from tests.fakes.telegram import FakeTelegram, Shown
 from tests.fakes.telegram.harness import TelegramHarness, telegram_harness
+from tests.support.telegram_approvals import ALLOW, ASK, REQUEST, lookup_tool, with_keyboard
 
 CHAT = 555
-ASK = ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_T1"])
-ALLOW = "✅ Allow"
-REQUEST = '🔧 Approval needed: lookup\nquery="apples"'
 UNSURE = "no answer to the approval request"
 GAVE_UP = "could not post the approval request"
 
 
 @pytest.fixture
 def tool() -> RecordingTool:
-    return RecordingTool("lookup", result="42 apples")
-
-
-def with_keyboard(tg: FakeTelegram) -> list[Shown]:
-    return [m for m in tg.messages(CHAT) if m.buttons]
+    return lookup_tool()
 
 
 def requests(tg: FakeTelegram) -> list[Shown]:
@@ -45,7 +39,7 @@ def has_keyboard(params: dict[str, Any]) -> bool:
 
 async def given_up(t: TelegramHarness, caplog: pytest.LogCaptureFixture) -> None:
     """Until the post of the request gave up waiting for its answer (or, as before, showed it again)."""
-    await t.wait_for(lambda: UNSURE in caplog.text or len(with_keyboard(t.tg)) >= 2, timeout=8)
+    await t.wait_for(lambda: UNSURE in caplog.text or len(with_keyboard(t.tg, CHAT)) >= 2, timeout=8)
 
 
 async def test_a_post_answered_too_late_shows_once_and_the_press_decides_it(
@@ -61,12 +55,12 @@ async def test_a_post_answered_too_late_shows_once_and_the_press_decides_it(
         tg.user_message("how many apples?")
         await given_up(t, caplog)
         assert [m.text for m in requests(tg)] == [REQUEST]  # shown once
-        [msg] = with_keyboard(tg)
+        [msg] = with_keyboard(tg, CHAT)
         press = tg.press(CHAT, msg.message_id, ALLOW)
         await t.settle()
         assert [a.get("text") for a in tg.answers(press)] == ["Allowed"]
         assert tool.calls == [{"query": "apples"}]
-        assert with_keyboard(tg) == []  # no copy keeps live buttons
+        assert with_keyboard(tg, CHAT) == []  # no copy keeps live buttons
         assert [m.text for m in requests(tg)] == [f"{REQUEST}\n\n✅ Allowed by Alice"]
         assert tg.visible(CHAT)[-1] == "You have 42 apples."
     finally:
@@ -97,7 +91,7 @@ async def test_a_post_whose_tries_all_timed_out_is_still_decided_by_a_press(tmp_
         tg.user_message("how many apples?")
         # until the post stopped trying (before this fix: it tried twice, then gave the request up)
         await t.wait_for(lambda: UNSURE in caplog.text or GAVE_UP in caplog.text, timeout=8)
-        msg = with_keyboard(tg)[-1]
+        msg = with_keyboard(tg, CHAT)[-1]
         press = tg.press(CHAT, msg.message_id, ALLOW)
         await t.wait_for(lambda: tg.answers(press))
         assert [a.get("text") for a in tg.answers(press)] != [GONE]
@@ -105,7 +99,7 @@ async def test_a_post_whose_tries_all_timed_out_is_still_decided_by_a_press(tmp_
         assert [a.get("text") for a in tg.answers(press)] == ["Allowed"]
         assert tool.calls == [{"query": "apples"}]
         assert [m.text for m in requests(tg)] == [f"{REQUEST}\n\n✅ Allowed by Alice"]
-        assert with_keyboard(tg) == []
+        assert with_keyboard(tg, CHAT) == []
         assert tg.visible(CHAT)[-1] == "You have 42 apples."
         assert any(r.get("message_id") == msg.message_id for s in saves for r in json.loads(s))
     finally:
@@ -120,16 +114,16 @@ async def test_a_press_on_a_second_copy_of_the_request_shows_the_decision_on_bot
     t = await telegram_harness(tmp_path, fake_openai, tg, core={"tools": registry(tool)})
     try:
         tg.user_message("how many apples?")
-        await t.wait_for(lambda: with_keyboard(tg))
-        [first] = with_keyboard(tg)
+        await t.wait_for(lambda: with_keyboard(tg, CHAT))
+        [first] = with_keyboard(tg, CHAT)
         await tg._m_sendMessage({"chat_id": CHAT, "text": first.text, "reply_markup": first.reply_markup})
-        second = with_keyboard(tg)[-1]
+        second = with_keyboard(tg, CHAT)[-1]
         assert second.message_id != first.message_id
         press = tg.press(CHAT, second.message_id, ALLOW)
         await t.settle()
         assert [a.get("text") for a in tg.answers(press)] == ["Allowed"]
         assert tool.calls == [{"query": "apples"}]
-        assert with_keyboard(tg) == []
+        assert with_keyboard(tg, CHAT) == []
         assert [m.text for m in requests(tg)] == [f"{REQUEST}\n\n✅ Allowed by Alice"] * 2
     finally:
         await t.close()
@@ -164,8 +158,8 @@ async def test_a_press_elsewhere_before_the_record_has_the_message_id_decides(tm
     buttons._drop_keyboard = drop  # type: ignore[method-assign]
     try:
         tg.user_message("how many apples?")
-        await t.wait_for(lambda: with_keyboard(tg) and saves >= 2)
-        [msg] = with_keyboard(tg)
+        await t.wait_for(lambda: with_keyboard(tg, CHAT) and saves >= 2)
+        [msg] = with_keyboard(tg, CHAT)
         record = json.loads(await t.channel.host.get_state(OPEN_APPROVALS) or "[]")
         assert [r.get("message_id") for r in record] == [None]  # not saved yet where it is shown
         # the receiving process knows the request only from the record: it did not post it
@@ -179,7 +173,7 @@ async def test_a_press_elsewhere_before_the_record_has_the_message_id_decides(tm
         await t.settle()
         assert True not in pending_at_removal  # never lost its keyboard while pending
         assert tool.calls == [{"query": "apples"}]
-        assert with_keyboard(tg) == []
+        assert with_keyboard(tg, CHAT) == []
         assert [m.text for m in requests(tg)] == [f"{REQUEST}\n\n✅ Allowed by Alice"]
         assert tg.visible(CHAT)[-1] == "You have 42 apples."
     finally:

@@ -8,30 +8,17 @@ import pytest
 
 from channels.telegram.approvals import GONE, NOT_YOURS
 from channels.telegram.channel import SECRET_HEADER
-from tests.browser.server import RecordingTool, registry
+from tests.browser.server import registry
 from tests.fakes.openai_server import Text, ToolCalls
-from tests.fakes.telegram import FakeTelegram, Shown
-from tests.fakes.telegram.harness import TelegramHarness, telegram_harness
+from tests.fakes.telegram.harness import telegram_harness
+from tests.support.telegram_approvals import ALLOW, ASK, DENY, REQUEST, approval_message, lookup_tool
 
 GROUP = -100777
-ASK = ToolCalls([("lookup", '{"query": "apples"}')], ids=["call_T1"])
-ALLOW, DENY = "✅ Allow", "❌ Deny"
-
 
 
 @pytest.fixture
 def tool():
-    return RecordingTool("lookup", result="42 apples")
-
-
-def with_keyboard(tg: FakeTelegram, chat_id: int) -> list[Shown]:
-    return [m for m in tg.messages(chat_id) if m.buttons]
-
-
-async def approval_message(t: TelegramHarness, chat_id: int) -> Shown:
-    await t.wait_for(lambda: with_keyboard(t.tg, chat_id))
-    [msg] = with_keyboard(t.tg, chat_id)
-    return msg
+    return lookup_tool()
 
 
 async def test_the_requester_allows_and_the_answer_arrives(tmp_path, fake_openai, tg, tool):
@@ -40,7 +27,7 @@ async def test_the_requester_allows_and_the_answer_arrives(tmp_path, fake_openai
     try:
         tg.user_message("how many apples do I have?")
         msg = await approval_message(t, 555)
-        assert msg.text == '🔧 Approval needed: lookup\nquery="apples"'
+        assert msg.text == REQUEST
         assert [label for label, _ in msg.buttons] == [ALLOW, DENY]
         assert all(len(data.encode()) <= 64 for _, data in msg.buttons)
         assert tool.calls == []
@@ -51,7 +38,7 @@ async def test_the_requester_allows_and_the_answer_arrives(tmp_path, fake_openai
         assert [a.get("text") for a in tg.answers(press)] == ["Allowed"]
         shown = tg.chats[555][msg.message_id]
         assert shown.buttons == []  # the decision replaced the keyboard
-        assert shown.text == '🔧 Approval needed: lookup\nquery="apples"\n\n✅ Allowed by Alice'
+        assert shown.text == f"{REQUEST}\n\n✅ Allowed by Alice"
         assert tg.visible(555)[-1] == "You have 42 apples."
         assert fake_openai.requests[1]["messages"][-1]["content"] == "42 apples"
     finally:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.browser.server import new_session, open_stream, start_web_chat
 from tests.fakes.openai_server import Text
 
@@ -34,7 +36,10 @@ async def test_user_messages_carry_their_client_id_in_history_and_delta(chat, ht
     sse.resp.close()
 
 
-async def test_the_notice_of_new_names_the_messages_it_left_unanswered(tmp_path, fake_openai, http):
+@pytest.mark.parametrize("new_id", ["n1", None], ids=["from_a_tab", "from_an_api_client"])
+async def test_the_notice_of_new_names_the_messages_it_left_unanswered(tmp_path, fake_openai, http, new_id):
+    """Sent with a client id or without one, the notice of a ``/new`` names the queued messages it dropped, and
+    for every tab (not ``sender_only``): each drops them."""
     chat = await start_web_chat(tmp_path, fake_openai, queue_capacity=2)
     try:
         hold = asyncio.Event()
@@ -47,11 +52,12 @@ async def test_the_notice_of_new_names_the_messages_it_left_unanswered(tmp_path,
         await sse.until(lambda e: e.name == "turn")
         assert await say(http, chat.base_url, sid, "two", "m2") == (202, {"status": "queued"})
         assert await say(http, chat.base_url, sid, "three", "m3") == (202, {"status": "queued"})
-        assert await say(http, chat.base_url, sid, "/new", "n1") == (202, {"status": "command"})
+        assert await say(http, chat.base_url, sid, "/new", new_id) == (202, {"status": "command"})
         hold.set()
-        notice = await sse.until(lambda e: e.name == "notice" and e.data["client_id"] == "n1")
-        assert "not answered" in notice.data["text"]
+        notice = await sse.until(lambda e: e.name == "notice" and "not answered" in e.data["text"])
+        assert notice.data["client_id"] == new_id
         assert notice.data["dropped"] == ["m2", "m3"]
+        assert "sender_only" not in notice.data
         # a message sent after /new is answered, and a later notice names nothing
         assert await say(http, chat.base_url, sid, "four", "m4") == (202, {"status": "queued"})
         await sse.until(lambda e: e.name == "turn_committed" and any(m["content"] == "after new"

@@ -1,6 +1,6 @@
 """Two tabs of one session over real HTTP: a message queued from one (or by an API client) reaches the other
-tab's open stream at once, as a ``message_queued`` event, and once; a ``/new`` sent without a client id
-still names, in its notice, the queued messages it left unanswered, so every tab can drop them."""
+tab's open stream at once, as a ``message_queued`` event, and once; a notice is marked for its sender only
+when it answers that sender alone. (A ``/new`` sent without a client id: tests/test_web_message_ids.py.)"""
 
 from __future__ import annotations
 
@@ -47,30 +47,6 @@ async def test_a_message_queued_in_one_tab_reaches_the_other_tabs_stream_at_once
         assert replayed[-1].name == "task_state" and replayed[-1].data["queued"] == []
         for sse in (tab_a, tab_b, again):
             sse.resp.close()
-    finally:
-        await chat.close()
-
-
-async def test_a_new_sent_without_a_client_id_names_what_it_dropped(tmp_path, fake_openai, http):
-    chat = await start_web_chat(tmp_path, fake_openai, queue_capacity=2)
-    try:
-        hold = asyncio.Event()
-        fake_openai.script(Text("slow answer that /new stops", chunk_size=3, hold=hold, hold_after=6),
-                           Text("after new"))
-        sid = await new_session(http, chat.base_url)
-        tab = await open_stream(http, chat.base_url, sid)
-        await tab.next()
-        assert await say(http, chat.base_url, sid, "one", "m1") == (202, {"status": "queued"})
-        await tab.until(lambda e: e.name == "turn")
-        assert await say(http, chat.base_url, sid, "two", "m2") == (202, {"status": "queued"})
-        assert await say(http, chat.base_url, sid, "three", "m3") == (202, {"status": "queued"})
-        assert await say(http, chat.base_url, sid, "/new") == (202, {"status": "command"})  # an API client
-        hold.set()
-        notice = await tab.until(lambda e: e.name == "notice" and "not answered" in e.data["text"])
-        assert notice.data["client_id"] is None
-        assert notice.data["dropped"] == ["m2", "m3"]
-        assert "sender_only" not in notice.data  # every tab drops them
-        tab.resp.close()
     finally:
         await chat.close()
 
