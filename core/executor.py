@@ -111,7 +111,6 @@ class ConversationExecutor:
         self._events = events
         self._settings = settings
         self._intake = intake
-        self._metrics = metrics
         self._on_turn_end = metrics.turn_ended if metrics is not None else None
 
     async def execute(self, envelope: InboundEnvelope, cancel: CancelSignal, context: ContextCache, *,
@@ -312,8 +311,6 @@ class ConversationExecutor:
             return
         if text:
             log.info("delivery for %s failed (%s); sending one plain fallback", target.session_key, err.reason)
-            if self._metrics is not None:
-                self._metrics.fallbacks.labels(target.channel).inc()
         else:
             log.info("delivery for %s failed (%s); the chat shows all of it already", target.session_key, err.reason)
         rest = await self._redelivery.deliver(turn_id, target, text)

@@ -4,8 +4,9 @@ Kept in a registry of the core's own (not prometheus_client's process-wide defau
 process (the tests run many) never share or collide on a metric. Everything is counted where it happens:
 
 - turns by how they ended and their duration (``turn_log.turn_scope`` reports both when a turn ends);
-- plain fallbacks, sent when a turn's live delivery failed (the executor);
-- model requests retried (the agent loop's retry ladder);
+- plain fallbacks, sent when a turn's live delivery failed, once the platform took them (``core.redelivery``);
+- model requests retried (the agent loop's retry ladder), and transcriptions retried (``core.media.transcribe``,
+  on the same ladder but kept apart: the transcription endpoint is often not the model's server);
 - platform calls and the 429s among them, per channel (each attempt, through ``ChannelHost.count_call``);
 - queued messages, sessions with a worker and turns running, read when scraped.
 
@@ -41,6 +42,8 @@ class Metrics:
                                  ["channel"], registry=r)
         self.model_retries = Counter("chatbridge_model_retries", "Model requests tried again after a failure.",
                                      registry=r)
+        self.transcription_retries = Counter("chatbridge_transcription_retries",
+                                             "Transcription requests tried again after a failure.", registry=r)
         self.platform_calls = Counter("chatbridge_platform_calls",
                                       "Attempts of calls to chat platforms, by result (a retry is an attempt).",
                                       ["channel", "result"], registry=r)

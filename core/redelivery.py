@@ -18,6 +18,9 @@ the channel's call policy repeats such a send at most once (or under the platfor
 keys could show the text once per try during a long outage. The turn stays undelivered; the next start
 sends it once more (the one case where it may then show twice or, if it had landed, three times).
 
+A terminal message sent here is a plain fallback in ``/metrics`` (``count_sent``), counted once the platform
+took all of it — on the first try, a later one or after a restart — never for a try that failed or timed out.
+
 A channel whose clients read the stored history (``shows_history``, the web chat) already shows the
 committed answer: its turns are marked delivered without a send.
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import tenacity
 
@@ -41,12 +45,14 @@ log = logging.getLogger(__name__)
 
 class Redelivery:
     def __init__(self, store: Store, channels: ChannelRegistry, plain: PlainSender, supervisor: TaskSupervisor,
-                 settings: CoreSettings) -> None:
+                 settings: CoreSettings, *, count_sent: Callable[[str], None] | None = None) -> None:
+        """``count_sent(channel)``: a terminal message landed whole (the metrics' fallbacks)."""
         self._store = store
         self._channels = channels
         self._plain = plain
         self._supervisor = supervisor
         self._delays = tuple(float(d) for d in settings.redelivery_delays)
+        self._count_sent = count_sent
 
     async def deliver(self, turn_id: str, target: TurnTarget, text: str) -> Unshown:
         """Send ``text`` as the terminal message of turn ``turn_id`` once. Returns what the chat still does
@@ -54,6 +60,8 @@ class Redelivery:
         again — never the messages the platform already took."""
         rest = await self._plain.send_rest(target, text) if text else Unshown("")
         if not rest.text:
+            if text and self._count_sent is not None:  # sent, and the platform took all of it
+                self._count_sent(target.channel)
             await self.mark_delivered(turn_id)
         return rest
 

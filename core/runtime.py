@@ -94,7 +94,8 @@ class ChatCore:
         self.metrics = Metrics()
         s = self.settings
         self._plain = PlainSender(self.channels)
-        self._redelivery = Redelivery(store, self.channels, self._plain, self.supervisor, s)
+        self._redelivery = Redelivery(store, self.channels, self._plain, self.supervisor, s,
+                                      count_sent=lambda channel: self.metrics.fallbacks.labels(channel).inc())
         self.tools = tools or ToolRegistry()
         self.approvals = ApprovalBroker()
         self._deciders: dict[str, Deciders] = {}
@@ -104,6 +105,8 @@ class ChatCore:
         self.vision = VisionPolicy(s.vision, provider.name, str(getattr(provider, "model", "")))
         self.media = MediaLibrary(media_dir, store, s) if media_dir is not None else None
         self._transcriber = transcriber
+        if transcriber is not None:  # its retries show in /metrics
+            transcriber.count_retry = self.metrics.transcription_retries.inc
         builder = TurnInputBuilder(store, s, images=self.media.model_image if self.media else None,
                                    vision=self.vision.enabled)
         self._builder = builder
@@ -230,7 +233,6 @@ class ChatCore:
             await self.store.mark_delivered(turn_id)
             return
         log.info("sending the %s turn %s again: a restart came before its delivery", item.turn.state, turn_id)
-        self.metrics.fallbacks.labels(target.channel).inc()  # its live delivery failed: a plain message now
         rest = await self._redelivery.deliver(turn_id, target, item.text)
         if rest.text:
             self._redelivery.schedule(turn_id, target, rest)

@@ -6,20 +6,22 @@ official ``openai`` SDK makes the request; timeouts, 5xx, 429 and broken connect
 same ladder as model requests (tenacity), a rejected key is not. An answer without a string ``text`` (an HTML
 page or a JSON error answered 200) is malformed, retried the same way. Failures raise
 :class:`TranscriptionError` with a detail for logs only (the key removed); the attachment is then described
-instead. The transcript is cut to the message's text budget by the caller (``core.media.intake``).
+instead. The transcript is cut to the message's text budget by the caller (``core.media.intake``). Each retry
+is counted in ``/metrics`` (``chatbridge_transcription_retries_total``, apart from the model's: the endpoint is
+often another server), through ``count_retry``, which the core using the transcriber sets.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import openai
 
 from core.llm.http_errors import Redactor, refused, retry_after, sdk_error
 from core.llm.provider import ProviderError, ProviderErrorKind
-from core.llm.retry import retry_policy
+from core.llm.retry import counting, retry_policy
 from core.retrying import run_with_retries
 
 DEFAULT_TIMEOUT = 120.0
@@ -35,6 +37,8 @@ class Transcriber:
     def __init__(self, base_url: str, model: str, api_key: str = "", *, timeout: float = DEFAULT_TIMEOUT,
                  retry_delays: Sequence[float] = (2.0, 4.0)) -> None:
         self.model = model
+        self.count_retry: Callable[[], None] | None = None
+        """Called once per retry (set by the core: its metrics)."""
         self._delays = tuple(retry_delays)
         self._redactor = Redactor(api_key)
         self._client = openai.AsyncOpenAI(
@@ -62,7 +66,8 @@ class Transcriber:
             return text.strip()
 
         try:
-            return await run_with_retries(lambda: retry_policy(self._delays), once)
+            return await run_with_retries(
+                lambda: retry_policy(self._delays, on_retry=counting(self.count_retry)), once)
         except ProviderError as exc:
             raise TranscriptionError(str(exc)) from None
 
