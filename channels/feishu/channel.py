@@ -68,7 +68,8 @@ replaces the card once, as for an approval that ended without a press there.
 Attachments (images, files, voice, video, the images of a post) travel as ``MediaItem``s; core downloads
 them during the turn through ``fetch_attachment`` (``core.media.fetch.AttachmentSource``), which streams
 Feishu's message-resource API (``FeishuApi.open_resource``). Both receiving modes hand the same envelope
-to core, so both get them.
+to core, so both get them. Meanwhile the user's message shows the working reaction (``working``,
+``core.channel.ShowsWorking``), which the turn's sink takes over.
 
 Sending: every call is one attempt through ``FeishuApi`` under the shared call policy: a chat's scope
 paces it (``stream_interval_ms``), a send also takes a slot of the app's budget (``app_sends_per_second``), a
@@ -90,7 +91,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -120,6 +121,7 @@ from channels.feishu.sink import (
     FeishuSink,
     PendingApproval,
     PendingApprovals,
+    WorkingSign,
 )
 from core.channel import ERROR, SinkError
 from core.envelope import InboundEnvelope, MediaItem, TurnTarget
@@ -157,6 +159,10 @@ second in which they arrive. After the bridge's event loop was held up, the thro
 passed meanwhile leave together, up to ``catch_up`` (a quarter of a second) of them and the one due, so one
 second may see the pace times 1.25, plus one: 39 keeps that within 50 (``tests/test_feishu_send_pacing.py``).
 Paced at 50, and at 45, a thousand chats starting at once drew tens of 429s (``tests.bench.e2e``)."""
+WORKING_HANDOVER = 5.0
+"""Seconds the working reaction shown while a message's files downloaded waits for its turn's sink to take it
+over (the message is stored first, and refused files are reported) before it is removed: a turn that ended there
+(the session moved, the bridge is stopping) leaves none behind."""
 UUID_REMEMBERED = 50 * 60
 """Seconds within which a message's uuid certainly still finds it (Feishu remembers one for an hour)."""
 CHAT_BURST = 2
@@ -336,6 +342,8 @@ class FeishuChannel:
         self._watch: asyncio.Task[None] | None = None
         self._open = OpenApprovals(host, self._open_records)
         self._downloads: aiohttp.ClientSession | None = None
+        self._signs: dict[str, WorkingSign] = {}
+        """Working reactions shown while a message's files downloaded, by message, until a sink takes one."""
         self._pressing: set[str] = set()
         """The event ids of the presses being carried out here (a push of one again is answered ``RECEIVED``)."""
         self._telling: dict[str, asyncio.Task[bool]] = {}
@@ -503,12 +511,60 @@ class FeishuChannel:
 
     async def open_sink(self, target: TurnTarget) -> FeishuSink:
         ops = FeishuOps(self, Destination.of(target))
+        sign = self._signs.pop(ops.dest.reply_to or "", None)
+        if sign is not None:  # shown while the message's files downloaded: this turn's until its card shows
+            sign.taken.set()
+            ops.adopt(sign)
         sink = FeishuSink(ops, self.renderer, self.calls, settings=self.live,
                           prompts=FeishuPrompts(self, target, ops), spawn=self.host.spawn)
         # the working sign (the card): the turn does not wait for it, and it waits a moment for the model's
         # request to leave first, as lark-oapi builds each request's HTTP client in the event loop
         sink.start_typing(delay=WORKING_SIGN_DELAY)
         return sink
+
+    @contextlib.asynccontextmanager
+    async def working(self, target: TurnTarget) -> AsyncIterator[None]:
+        """The working reaction on the user's message while its files download, before its turn's sink opens
+        (``ShowsWorking``): at once, not waited for, and left out while every request slot is taken (the
+        downloads need them). Not the card: a turn may still end before it has one, and a card cannot be taken
+        back without a trace. After the block the turn's sink takes it over (``open_sink``) and removes it once
+        its card shows; one no sink took within ``WORKING_HANDOVER`` seconds is removed then."""
+        dest = Destination.of(target)
+        if dest.reply_to is None or dest.reply_to in self._signs:
+            yield
+            return
+        key = dest.reply_to
+        sign = self._signs[key] = WorkingSign(FeishuOps(self, dest))
+        try:
+            self.host.spawn(f"feishu:working:{dest.chat_id}", self._keep_sign(key, sign))
+        except ShuttingDownError:  # no sign then; the downloads go on
+            del self._signs[key]
+        try:
+            yield
+        finally:
+            sign.over.set()
+
+    async def _keep_sign(self, key: str, sign: WorkingSign) -> None:
+        """Show ``sign``, then wait for a sink to take it over; remove it when none does in time, or when the
+        shutdown cancels the wait (nothing would remove it later)."""
+        ops = sign.ops
+        try:
+            try:
+                if not self.api.busy:
+                    await self.calls.call(ops.react, scopes=ops.scopes, paced=False, retry=False)
+            finally:
+                sign.landed.set()
+            await sign.over.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(WORKING_HANDOVER):
+                    await sign.taken.wait()
+        finally:
+            if self._signs.get(key) is sign:
+                del self._signs[key]
+            if not sign.taken.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(WORKING_HANDOVER):
+                        await ops.drop_reaction()
 
     def chat_scope(self, dest: Destination) -> Scope:
         """A chat's budget: one call per ``stream_interval``, the end of a turn one sooner."""

@@ -49,6 +49,11 @@ Message sends carry the API's ``uuid`` (the reconciler's idempotency key for tha
 never posts twice. Where CardKit is refused, the working sign is a reaction on the user's message (removed at
 the end).
 
+While a message's files download, before its turn's sink opens, the working sign is that reaction too
+(``WorkingSign``, ``FeishuChannel.working``): no card is opened for a turn that may still end there. The sink
+takes it over (``FeishuOps.adopt``): it is removed once the turn's card shows, or at the end where there is
+none.
+
 Approval requests are separate card messages (Feishu does not let a callback update a streaming card):
 ``FeishuPrompts`` posts them; the channel answers presses (``channels.feishu.channel``).
 """
@@ -56,6 +61,7 @@ Approval requests are separate card messages (Feishu does not let a callback upd
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -64,6 +70,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from channels.common.calls import outside_bound
 from channels.common.errors import PlatformError
 from channels.common.ledger import Part
 from channels.common.live_sink import LiveSink
@@ -75,6 +82,7 @@ from channels.feishu.api import RATE_LIMITED, code_of
 from channels.feishu.context import FeishuContext
 from core.channel import SinkError
 from core.envelope import TurnTarget
+from core.host import ShuttingDownError
 from core.snapshot import ApprovalRequest, TurnSnapshot
 
 if TYPE_CHECKING:
@@ -175,6 +183,21 @@ class CardState:
         return self.sequence, secrets.token_hex(12)
 
 
+class WorkingSign:
+    """The working reaction shown while a message's files download (``FeishuChannel.working``), until its turn's
+    sink takes it over or, when none does (the turn ended before it had one: the session moved, the bridge is
+    stopping), it is removed."""
+
+    def __init__(self, ops: FeishuOps) -> None:
+        self.ops = ops
+        self.landed = asyncio.Event()
+        """Its call was answered (or failed, or was never made): ``ops.reaction`` says what it shows."""
+        self.over = asyncio.Event()
+        """The downloads are over: a sink may take it over now."""
+        self.taken = asyncio.Event()
+        """A sink took it over: that sink removes it."""
+
+
 class FeishuOps:
     """``MessageOps`` for one destination."""
 
@@ -194,6 +217,23 @@ class FeishuOps:
         self.current: CardStream | None = None
         self.reaction: str | None = None
         self._reacted = False
+        self._earlier: WorkingSign | None = None
+        """The working sign shown for this turn before its sink opened, until the card or the end takes it."""
+
+    def adopt(self, sign: WorkingSign) -> None:
+        """Take over the reaction ``sign`` shows, or is on its way to show: removed once this turn's card shows
+        (``card_shown``), or at its end."""
+        self._earlier = sign
+
+    async def take_over(self) -> None:
+        """The adopted working reaction, once its call landed, becomes this turn's (``reaction``)."""
+        sign, self._earlier = self._earlier, None
+        if sign is None:
+            return
+        async with outside_bound():  # the sign's own call, bounded by the call policy: not this attempt's wait
+            await sign.landed.wait()
+        if self.reaction is None:
+            self.reaction = sign.ops.reaction
 
     async def post(self, msg_type: str, content: str, key: str) -> str:
         d = self.dest
@@ -253,6 +293,7 @@ class FeishuOps:
         """The working sign, once per turn: the reply's streaming card, opened showing "…" (the card the
         answer streams into, so it costs no call of its own); where CardKit is not available, a reaction on the
         user's message instead (a reply works without it: its failure is only logged)."""
+        await self.take_over()
         if self._reacted:
             return
         self._reacted = True
@@ -266,12 +307,35 @@ class FeishuOps:
             except PlatformError as exc:
                 if exc.kind != "unsupported":
                     raise
-        if not self.dest.reply_to:
+        await self.react()
+
+    async def react(self) -> None:
+        """The working reaction on the user's message, unless it shows one already (a reply works without it:
+        its failure is only logged)."""
+        if self.reaction is not None or not self.dest.reply_to:
             return
         try:
             self.reaction = await self.api.react(self.dest.reply_to, WORKING_EMOJI)
         except PlatformError as exc:
             log.info("could not add the working reaction: %s", exc)
+
+    def card_shown(self) -> None:
+        """The turn's card is in the chat: it is the working sign now, so a reaction adopted from the downloads
+        (``adopt``) goes, without the card's call waiting for that."""
+        if self._earlier is None and self.reaction is None:
+            return
+        with contextlib.suppress(ShuttingDownError):  # shutting down: the end of the turn removes it
+            self.channel.host.spawn("feishu:unreact", self.drop_reaction())
+
+    async def drop_reaction(self) -> None:
+        """Remove the working reaction (a failure leaves it: logged, never raised)."""
+        await self.take_over()
+        if self.reaction is None:
+            return
+        try:
+            await self.channel.calls.call(self.unreact, scopes=self.scopes, paced=False, retry=False)
+        except PlatformError as exc:
+            log.info("could not remove the working reaction: %s", exc)
 
     async def unreact(self) -> None:
         reaction, self.reaction = self.reaction, None
@@ -376,6 +440,7 @@ class CardStream:
                 payload = json.dumps({"type": "card", "data": {"card_id": card.card_id}})
                 card.message_id = await self._ops.post("interactive", payload, card.send_key)
                 self._ops.cards[card.message_id] = card
+                self._ops.card_shown()
             return card
 
     async def open_now(self) -> None:
@@ -520,16 +585,11 @@ class FeishuSink(LiveSink):
             log.info("could not end the streaming of an aborted reply's card: %s", exc)
 
     async def _end_reaction(self) -> None:
+        await self.ops.take_over()
         if self.ops.reaction is None:
             return
-        if self._spawn("feishu:unreact", self._unreact()) is None:  # shutting down: remove it now
-            await self._unreact()
-
-    async def _unreact(self) -> None:
-        try:
-            await self.calls.call(self.ops.unreact, scopes=self.ops.scopes, paced=False, retry=False)
-        except PlatformError as exc:
-            log.info("could not remove the working reaction: %s", exc)
+        if self._spawn("feishu:unreact", self.ops.drop_reaction()) is None:  # shutting down: remove it now
+            await self.ops.drop_reaction()
 
 
 class FeishuPrompts:

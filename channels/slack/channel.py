@@ -54,7 +54,8 @@ just now; please try again". Commands are message text: ``/stop`` (or just ``sto
 in a thread; the four commands also work as Slack slash commands in a DM when the app registers them.
 
 Files shared with a message travel as ``MediaItem``s; core downloads them during the turn through
-``fetch_attachment`` (``core.media.fetch.AttachmentSource``).
+``fetch_attachment`` (``core.media.fetch.AttachmentSource``). Meanwhile the chat shows the turn's thinking
+indicator (``working``, ``core.channel.ShowsWorking``), which the turn's sink then takes over.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ import logging
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -103,7 +104,7 @@ from channels.slack.posting import FindablePost, carries_button, carries_key, ke
 from channels.slack.render import PART_LIMIT, SlackRenderer, message_args
 from channels.slack.sdk_log import LeftForRedelivery, sdk_logger
 from channels.slack.settings import EVENTS_PATH, SlackConfig
-from channels.slack.sink import Destination, PromptHandle, SlackOps, SlackPrompts, SlackSink
+from channels.slack.sink import Destination, PromptHandle, SlackOps, SlackPrompts, SlackSink, WorkingSign
 from core.agent.deciders import AllowEntries
 from core.channel import ERROR, SinkError
 from core.envelope import InboundEnvelope, MediaItem, ThreadRef, TurnTarget
@@ -159,6 +160,10 @@ class SlackSettings:
     the turn ends) sooner: an indicator the answer replaces a moment later is two Web API calls for nothing."""
     thinking_interval: float = 60.0 / THINKING_PER_MINUTE
     """The least time between two thinking indicators in the workspace (see ``THINKING_PER_MINUTE``)."""
+    working_handover: float = 5.0
+    """Seconds the thinking indicator shown while a message's files downloaded waits for its turn's sink to take
+    it over (the message is stored first, and refused files are reported) before it is cleared: a turn that
+    ended there (the session moved, the bridge is stopping) leaves none behind."""
     submit_timeout: float = 2.5
     """Bound on storing one event, inside Slack's 3-second ack window."""
     connect_timeout: float = 10.0
@@ -222,6 +227,8 @@ class SlackChannel:
         """The workspace refused chat.startStream: stream by updates from now on."""
         self.status_refused = False
         """Slack refused assistant.threads.setStatus: show "thinking" as a reaction from now on."""
+        self._signs: dict[str, WorkingSign] = {}
+        """Thinking indicators shown while a message's files downloaded, by message, until a sink takes one."""
         self.prompts_by_call: OrderedDict[ApprovalAction, PromptHandle] = OrderedDict()
         self.handler: AsyncSocketModeHandler | None = None
         self.ready = asyncio.Event()
@@ -259,6 +266,10 @@ class SlackChannel:
         native = (self.settings.stream_transport != "update" and not self.stream_refused
                   and dest.thread_ts is not None)
         ops = SlackOps(self, dest, native=native)
+        sign = self._signs.pop(_message_key(dest), None)
+        if sign is not None:  # shown while the message's files downloaded: this turn's indicator from now on
+            sign.taken.set()
+            ops.adopt(sign)
         sink = SlackSink(ops, self.renderer, self.calls, settings=self.live,
                          prompts=SlackPrompts(self, target, dest), spawn=self.host.spawn)
         # the thinking status (or reaction) is set beside the turn, so the model is asked without waiting for
@@ -266,6 +277,48 @@ class SlackChannel:
         # archived, no access), the turn shows only its final
         sink.start_typing(delay=self.settings.thinking_delay)
         return sink
+
+    @contextlib.asynccontextmanager
+    async def working(self, target: TurnTarget) -> AsyncIterator[None]:
+        """The thinking indicator while a message's files download, before its turn's sink opens
+        (``ShowsWorking``): the sink's own (a thread status or a reaction), shown at once under the same workspace
+        budget (no room: none), not waited for. After the block the turn's sink takes it over (``open_sink``),
+        clearing it at the turn's end; one no sink took within ``working_handover`` is cleared then."""
+        dest = self._destination(target)
+        sign = WorkingSign(SlackOps(self, dest, native=False))
+        key = _message_key(dest)
+        self._signs[key] = sign
+        try:
+            self.host.spawn(f"slack:working:{dest.channel}", self._keep_sign(key, sign))
+        except ShuttingDownError:  # no sign then; the downloads go on
+            del self._signs[key]
+        try:
+            yield
+        finally:
+            sign.over.set()
+
+    async def _keep_sign(self, key: str, sign: WorkingSign) -> None:
+        """Show ``sign``, then wait for a sink to take it over; clear it when none does in time, or when the
+        shutdown cancels the wait (nothing would clear it later)."""
+        ops = sign.ops
+        try:
+            try:
+                await self.calls.call(ops.typing, scopes=ops.scopes, paced=False, retry=False)
+            except PlatformError as exc:
+                log.info("no thinking indicator while a message's files download: %s", exc)
+            finally:
+                sign.landed.set()
+            await sign.over.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.working_handover):
+                    await sign.taken.wait()
+        finally:
+            if self._signs.get(key) is sign:
+                del self._signs[key]
+            if not sign.taken.is_set() and ops.thinking is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.settings.working_handover):
+                        await ops.clear_thinking()
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
         """One ordinary message (split if long, Markdown rendered, plain mrkdwn if the block is refused). Each
@@ -822,6 +875,11 @@ def _shows_buttons(body: dict[str, Any]) -> bool:
         return True
     return any(isinstance(b, dict) and (b.get("block_id") == BLOCK_ID or b.get("type") == "actions")
                for b in message["blocks"])
+
+
+def _message_key(dest: Destination) -> str:
+    """The user's message a turn answers (its working sign's key)."""
+    return f"{dest.channel}:{dest.ctx.ts}"
 
 
 def _thread_key(channel: str, thread_ts: str) -> str:

@@ -24,6 +24,10 @@ channel stream by updates from then on.
 the user's message; either is cleared when the turn ends. Both methods have tight limits of their own for the
 whole workspace, so an indicator is shown only when the workspace's thinking budget has room at that moment
 (``SlackApi.thinking_scope``) and its method is not paused by a 429; otherwise the turn goes without one.
+
+The same indicator shows while a message's files download, before its turn's sink opens (``WorkingSign``,
+``SlackChannel.working``). The sink takes it over (``SlackOps.adopt``) instead of showing a second one: one
+slot of the thinking budget and one call to clear it, as for any turn.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from channels.common.calls import outside_bound
 from channels.common.errors import PlatformError
 from channels.common.ledger import Part
 from channels.common.live_sink import LiveSink
@@ -74,6 +79,21 @@ class Destination:
         return cls(target.chat_id, thread, ctx)
 
 
+class WorkingSign:
+    """The thinking indicator shown while a message's files download (``SlackChannel.working``), until its turn's
+    sink takes it over or, when none does (the turn ended before it had one: the session moved, the bridge is
+    stopping), it is cleared."""
+
+    def __init__(self, ops: SlackOps) -> None:
+        self.ops = ops
+        self.landed = asyncio.Event()
+        """Its call was answered (or failed, or was never made): ``ops.thinking`` says what it shows."""
+        self.over = asyncio.Event()
+        """The downloads are over: a sink may take it over now."""
+        self.taken = asyncio.Event()
+        """A sink took it over: that sink clears it."""
+
+
 def _defused(text: str) -> str:
     # model text in a stream must not ping anyone: break Slack's special sequences
     return text.replace("<!", "<\u200b!").replace("<@", "<\u200b@").replace("<#", "<\u200b#")
@@ -95,10 +115,31 @@ class SlackOps:
         self.scopes: tuple[Scope, ...] = self._api.scopes(dest.channel)
         self._posts: dict[str, FindablePost] = {}
         """Posts not answered yet, by key."""
+        self._earlier: WorkingSign | None = None
+        """The working sign shown for this turn before its sink opened, until ``typing`` or the end takes it."""
 
     @property
     def dest(self) -> Destination:
         return self._dest
+
+    @property
+    def thinking(self) -> str | None:
+        """"status" or "reaction" while this shows a thinking indicator."""
+        return self._thinking
+
+    def adopt(self, sign: WorkingSign) -> None:
+        """Take over the indicator ``sign`` shows, or is on its way to show: this turn shows no second one (its
+        budget slot is spent already) and clears that one at its end."""
+        self._earlier = sign
+
+    async def _take_over(self) -> None:
+        sign, self._earlier = self._earlier, None
+        if sign is None:
+            return
+        async with outside_bound():  # the sign's own call, bounded by the call policy: not this attempt's wait
+            await sign.landed.wait()
+        if self._thinking is None:
+            self._thinking = sign.ops.thinking
 
     async def send(self, part: Part, key: str) -> str:
         d = self._dest
@@ -128,6 +169,7 @@ class SlackOps:
                 raise
 
     async def typing(self) -> None:
+        await self._take_over()
         if self._thinking is not None:
             return  # the status or reaction stays up until the end
         d = self._dest
@@ -164,6 +206,7 @@ class SlackOps:
 
     async def clear_thinking(self) -> None:
         """Take the thinking indicator down (a failure only leaves it up: logged, never raised)."""
+        await self._take_over()
         shown, self._thinking = self._thinking, None
         d = self._dest
         client = self._api.client
