@@ -11,6 +11,12 @@ request showing every argument in full (``core.tools.arguments``) and waits for 
 timeout, or abort. While an earlier call waits, later ones queue behind it; the LLM stream never waits for
 a decision.
 
+One reply may hold any number of calls, and each "ask" call waits for a person: 300 of them would keep the chat
+busy for hours, 300 "auto" ones would all run at once. So a gate takes at most ``MAX_CALLS_PER_REPLY`` calls of
+its reply; each one beyond gets a failed output saying so (every call still gets exactly one output) and the
+model can make them in its next request. The allowed tools of one reply run at most ``MAX_TOOLS_AT_ONCE`` at a
+time (``core.agent.loop``); the others wait for a slot.
+
 A stop of the turn (``/stop``, shutdown, a lost lease) closes its pending approvals at once, in the same step
 (``ApprovalBroker.stop``, from the turn's cancel signal): a press that comes after it is answered "no longer
 pending", and a decision that got in just before it never starts its tool (the round is being given up; a
@@ -37,6 +43,13 @@ DENIED_BY_USER = "Tool call denied by user."
 DENIED_BY_POLICY = "Tool call denied by policy."
 DENIED_BY_TIMEOUT = "Tool call denied: nobody approved it in time."
 DENIED_UNSHOWN = "Tool call denied: the approval request could not be shown in the chat, so nobody could approve it."
+
+MAX_CALLS_PER_REPLY = 32
+"""How many tool calls of one model reply are taken (decided, run); the rest get ``TOO_MANY_CALLS``."""
+TOO_MANY_CALLS = (f"Tool call not run: more than {MAX_CALLS_PER_REPLY} tool calls in one reply; call fewer at "
+                  "a time.")
+MAX_TOOLS_AT_ONCE = 8
+"""How many allowed tools of one model reply run at the same time."""
 
 ASKED_IDS_PER_SESSION = 512
 """How many call ids of approval requests the broker remembers per session (``asked``)."""
@@ -171,9 +184,14 @@ class ApprovalGate:
         self._start_tool = start_tool
         self._backlog: deque[CompleteToolCall] = deque()
         self._busy = False
+        self._taken = 0
 
     def submit(self, call: CompleteToolCall) -> None:
         """Take a complete tool call (called in call order by the stream driver)."""
+        self._taken += 1
+        if self._taken > MAX_CALLS_PER_REPLY:
+            self._queue.push(ToolOutput(call.call_id, call.name, TOO_MANY_CALLS, "failed"))
+            return
         policy = self._tools.policy(call.name)
         if policy != "deny" and not self._arguments_fit(call):
             return

@@ -7,6 +7,11 @@ total order, to ``emit`` (the TurnController and the trace) and records tool out
 the queue calls it from the producer's task, so a streamed token costs no extra task switch.
 A round with tool calls ends when its stream, its approvals and its tools are all done; the next
 request then carries the outputs in call order. ``max_turns`` bounds the requests of one user message.
+
+A reply cut off before the model finished it (its output limit, a content filter: ``CUT_OFF``) may end inside
+a tool call. Such a call is not what the model meant (an empty or half-written argument list), so it is neither
+run nor offered for approval: it gets one failed output saying so, and the turn ends there with the cut-off
+notice. Asking the model again would only have it write the same long call into the same limit.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from core.agent.approvals import ApprovalBroker, ApprovalGate
+from core.agent.approvals import MAX_TOOLS_AT_ONCE, ApprovalBroker, ApprovalGate
 from core.agent.events import (
     CompleteReasoning,
     CompleteText,
@@ -69,7 +74,8 @@ MAX_TOOL_OUTPUT_CHARS = 16_000
 EMPTY_TOOL_OUTPUT = "[no output]"
 ABORTED_TOOL_OUTPUT = "Tool call aborted: the user stopped the turn before it finished."
 NOT_RUN_TOOL_OUTPUT = "Tool call denied: the user stopped the turn before it ran; it was not run."
-"""The output of a call the stop left waiting (for approval, or behind one): it never started."""
+"""The output of a call the stop left waiting (for approval, behind one, or for a slot to run in): it never
+started."""
 FAILED_TOOL_OUTPUT = "Tool call aborted: the turn failed (an error, not the user) before it finished."
 NOT_RUN_FAILED_TOOL_OUTPUT = "Tool call not run: the turn failed (an error, not the user) before it ran."
 """The outputs of calls a failure (the model's stream, the loop) cut off or left waiting: the model must not be
@@ -104,6 +110,8 @@ class Round:
     """The calls whose tool was started (allowed, and run): one without an output was cut off while running."""
     failed: bool = False
     """The round was ended by a failure (not by a stop): what its calls lack is the failure's doing."""
+    cut: set[str] = field(default_factory=set)
+    """The calls the reply's cut-off left incomplete (``cut_call_output``): not run, and the turn ends here."""
 
     @property
     def text(self) -> str:
@@ -113,7 +121,7 @@ class Round:
 
     def output_for(self, call_id: str) -> str:
         """The call's output; for one the stop (or a failure) left without any, whether it was cut off while
-        running or never started (left waiting for approval: the stop denied it)."""
+        running or never started (left waiting for approval or a slot: the stop denied it)."""
         out = self.outputs.get(call_id)
         if out is not None:
             return out.output
@@ -150,6 +158,13 @@ def cut_off_notice(finish_reason: str | None, max_output_tokens: int | None) -> 
     say that the text above it is not the whole answer."""
     why = cut_off_reason(finish_reason, max_output_tokens)
     return None if why is None else f"The answer was cut off: {why}. Send another message to continue."
+
+
+def cut_call_output(finish_reason: str | None, max_output_tokens: int | None) -> str | None:
+    """The one output of a call still incomplete when the reply was cut off (None when it was not): the model
+    is told the call was not run, and why."""
+    why = cut_off_reason(finish_reason, max_output_tokens)
+    return None if why is None else f"Tool call not run: the reply was cut off before this call was complete; {why}."
 
 
 def request_status(err: ProviderError) -> RequestStatus:
@@ -250,7 +265,7 @@ class AgentLoop:
                 # the same request with images described was taken: they were the problem
                 self._images_rejected(self._key, unsupported=says_no_vision(refused.detail))
                 self._images_rejected = None
-            if not rnd.calls:
+            if not rnd.calls or rnd.cut:  # a cut call is not asked for again: the limit would cut it again
                 cut = cut_off_notice(rnd.finish_reason, self._settings.max_output_tokens)
                 if cut is not None:
                     self.notice = cut
@@ -318,10 +333,10 @@ class AgentLoop:
             emit(event)
 
         queue: MergeQueue[TurnEvent] = MergeQueue(consume, self._spawn)
+        slots = asyncio.Semaphore(MAX_TOOLS_AT_ONCE)
 
         def start_tool(call: CompleteToolCall) -> None:
-            if queue.add_producer(f"turn:{self._turn_id}:tool:{call.call_id}", self._execute(call, queue)):
-                rnd.started.add(call.call_id)
+            queue.add_producer(f"turn:{self._turn_id}:tool:{call.call_id}", self._execute(call, queue, rnd, slots))
 
         gate = ApprovalGate(queue=queue, tools=self._tools, broker=self._broker, session_key=self._key,
                             requested_by=self._requested_by, timeout=self._settings.approval_timeout,
@@ -364,7 +379,7 @@ class AgentLoop:
                     queue.push(RequestEnd(request_status(err), attempt_no))
                     return True
                 raise
-            asm.finish()
+            asm.finish(cut_call_output(asm.finish_reason, self._settings.max_output_tokens))
             usage = asm.usage
             rnd.finish_reason = asm.finish_reason
             return False
@@ -382,23 +397,29 @@ class AgentLoop:
             queue.push(TokenUsage(usage.prompt_tokens, usage.completion_tokens))
         queue.push(RequestEnd("completed", attempt_no))
 
-    async def _execute(self, call: CompleteToolCall, queue: MergeQueue[TurnEvent]) -> None:
+    async def _execute(self, call: CompleteToolCall, queue: MergeQueue[TurnEvent], rnd: Round,
+                       slots: asyncio.Semaphore) -> None:
         """A tool producer: runs one allowed call; whatever happens, the call gets exactly one output.
-        Built-in tools return their whole text at once, so the output's fragments come at completion."""
+        Built-in tools return their whole text at once, so the output's fragments come at completion.
+
+        At most ``MAX_TOOLS_AT_ONCE`` tools of a round run at once (``slots``); the others wait for a slot, and
+        count as started only once they have one (one stopped while it waited was not run)."""
         status: str = "done"
         tool = self._tools.get(call.name)
-        try:
-            if tool is None:
-                raise LookupError(f"no tool named {call.name!r}")
-            args = json.loads(call.arguments) if call.arguments.strip() else {}
-            if not isinstance(args, dict):
-                raise ValueError("arguments must be a JSON object")
-            text = await tool.run(args, ToolContext(self._key, self._turn_id, call.call_id, self._requested_by,
-                                                    self._depth, queue.push, self._cancel))
-            text = normalize_output(str(text))
-        except Exception as exc:
-            status = "failed"
-            text = normalize_output(f"Tool failed: {type(exc).__name__}: {exc}")
+        async with slots:
+            rnd.started.add(call.call_id)
+            try:
+                if tool is None:
+                    raise LookupError(f"no tool named {call.name!r}")
+                args = json.loads(call.arguments) if call.arguments.strip() else {}
+                if not isinstance(args, dict):
+                    raise ValueError("arguments must be a JSON object")
+                text = await tool.run(args, ToolContext(self._key, self._turn_id, call.call_id, self._requested_by,
+                                                        self._depth, queue.push, self._cancel))
+                text = normalize_output(str(text))
+            except Exception as exc:
+                status = "failed"
+                text = normalize_output(f"Tool failed: {type(exc).__name__}: {exc}")
         queue.push(PartialToolOutput("start", call.call_id))
         queue.push(PartialToolOutput("delta", call.call_id, text))
         queue.push(PartialToolOutput("stop", call.call_id))
@@ -418,7 +439,7 @@ class _Assembler:
     close when another kind of content starts. A tool call completes as soon as its arguments parse as
     a JSON object (a closed object cannot grow into another valid one), so its approval and execution
     start while the stream goes on, even when a server interleaves the fragments of parallel calls;
-    anything still open completes when the stream ends."""
+    anything still open completes when the stream ends (``finish``), unless the reply was cut off."""
 
     def __init__(self, push: Callable[[TurnEvent], None], rnd: Round, gate: ApprovalGate, id_prefix: str,
                  unique: Callable[[str], str] = str, unused: Callable[[str], None] = lambda _: None) -> None:
@@ -458,10 +479,13 @@ class _Assembler:
         elif isinstance(event, StreamEnd):
             self.finish_reason = event.finish_reason
 
-    def finish(self) -> None:
+    def finish(self, cut: str | None = None) -> None:
+        """The stream ended. ``cut``: the output for calls still open when the reply was cut off
+        (``cut_call_output``); their arguments are not whole (an empty list may be an unwritten one), so each
+        is committed with that as its one output, and is neither run nor offered for approval."""
         self._close_segment()
         for index in sorted(self._calls):
-            self._complete(index)
+            self._complete(index, cut)
 
     def abandon(self) -> None:
         """The attempt failed: close open fragments (stop) without a complete message."""
@@ -517,14 +541,18 @@ class _Assembler:
             if _is_json_object(buf.arguments):
                 self._complete(event.index)
 
-    def _complete(self, index: int) -> None:
+    def _complete(self, index: int, cut: str | None = None) -> None:
         buf = self._calls.pop(index)
         self._done.add(index)
         self._push(PartialToolCall("stop", buf.call_id, buf.name))
         call = CompleteToolCall(buf.call_id, buf.name, buf.arguments)
         self._push(call)
         self._rnd.calls.append(call)
-        self._gate.submit(call)
+        if cut is None:
+            self._gate.submit(call)
+        else:
+            self._rnd.cut.add(call.call_id)
+            self._push(ToolOutput(call.call_id, call.name, cut, "failed"))
 
 
 def _older_images(messages: tuple[LLMMessage, ...]) -> bool:

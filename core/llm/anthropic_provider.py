@@ -262,6 +262,8 @@ class _StreamState:
     tool_index: dict[int, int] = field(default_factory=dict)
     """content block index → running tool-call index (0, 1, ... in the order the calls start)"""
     tool_has_arguments: dict[int, bool] = field(default_factory=dict)
+    without_input: list[int] = field(default_factory=list)
+    """tool_use blocks that stopped without any input, not yet known to be whole (``_inputs_done``)"""
 
     def _usage(self, usage: Any) -> None:
         if usage is None:
@@ -282,6 +284,7 @@ class _StreamState:
         if kind == "message_start":
             self._usage(event.message.usage)
         elif kind == "content_block_start":
+            yield from self._inputs_done()  # the model went on: the calls before were whole
             block = event.content_block
             index = int(event.index)
             if block.type == "text":
@@ -315,16 +318,28 @@ class _StreamState:
         elif kind == "content_block_stop":
             index = int(event.index)
             if index in self.tool_index and not self.tool_has_arguments.get(index):
-                # a call without arguments streams no JSON at all: make it valid, empty JSON
-                self.tool_has_arguments[index] = True
-                yield ToolCallDelta(index=self.tool_index[index], arguments="{}")
+                # a call without arguments streams no JSON at all; but neither does one the output limit cut
+                # before its first argument, and that is known only from the stop reason (or the next block)
+                self.without_input.append(index)
         elif kind == "message_delta":
             self._usage(event.usage)
             if event.delta.stop_reason:
                 self.stop_reason = str(event.delta.stop_reason)
+                if self.stop_reason == "tool_use":
+                    yield from self._inputs_done()
+                # any other reason leaves it as it is: the agent loop takes it as a call without arguments,
+                # unless the reply was cut off (max_tokens above all), and then it does not run it
         elif kind == "message_stop":
             self.stopped = True
         # ping and unknown event types: ignored (the API may add event types)
+
+    def _inputs_done(self) -> Iterator[ProviderEvent]:
+        """The calls in ``without_input`` are whole calls without arguments: make them valid, empty JSON (so
+        they complete, and are decided, at once)."""
+        for index in self.without_input:
+            self.tool_has_arguments[index] = True
+            yield ToolCallDelta(index=self.tool_index[index], arguments="{}")
+        self.without_input.clear()
 
 
 _INPUT_FIELDS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")

@@ -69,6 +69,9 @@ class ToolUses:
     ids: list[str] | None = None
     delay: float = 0.0
     usage: tuple[int, int] | None = None
+    stop_reason: str = "tool_use"
+    """``max_tokens`` plays a reply cut at the output limit: give the last call's input as far as it got (even
+    ``""``, nothing of it)."""
 
 
 @dataclass
@@ -431,7 +434,7 @@ class FakeAnthropic:
                                                        "delta": {"type": "input_json_delta", "partial_json": piece}})
                 await send("content_block_stop", {"type": "content_block_stop", "index": index})
             completion = reply.text + "".join(n + a for n, a in reply.calls)
-            await finish("tool_use", fixed[1] if fixed is not None else len(completion) // 4 + 1)
+            await finish(reply.stop_reason, fixed[1] if fixed is not None else len(completion) // 4 + 1)
         elif isinstance(reply, Hang):
             if reply.after_text:
                 index = next(block)

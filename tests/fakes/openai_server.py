@@ -87,6 +87,8 @@ class ToolCalls:
     index: Literal["call", "none", "zero"] = "call"
     """Each fragment's ``index``: the call's (OpenAI), none at all (Gemini's endpoint), or 0 for every call
     (servers that number within each chunk)."""
+    finish_reason: str = "tool_calls"
+    """``length`` plays a reply cut at the output limit: give the last call's arguments as far as they got."""
 
 
 @dataclass
@@ -533,7 +535,7 @@ class FakeOpenAI:
                 await resp.write_eof()
                 return resp
             completion = reply.text + "".join(n + a for n, a in reply.calls)
-            await finish("tool_calls", reply.usage, completion)
+            await finish(reply.finish_reason, reply.usage, completion)
         elif isinstance(reply, Hang):
             await send_text(reply.after_text)
             await self._wait(None, reply.seconds)
