@@ -9,7 +9,7 @@ import asyncio
 import socket
 from collections.abc import Callable
 
-from channels.web.sse import StreamHub, Subscriber
+from channels.web.sse import BATCH_BYTES, HEARTBEAT, StreamHub, Subscriber
 from tests.browser.server import SSEClient, WebChat, new_session, open_stream, start_web_chat
 
 WAIT = 10.0
@@ -47,6 +47,41 @@ async def test_a_session_stream_with_feed_1_carries_the_conversation_list_feed_w
     both.resp.close()
     plain.resp.close()
     await until(lambda: not chat.channel._feed)  # the connection leaves the feed with the stream
+
+
+# ---- what a connection's pump takes at once ------------------------------------------------------------
+
+
+async def test_events_waiting_together_leave_in_one_write_up_to_the_batch_bound_then_the_end():
+    sub = Subscriber(max_pending=100)
+    for name in ("a", "b", "c"):
+        sub.push(f"event: {name}\n\n".encode())
+    assert await sub.next() == b"event: a\n\nevent: b\n\nevent: c\n\n"
+    assert sub.pending_bytes == 0
+    big = b"x" * (BATCH_BYTES // 2 + 1)
+    for _ in range(3):
+        sub.push(big)
+    assert await sub.next() == big + big  # past the bound: the third waits for the next write
+    sub.push(b"last\n\n")
+    sub.close()
+    assert await sub.next() == big + b"last\n\n"  # what was queued before the end still goes
+    assert await sub.next() is None
+    assert await sub.next() is None
+
+
+async def test_an_idle_connection_gets_a_heartbeat_from_the_once_a_second_pass(chat, http):
+    server = chat.channel.server
+    server.heartbeat = 0.0
+    sid = await new_session(http, chat.base_url)
+    sse = await open_stream(http, chat.base_url, sid)
+    await sse.next()
+    await subscribed(chat, sid)
+    assert server.reap_closed() == 0  # nobody left: nothing ended, a heartbeat queued
+    async with asyncio.timeout(WAIT):
+        received = b""
+        while HEARTBEAT not in received:
+            received += await sse.resp.content.readany()
+    sse.resp.close()
 
 
 # ---- a client that stops reading ----------------------------------------------------------------------

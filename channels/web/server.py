@@ -21,7 +21,9 @@ client went away is let go within a second (:meth:`WebServer.reap_closed`): aioh
 handler when its client leaves, and a stream that only noticed at its next heartbeat kept its connection,
 queue and subscription alive for up to 15 s each. A client that stops reading pins little: its queue is cut
 off past the session's replay buffer in bytes (it reconnects and gets a replay or a resync), and its
-connection is closed once it has taken no data for ``WRITE_TIMEOUT_SECONDS``.
+connection is closed once it has taken no data for ``WRITE_TIMEOUT_SECONDS``. The same pass queues the heartbeats
+of idle streams and closes a connection stuck in a write: a stream's pump sets no timer per event, and the
+events waiting for it together leave in one write (``Subscriber.next``).
 
 A session stream asked for with ``?feed=1`` also carries the session-list feed (the events of
 ``/api/events``, without ids): the chat page holds that one connection per tab, as a browser allows only six
@@ -37,6 +39,7 @@ import logging
 import math
 import re
 import secrets
+import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
@@ -157,6 +160,17 @@ class StreamSlots:
             self.by_client.pop(client, None)
 
 
+@dataclass(slots=True)
+class _Listener:
+    """One open event stream, as :meth:`WebServer.reap_closed` looks after it."""
+
+    request: web.Request
+    quiet_since: float
+    """When its last write went out, or its last heartbeat was queued (``time.monotonic``)."""
+    writing_since: float | None = None
+    """When the write under way began; None between writes."""
+
+
 class WebServer:
     def __init__(self, host: SessionHost, channel: WebChannel, *, access: WebAccess | None = None,
                  heartbeat: float = HEARTBEAT_SECONDS, max_pending: int = 5000,
@@ -182,7 +196,7 @@ class WebServer:
         self.write_timeout = write_timeout
         self.accepting = True
         self.connections: set[asyncio.Task[Any]] = set()
-        self._listening: dict[Subscriber, web.Request] = {}
+        self._listening: dict[Subscriber, _Listener] = {}
 
     def install(self, app: web.Application) -> None:
         app.middlewares.append(self._guard_middleware)
@@ -507,25 +521,18 @@ class WebServer:
         task = asyncio.current_task()
         if task is not None:
             self.connections.add(task)
-        self._listening[sub] = request
+        listener = self._listening[sub] = _Listener(request, time.monotonic())
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
             await resp.prepare(request)
-            await self._bounded(request, resp.write(first))
-            while True:
-                try:
-                    data = await asyncio.wait_for(sub.next(), self.heartbeat)
-                except TimeoutError:
-                    await self._bounded(request, resp.write(HEARTBEAT))
-                    continue
-                if data is None:
-                    break
-                await self._bounded(request, resp.write(data))
+            await self._write(listener, resp.write(first))
+            while (data := await sub.next()) is not None:
+                await self._write(listener, resp.write(data))
             # The stream ends (cut off, or the channel closes), and its connection with it: the client
             # reconnects on a new one, and one that stopped reading is not kept as an idle keep-alive.
             resp.force_close()
-            await self._bounded(request, resp.write_eof())
+            await self._write(listener, resp.write_eof())
         except (ConnectionError, RuntimeError):
             pass  # the client went away (aiohttp finishes a response whose connection is gone quietly)
         finally:
@@ -534,22 +541,19 @@ class WebServer:
                 self.connections.discard(task)
         return resp
 
-    async def _bounded(self, request: web.Request, write: Awaitable[None]) -> None:
-        """Run ``write`` (of the response's body); when it has not gone out after ``write_timeout`` seconds,
-        close the connection (ConnectionResetError): a socket that never drains would hold the pump in
-        ``write`` for good. A write waits only while the connection's buffer is over aiohttp's high-water mark
-        (tens of KiB), so a slow client that keeps reading is not cut; nor is one that reads nothing while
-        nothing is sent to it (heartbeats aside)."""
+    @staticmethod
+    async def _write(listener: _Listener, write: Awaitable[None]) -> None:
+        """Run ``write`` (of the response's body), telling the once-a-second pass (:meth:`reap_closed`) that it
+        is under way: one that has not gone out after ``write_timeout`` seconds has its connection closed. A
+        write waits only while the connection's buffer is over aiohttp's high-water mark (tens of KiB), so a
+        slow client that keeps reading is not cut; nor is one that reads nothing while nothing is sent to it
+        (heartbeats aside)."""
+        listener.writing_since = time.monotonic()
         try:
-            async with asyncio.timeout(self.write_timeout):
-                await write
-        except TimeoutError:
-            log.info("web chat: an event stream's client took no data for %g s; its connection is closed",
-                     self.write_timeout)
-            transport = request.transport
-            if transport is not None:
-                transport.abort()  # close() would wait for the buffer to drain, which it does not
-            raise ConnectionResetError("the client stopped reading") from None
+            await write
+        finally:
+            listener.writing_since = None
+        listener.quiet_since = time.monotonic()
 
     def use_cookie_key(self, key: bytes) -> None:
         """Sign login cookies with ``key`` from now on (the channel's durable key, loaded at start)."""
@@ -557,13 +561,28 @@ class WebServer:
         self.key_loaded = True
 
     def reap_closed(self) -> int:
-        """End the streams whose client has gone; returns how many. Run about once a second."""
+        """Look after the open event streams, about once a second: end those whose client has gone, or has taken
+        none of a write for ``write_timeout`` seconds (its connection is closed: a socket that never drains
+        would hold the stream's pump in that write for good), and queue a heartbeat on those quiet for
+        ``heartbeat`` seconds. Returns how many it ended. (One pass for all of them, rather than a timer around
+        each event's wait and write.)"""
+        now = time.monotonic()
         gone = 0
-        for sub, request in list(self._listening.items()):
-            transport = request.transport
-            if transport is None or transport.is_closing():
+        for sub, listener in list(self._listening.items()):
+            transport = listener.request.transport
+            writing = listener.writing_since
+            stalled = writing is not None and now - writing >= self.write_timeout
+            if stalled:
+                log.info("web chat: an event stream's client took no data for %g s; its connection is closed",
+                         self.write_timeout)
+                if transport is not None:
+                    transport.abort()  # close() would wait for the buffer to drain, which it does not
+            if stalled or transport is None or transport.is_closing():
                 sub.close()
                 gone += 1
+            elif writing is None and now - listener.quiet_since >= self.heartbeat:
+                sub.push(HEARTBEAT)
+                listener.quiet_since = now
         return gone
 
     @staticmethod

@@ -49,6 +49,9 @@ def encode_event(name: str, data: Any, event_id: str | None = None) -> bytes:
 
 
 HEARTBEAT = b": keep-alive\n\n"
+BATCH_BYTES = 64 * 1024
+"""At most this much of a connection's waiting events is joined into one write (``Subscriber.next``): what a
+connection's buffer takes before a write waits, so a client that stopped reading pins no more than before."""
 CLIENT_IDS_KEPT = 1000
 """How many turns' client ids a stream remembers (``SessionStream.client_ids``)."""
 WAITING_KEPT = 200
@@ -174,6 +177,8 @@ class Subscriber:
         self.pending_bytes = 0
         self.overflowed = False
         self.closed = False
+        self._ending = False
+        """``next`` took the end off the queue with the last events: the connection ends at the next call."""
 
     def push(self, data: bytes) -> None:
         if self.overflowed or self.closed:
@@ -190,11 +195,24 @@ class Subscriber:
         self.queue.put_nowait(data)
 
     async def next(self) -> bytes | None:
-        """The next event to send; None: the connection ends (closed, or cut off)."""
+        """What to send next: the events waiting now, joined up to ``BATCH_BYTES`` (events that came together
+        leave in one write); None: the connection ends (closed, or cut off), after every event queued before."""
+        if self._ending:
+            return None
         data = await self.queue.get()
-        if data is not None:
-            self.pending_bytes -= len(data)
-        return data
+        if data is None:
+            return None
+        batch = [data]
+        size = len(data)
+        while size < BATCH_BYTES and not self.queue.empty():
+            more = self.queue.get_nowait()
+            if more is None:  # nothing is queued after the end
+                self._ending = True
+                break
+            batch.append(more)
+            size += len(more)
+        self.pending_bytes -= size
+        return batch[0] if len(batch) == 1 else b"".join(batch)
 
     def close(self) -> None:
         if not self.closed:
