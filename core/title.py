@@ -2,6 +2,12 @@
 
 The title is committed only while it is still the default and the session's generation has not moved;
 a user rename always wins, however late the model answers.
+
+With the ``local`` provider the title is the first words of the user's first message, not a model request:
+that provider has one model in this process and serves one request at a time, so a title asked for after a
+chat's first answer would hold the model (a prompt of up to 4,000 characters, seconds on a CPU) while the
+chat's next message, or another chat's, waits behind it. A title is a nicety; an answer is what the user
+is waiting for.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ TITLE_PROMPT = ("Give this conversation a short title of at most six words, in t
                 "Answer with the title only: no quotes, no punctuation at the end.")
 MAX_TITLE_CHARS = 60
 MAX_TITLE_WORDS = 8
+FIRST_WORDS = 6
+"""How many of the first message's words make a title taken from it (what TITLE_PROMPT asks the model for)."""
 TITLE_RETRY_DELAYS = (1.0, 3.0)
 
 
@@ -36,6 +44,8 @@ class TitleService:
         self._supervisor = supervisor
         self._events = events
         self._settings = settings
+        self._from_model = provider.name != "local"
+        """False for the in-process local model: see the module docstring."""
 
     def schedule(self, key: str, generation: int, user_text: str, answer: str) -> None:
         if not self._settings.titles:
@@ -46,6 +56,9 @@ class TitleService:
             log.debug("not titling %s: shutting down", key)
 
     async def _run(self, key: str, generation: int, user_text: str, answer: str) -> None:
+        if not self._from_model:
+            await self._commit(key, generation, first_words(user_text))
+            return
         request = LLMRequest(messages=(
             LLMMessage("system", TITLE_PROMPT),
             LLMMessage("user", f"User: {user_text[:2000]}\n\nAssistant: {answer[:2000]}"),
@@ -58,8 +71,10 @@ class TitleService:
         except Exception as exc:  # a title is a nicety: log and move on
             log.warning("title generation for %s failed: %s", key, exc)
             return
-        title = clean_title(raw)
-        if not title:
+        await self._commit(key, generation, clean_title(raw))
+
+    async def _commit(self, key: str, generation: int, title: str) -> None:
+        if not title:  # e.g. a first message that was only a photo: the default title stays
             return
         if await self._store.set_title_if_default(key, title, expect_generation=generation):
             self._events.publish(SessionTitleChanged(key, title))
@@ -76,3 +91,14 @@ def clean_title(raw: str) -> str:
     if len(line) > MAX_TITLE_CHARS:
         line = line[:MAX_TITLE_CHARS].rsplit(" ", 1)[0] + "…"
     return line
+
+
+def first_words(text: str) -> str:
+    """A title from the start of the user's message: its first line, cut to FIRST_WORDS words (marked, unless
+    they end a sentence)."""
+    words = next((ln.split() for ln in text.splitlines() if ln.strip()), [])
+    kept = words[:FIRST_WORDS]
+    title = clean_title(" ".join(kept))
+    if len(words) > FIRST_WORDS and title and not kept[-1].endswith((".", "?", "!", "。", "？", "！", "…")):
+        title += "…"
+    return title

