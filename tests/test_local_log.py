@@ -27,10 +27,11 @@ class StopAtRead(LocalProvider):
         self.abandoned = threading.Event()
 
     def _generate(self, request: LLMRequest, stop: threading.Event, put: Any) -> None:
-        if self.generations == 1:
+        stopping = self.generations == 1
+        if stopping:
             stop.set()
         super()._generate(request, stop, put)
-        if stop.is_set():
+        if stopping:  # (not ``stop.is_set()``: every stream sets it when it ends, maybe before this line)
             self.abandoned.set()
 
 
