@@ -99,6 +99,10 @@ class PreparedTurnInput:
     summary: Summary | None = None
     context_tokens: int = 0
     """Estimate of the whole untrimmed context (system prompt, summary, history); compaction reads it."""
+    window_chars: int | None = None
+    """The characters of context the model's window holds, when an overflow taught it for this session
+    (``TurnInputBuilder.recover_after_overflow``): compaction measures against it, and its summary request
+    keeps to it."""
 
 
 class TurnInputBuilder:
@@ -130,7 +134,7 @@ class TurnInputBuilder:
         if fitted is not None:
             budget = min(budget, int(fitted * 0.75))
         return await self._build(key, base_state_version, runtime, budget, rest, summary, recovered=False,
-                                 cache=cache)
+                                 cache=cache, window=fitted)
 
     async def recover_after_overflow(self, prev: PreparedTurnInput, window_share: float | None = None,
                                      refused: tuple[LLMMessage, ...] = ()) -> PreparedTurnInput:
@@ -143,6 +147,7 @@ class TurnInputBuilder:
         rebuilt to fill three quarters of it with them, as ``prepare`` leaves room for the answer, and the
         session's later turns are built to fit the same window."""
         budget = prev.budget_chars // 2
+        window = prev.window_chars
         if window_share is not None:
             sent = _chars(refused or prev.messages)
             window = int(sent * window_share)
@@ -152,17 +157,17 @@ class TurnInputBuilder:
             if len(self._fitted) > MAX_FITTED_SESSIONS:
                 self._fitted.popitem(last=False)
         return await self._build(prev.session_key, prev.base_state_version, prev.runtime, budget,
-                                 prev.history, prev.summary, recovered=True)
+                                 prev.history, prev.summary, recovered=True, window=window)
 
     async def with_summary(self, prev: PreparedTurnInput, summary: Summary) -> PreparedTurnInput:
         """The same input, starting from a fresh compaction summary (not persisted yet)."""
         rest = tuple(m for m in prev.history if m.seq > summary.covers_through_seq)
         return await self._build(prev.session_key, prev.base_state_version, prev.runtime, prev.budget_chars,
-                                 rest, summary, recovered=prev.recovered)
+                                 rest, summary, recovered=prev.recovered, window=prev.window_chars)
 
     async def _build(self, key: str, base_state_version: int, runtime: RuntimeContext, budget: int,
                      rest: tuple[ChatMessage, ...], summary: Summary | None, *, recovered: bool,
-                     cache: ContextCache | None = None) -> PreparedTurnInput:
+                     cache: ContextCache | None = None, window: int | None = None) -> PreparedTurnInput:
         convert = _to_llm if cache is None else lambda m: cache.converted(m, _to_llm)
         shown: dict[int, tuple[AttachmentRef, ...]] = {}
         vision = self._images is not None and self._vision()
@@ -174,7 +179,7 @@ class TurnInputBuilder:
                   + (estimate_tokens(summary.message()) if summary is not None else 0)
                   + sum(estimate_tokens(m) for m in rest))
         return PreparedTurnInput(key, messages, base_state_version, budget, runtime, recovered,
-                                 rest, summary, tokens)
+                                 rest, summary, tokens, window)
 
     async def _with_images(self, messages: tuple[LLMMessage, ...], shown: dict[int, tuple[AttachmentRef, ...]],
                            cap: int) -> tuple[LLMMessage, ...]:
@@ -203,8 +208,10 @@ class TurnInputBuilder:
 
 
 def _chars(messages: tuple[LLMMessage, ...]) -> int:
-    """What ``assemble`` counts of a request: its texts and tool-call arguments."""
-    return sum(len(m.content) + sum(len(tc.arguments) for tc in m.tool_calls) for m in messages)
+    """What ``assemble`` counts of a request: its texts and tool-call arguments, and ``IMAGE_CHARS`` an image
+    (the error's token count includes the images: leaving them out would learn a window far too small)."""
+    return sum(len(m.content) + sum(len(tc.arguments) for tc in m.tool_calls) + IMAGE_CHARS * len(m.images)
+               for m in messages)
 
 
 def summary_of(text: str, previous: Summary | None, messages: list[ChatMessage]) -> Summary:

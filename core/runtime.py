@@ -343,7 +343,7 @@ class ChatCore:
         if len(messages) < 2:
             return "Nothing to compact yet."
         try:
-            text, _ = await self._compactor.summarize(prepared.summary, messages)
+            text, _ = await self._compactor.summarize(prepared.summary, messages, window_chars=prepared.window_chars)
         except ProviderError as exc:
             log.warning("compaction of %s failed: %s", key, exc)
             return "The conversation could not be compacted right now; please try again later."

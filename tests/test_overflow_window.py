@@ -11,28 +11,38 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.agent.compaction import SUMMARY_PROMPT
 from core.llm.provider import ProviderError, ProviderErrorKind, window_share
 from core.tools.base import ToolRegistry
-from tests.fakes.openai_server import Text, ToolCalls
+from tests.fakes.openai_server import Function, Reply, Text, ToolCalls, last_user_text
 from tests.support.harness import make_harness
+from tests.support.media import jpeg
 from tests.test_agent_loop import ScriptTool
+from tests.test_vision_refusals import Files, photo
 
 ZH = "今天天气很好，我们去公园散步吧。"  # 16 characters
 WINDOW = 2000  # tokens
 TOKENS_PER_CHAR = 2.0  # the fake model's price: the window holds 1,000 characters; the estimate says 6,000
 
 
-def refused(fake) -> int:  # type: ignore[no-untyped-def]
+def refused(fake, window: int = WINDOW) -> int:  # type: ignore[no-untyped-def]
     """Requests the fake model refused for their size."""
-    return sum(1 for body in fake.requests if fake.tokens(body) > WINDOW)
+    return sum(1 for body in fake.requests if fake.tokens(body) > window)
+
+
+def answering(body: dict[str, Any]) -> Reply:
+    """The fake model: "回答N…" to "问题N：…", a summary to a summary request."""
+    if body["messages"][0]["content"] == SUMMARY_PROMPT:
+        return Text("摘要")
+    return Text(last_user_text(body).split("：")[0].replace("问题", "回答") + ZH * 2)
 
 
 async def test_a_chat_in_a_dense_script_is_answered_after_it_outgrows_the_window(tmp_path, fake_openai):
+    fake_openai.default = Function(answering)
     fake_openai.window = (WINDOW, TOKENS_PER_CHAR)
     h = await make_harness(tmp_path, fake_openai, context_window=WINDOW)
     questions = [f"问题{i}：" + ZH * 12 for i in range(1, 8)]  # about 200 characters each
     for i, question in enumerate(questions, 1):
-        fake_openai.script(Text(f"回答{i}" + ZH * 2))
         await h.say(question)
         await h.settle()
         shown = h.platform.visible("c1")
@@ -40,7 +50,7 @@ async def test_a_chat_in_a_dense_script_is_answered_after_it_outgrows_the_window
         last = fake_openai.requests[-1]["messages"]
         assert last[-1]["content"].startswith(question)  # the newest message is always what the model reads
     assert not any("no longer fits" in text for text in h.platform.visible("c1"))
-    # the chat outgrew the window once; the turns after it were built to fit it
+    # the chat outgrew the window once; the turns after it (and their summaries) were built to fit it
     assert refused(fake_openai) == 1
     await h.core.shutdown()
 
@@ -66,6 +76,69 @@ async def test_an_overflow_after_a_tool_result_leaves_room_for_the_result(tmp_pa
     retried = fake_openai.requests[-1]["messages"]
     assert retried[-1]["content"] == "result " * 64  # the tool result went along again
     assert refused(fake_openai) == 1
+    await h.core.shutdown()
+
+
+def texts(body: dict[str, Any]) -> str:
+    """Every text a request carried."""
+    out = []
+    for m in body["messages"]:
+        content = m.get("content")
+        out += [content] if isinstance(content, str) else [p.get("text") or "" for p in content or ()]
+    return "\n".join(out)
+
+
+async def test_an_overflow_from_images_does_not_leave_the_chat_a_tiny_window(tmp_path, fake_openai):
+    """Photos count in the model's token count: the window learnt from an overflow they caused counts them
+    too. Before, it counted the text alone, learnt a window of a hundred characters, and every later message
+    was sent with nothing of the conversation before it."""
+    fake_openai.window = (4000, 0.25)  # four characters a token, as the estimate says
+    fake_openai.image_tokens = 1500
+    photos = {f"p{i}": jpeg(64, 64, (i * 60, 0, 0)) for i in range(3)}
+    h = await make_harness(tmp_path, fake_openai, start=False, context_window=4000)
+    chat = Files()
+    chat.files.update(photos)
+    h.core.add_channel(chat)
+    await h.core.start()
+
+    async def say(text: str, **kw: Any) -> None:
+        await h.core.submit(chat.envelope(text, chat_id="alice", **kw))
+        await h.settle()
+
+    await say("My name is Alice and my code word is PAPAYA.")
+    await say("compare these three photos", media=tuple(m for fid in photos for m in photo(fid)))
+    for i in range(4):
+        await say(f"note {i}: " + "lorem ipsum " * 30)
+    await say("what is my code word?")
+    # the photos alone are over the window: refused once more with them (the newest message's are shown after
+    # an overflow), then taken with them described
+    assert refused(fake_openai, 4000) == 2
+    assert "PAPAYA" in texts(fake_openai.requests[-1])  # the conversation is still what the model reads
+    assert not any("no longer fits" in text for text in chat.platform.visible("alice"))
+    await h.core.shutdown()
+
+
+async def test_a_chat_in_a_dense_script_is_compacted_within_its_window(tmp_path, fake_openai):
+    """Compaction measures against the window an overflow taught, not the estimate's: the oldest messages are
+    summarised, not trimmed away unsaid, and the summary request itself fits the window."""
+    def model(body: dict[str, Any]) -> Reply:
+        if body["messages"][0]["content"] == SUMMARY_PROMPT:
+            return Text("小明的暗号是木瓜。")
+        return Text("好的")
+
+    fake_openai.default = Function(model)
+    fake_openai.window = (WINDOW, TOKENS_PER_CHAR)
+    h = await make_harness(tmp_path, fake_openai, context_window=WINDOW)
+    await h.say("我叫小明，我的暗号是木瓜。" + ZH * 10)
+    await h.settle()
+    for i in range(1, 8):
+        await h.say(f"问题{i}：" + ZH * 12)
+        await h.settle()
+    summaries = [body for body in fake_openai.requests if body["messages"][0]["content"] == SUMMARY_PROMPT]
+    assert summaries, "the conversation was never summarised"
+    assert all(fake_openai.tokens(body) <= WINDOW for body in summaries)
+    assert "小明的暗号是木瓜" in texts(fake_openai.requests[-1])
+    assert h.platform.visible("c1") == ["好的"] * 8
     await h.core.shutdown()
 
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from core.agent.events import CompactionBegin, CompactionEnd, TokenUsage, TurnEvent
-from core.input_builder import PreparedTurnInput, Summary, TurnInputBuilder, estimate_tokens, summary_of
+from core.input_builder import (
+    CHARS_PER_TOKEN,
+    PreparedTurnInput,
+    Summary,
+    TurnInputBuilder,
+    estimate_tokens,
+    summary_of,
+)
 from core.llm.provider import LLMMessage, LLMProvider, LLMRequest, ProviderError, TextDelta, Usage
 from core.llm.retry import counting, retry_policy
 from core.llm.silence import bounded
@@ -35,7 +42,13 @@ class Compactor:
         """Told of each summary request tried again (the metrics' model retries)."""
 
     def needed(self, prepared: PreparedTurnInput) -> bool:
-        return prepared.context_tokens > self._settings.compaction_threshold * self._settings.context_window
+        """The context passed ``compaction_threshold`` of the window: ``context_window``, or the smaller window
+        an overflow taught for the session (a script the estimate undercounts, ``PreparedTurnInput.window_chars``),
+        where the oldest messages would otherwise be trimmed away without a summary."""
+        window = self._settings.context_window
+        if prepared.window_chars is not None:
+            window = min(window, prepared.window_chars // CHARS_PER_TOKEN)
+        return prepared.context_tokens > self._settings.compaction_threshold * window
 
     async def maybe_compact(self, prepared: PreparedTurnInput,
                             emit: Callable[[TurnEvent], None]) -> tuple[PreparedTurnInput, Summary | None]:
@@ -49,7 +62,7 @@ class Compactor:
             return prepared, None
         emit(CompactionBegin(len(older)))
         try:
-            text, usage = await self.summarize(prepared.summary, older)
+            text, usage = await self.summarize(prepared.summary, older, window_chars=prepared.window_chars)
         except ProviderError:
             emit(CompactionEnd("failed"))
             return prepared, None  # the builder's trimming still keeps the request inside the window
@@ -59,7 +72,11 @@ class Compactor:
         emit(CompactionEnd("completed"))
         return await self._builder.with_summary(prepared, summary), summary
 
-    async def summarize(self, previous: Summary | None, messages: list[ChatMessage]) -> tuple[str, Usage | None]:
+    async def summarize(self, previous: Summary | None, messages: list[ChatMessage], *,
+                        window_chars: int | None = None) -> tuple[str, Usage | None]:
+        """A summary of ``previous`` and ``messages``. With ``window_chars`` (the session's learnt window) the
+        request keeps to three quarters of it: the earlier summary and the newest messages that fit; older ones
+        are left out, as the turn's own input would have left them."""
         lines = [f"[Earlier summary]\n{previous.text}"] if previous is not None else []
         for m in messages:
             if m.role == "tool":
@@ -71,6 +88,9 @@ class Compactor:
                 lines.append(f"{m.role}: {m.content}\n(attached: {mention(m.source.attachments)})")
             else:
                 lines.append(f"{m.role}: {m.content}")
+        if window_chars is not None:
+            lines = _newest_that_fit(lines, int(window_chars * 0.75) - len(SUMMARY_PROMPT),
+                                     keep_first=previous is not None)
         request = LLMRequest(messages=(LLMMessage("system", SUMMARY_PROMPT), LLMMessage("user", "\n\n".join(lines))),
                              max_tokens=self._settings.max_output_tokens, model=self._settings.model)
         usage: Usage | None = None
@@ -85,6 +105,20 @@ class Compactor:
                         usage = event
                 text = "".join(parts).strip()
         return text, usage
+
+
+def _newest_that_fit(lines: list[str], room: int, *, keep_first: bool) -> list[str]:
+    """The first line when ``keep_first`` (the earlier summary), then the newest lines within ``room``
+    characters in all (at least one of them)."""
+    head = lines[:1] if keep_first else []
+    used = sum(len(line) + 2 for line in head)
+    kept: list[str] = []
+    for line in reversed(lines[len(head):]):
+        if kept and used + len(line) + 2 > room:
+            break
+        kept.append(line)
+        used += len(line) + 2
+    return head + kept[::-1]
 
 
 def summary_message(summary: Summary, turn_id: str | None) -> NewMessage:

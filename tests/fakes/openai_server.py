@@ -271,6 +271,8 @@ class FakeOpenAI:
         """Play a model's context window: (tokens, tokens per character). A request whose message texts cost
         more is refused as OpenAI refuses it (400 context_length_exceeded, the sizes in the message), before
         the script is read."""
+        self.image_tokens = 0
+        """What each image of a request costs against ``window``, in tokens."""
         self.transcript = "transcribed speech"
         self.transcription_error: HttpError | None = None
         self.transcriptions: list[Transcribed] = []
@@ -411,7 +413,7 @@ class FakeOpenAI:
                 chars += len(content)
             elif isinstance(content, list):
                 chars += sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
-        return int(chars * self.window[1])
+        return int(chars * self.window[1]) + self.image_tokens * len(image_parts(body))
 
     def _http_error(self, reply: HttpError, key: str) -> web.Response:
         payload = reply.body if reply.body is not None else _error_body(f"HTTP {reply.status}", "error", None)
