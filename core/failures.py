@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from core.llm.provider import ProviderErrorKind
+from core.llm.provider import ProviderError, ProviderErrorKind
 
 
 class TurnFailureKind(Enum):
@@ -23,6 +23,13 @@ class TurnFailure:
     detail: str = ""
     """For logs only (already free of secrets); never shown in a chat."""
     provider_kind: ProviderErrorKind | None = None
+    retry_after: float | None = None
+    """Seconds the provider asked the bridge to wait (a rate limit's ``retry-after``), when it said."""
+
+
+def provider_failure(error: ProviderError) -> TurnFailure:
+    """The failure of a turn whose model request failed with ``error`` (its ``str`` is free of secrets)."""
+    return TurnFailure(TurnFailureKind.PROVIDER, str(error), error.kind, error.retry_after)
 
 
 _PROVIDER_TEXT: dict[ProviderErrorKind, str] = {
@@ -33,6 +40,8 @@ _PROVIDER_TEXT: dict[ProviderErrorKind, str] = {
     ProviderErrorKind.TRANSIENT: "The model provider is unavailable right now, even after several retries. "
     "Please try again in a moment.",
     ProviderErrorKind.RATE_LIMIT: "The model provider is rate-limiting the bridge. Please try again in a minute.",
+    ProviderErrorKind.QUOTA: "The model provider says the bridge's account has run out of quota (its credit or "
+    "budget is used up), so no answer can be written until the operator tops it up or raises the limit.",
     ProviderErrorKind.MALFORMED: "The model sent an answer the bridge could not read, even after several "
     "retries. Please try again.",
     ProviderErrorKind.CONTEXT_OVERFLOW: "This conversation no longer fits the model's context. Send /new to "
@@ -62,6 +71,12 @@ class TurnFailurePresenter:
 
     def failure(self, failure: TurnFailure) -> str:
         if failure.kind is TurnFailureKind.PROVIDER and failure.provider_kind is not None:
+            if failure.provider_kind is ProviderErrorKind.RATE_LIMIT and failure.retry_after is not None \
+                    and failure.retry_after > 60:
+                # "in a minute" is only true of a wait up to a minute; a longer one (which the ladder does not
+                # wait out, ``core.llm.retry``) is named roughly, or the user comes back too soon, again and again
+                return ("⚠️ The model provider is rate-limiting the bridge and asked it to wait "
+                        f"{_age(failure.retry_after)}. Please try again after that.")
             return "⚠️ " + _PROVIDER_TEXT[failure.provider_kind]
         return "⚠️ " + _KIND_TEXT[failure.kind]
 

@@ -21,7 +21,7 @@ from core.agent.events import Abort, ApprovalDecided, Forwarded, SubagentEnded
 from core.agent.loop import AgentLoop, Round
 from core.cancel_signal import CancelSignal
 from core.controller import TurnController
-from core.failures import TurnFailure, TurnFailureKind
+from core.failures import TurnFailure, TurnFailureKind, provider_failure
 from core.input_builder import PreparedTurnInput, Summary, TurnInputBuilder
 from core.llm.provider import LLMMessage, LLMProvider, ProviderError
 from core.metrics import Metrics
@@ -170,8 +170,7 @@ class TurnRunner:
             await loop.run(prepared.messages, recover)
         except ProviderError as exc:
             log.warning("model request failed for %s: %s", prepared.session_key, exc)
-            return Failed(TurnFailure(TurnFailureKind.PROVIDER, str(exc), exc.kind), controller.text,
-                          tuple(loop.rounds), summary)
+            return Failed(provider_failure(exc), controller.text, tuple(loop.rounds), summary)
         except _RecoveryFailed as exc:
             return Failed(TurnFailure(TurnFailureKind.CONTEXT_PREPARATION, str(exc)), controller.text,
                           tuple(loop.rounds), summary)

@@ -174,6 +174,10 @@ class OpenAIProvider:
                 403,
             ):
                 return self._error(K.AUTH, exc, status=status)
+            if status == 402 or _is_out_of_quota(exc):
+                # OpenAI sends a used-up account's quota as a 429 (code ``insufficient_quota``), DeepSeek and
+                # OpenRouter as 402: no wait ends it, so it is not a rate limit to retry
+                return self._error(K.QUOTA, exc, status=status)
             if isinstance(exc, openai.RateLimitError) or status == 429:
                 return self._error(
                     K.RATE_LIMIT, exc, status=status, retry_after=retry_after(exc.response.headers)
@@ -367,12 +371,20 @@ def _stream_error_kind(exc: openai.APIError) -> ProviderErrorKind:
     MALFORMED (retried)."""
     if _is_context_overflow(exc):
         return ProviderErrorKind.CONTEXT_OVERFLOW
+    if _is_out_of_quota(exc):
+        return ProviderErrorKind.QUOTA
     marks = {str(exc.type or "").lower(), str(exc.code or "").lower()}
     if marks & _STREAM_RATE_LIMITED:
         return ProviderErrorKind.RATE_LIMIT
     if marks & _STREAM_TRANSIENT:
         return ProviderErrorKind.TRANSIENT
     return ProviderErrorKind.MALFORMED
+
+
+def _is_out_of_quota(exc: openai.APIError) -> bool:
+    """OpenAI's ``insufficient_quota`` (as the error's code or type): the account's credit or budget is used
+    up."""
+    return "insufficient_quota" in {str(exc.code or "").lower(), str(exc.type or "").lower()}
 
 
 def _is_context_overflow(exc: openai.APIError) -> bool:

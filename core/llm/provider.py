@@ -146,6 +146,7 @@ class ProviderErrorKind(Enum):
     TIMEOUT = "timeout"  # no answer (or no next chunk) within the request timeout
     TRANSIENT = "transient"  # 5xx, connection errors
     RATE_LIMIT = "rate_limit"  # 429
+    QUOTA = "quota"  # the provider account's credit or budget is used up: never retried, the operator must act
     MALFORMED = "malformed"  # a chunk we could not parse
     CONTEXT_OVERFLOW = "context_overflow"  # the prompt does not fit the model's window
     BAD_REQUEST = "bad_request"  # other 4xx: not retried

@@ -1,7 +1,10 @@
 """The provider retry ladder (tenacity).
 
 Only ``ProviderError``s with ``retryable`` set are retried (timeout, transient, rate limit, malformed);
-auth, bad request and context overflow fail at once. Usage::
+auth, quota, bad request and context overflow fail at once. So does a rate limit whose ``retry-after`` is
+longer than the bridge will wait (``MAX_RETRY_AFTER``, or the ladder's longest step if that is longer): a turn
+that sleeps through it shows only its placeholder and keeps the session busy the whole time, and every later
+message queues behind it; failing says so now, and when to try again. Usage::
 
     async for attempt in retry_policy(settings.retry_delays, on_retry=log_retry):
         with attempt:
@@ -38,8 +41,17 @@ def counting(tally: Callable[[], None] | None) -> OnRetry | None:
     return on_retry
 
 
-def _is_retryable(exc: BaseException) -> bool:
-    return isinstance(exc, ProviderError) and exc.retryable
+MAX_RETRY_AFTER = 60.0
+"""The longest ``retry-after`` waited out (unless the ladder has a longer step). A minute covers the
+per-minute windows providers limit requests and tokens by, and is as long as a chat already waits for a
+model's first token (``DEFAULT_REQUEST_TIMEOUT``); a longer one (an hourly or daily limit) would leave the chat
+showing nothing but its placeholder for that long."""
+
+
+def wait_bound(ladder: Sequence[float]) -> float:
+    """The longest ``retry-after`` a policy with this ladder waits out: an operator who set longer steps has
+    accepted longer waits."""
+    return max((MAX_RETRY_AFTER, *ladder))
 
 
 def retry_policy(
@@ -47,9 +59,17 @@ def retry_policy(
 ) -> tenacity.AsyncRetrying:
     """At most ``len(delays) + 1`` attempts; before retry ``n`` wait ``delays[n-1]`` seconds.
 
-    A rate-limit error with ``retry_after`` waits ``max(delays[n-1], retry_after)``.
+    A rate-limit error with ``retry_after`` waits ``max(delays[n-1], retry_after)``; one whose ``retry_after``
+    is over ``wait_bound(delays)`` is not retried: it is raised at once, as is.
     """
     ladder = tuple(float(d) for d in delays)
+    bound = wait_bound(ladder)
+
+    def is_retryable(exc: BaseException) -> bool:
+        if not isinstance(exc, ProviderError) or not exc.retryable:
+            return False
+        return not (exc.kind is ProviderErrorKind.RATE_LIMIT and exc.retry_after is not None
+                    and exc.retry_after > bound)
 
     def wait(state: tenacity.RetryCallState) -> float:
         if not ladder:
@@ -78,7 +98,7 @@ def retry_policy(
             await result
 
     return tenacity.AsyncRetrying(
-        retry=tenacity.retry_if_exception(_is_retryable),
+        retry=tenacity.retry_if_exception(is_retryable),
         stop=tenacity.stop_after_attempt(len(ladder) + 1),
         wait=wait,
         before_sleep=before_sleep if on_retry is not None else None,

@@ -120,6 +120,15 @@ class HttpError:
         )
 
     @classmethod
+    def quota(cls) -> HttpError:
+        """OpenAI's answer when the account's credit or monthly budget is used up: a 429, but no wait ends it."""
+        return cls(
+            429,
+            _error_body("You exceeded your current quota, please check your plan and billing details.",
+                        "insufficient_quota", "insufficient_quota"),
+        )
+
+    @classmethod
     def server(cls, status: int = 503) -> HttpError:
         return cls(status, _error_body("The server is overloaded or not ready yet.", "server_error", None))
 
