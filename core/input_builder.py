@@ -272,8 +272,12 @@ def assemble(system_prompt: str, history: list[ChatMessage], runtime: RuntimeCon
         used += size
     kept.reverse()
     pictured.reverse()
-    # A tool result must follow its assistant tool call; drop orphans left at the cut.
-    while kept and kept[0].role == "tool":
+    # A tool result must follow its assistant tool call; drop orphans left at the cut. Without a summary before
+    # it, the kept history also starts with a user message: an answer whose question was cut off tells the model
+    # little, and some APIs and chat templates (Anthropic's, Gemma's, Mistral's) refuse a conversation that
+    # starts with the assistant. The newest user message is kept, so one is always left.
+    while kept and (kept[0].role == "tool" or (kept[0].role == "assistant" and summary is None
+                                               and any(m.role == "user" for m in kept))):
         kept.pop(0)
         pictured.pop(0)
     for i in range(len(kept) - 1, -1, -1):

@@ -98,9 +98,10 @@ def sent_context(body: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def stored_context(messages: list[ChatMessage], limit: int) -> list[tuple[str, str]]:
-    """The newest ``limit`` messages; a tool result whose call fell out of the window is not sent."""
+    """The newest ``limit`` messages, from the first user message among them: a tool result whose call fell
+    out of the window, and an answer whose question did, are not sent."""
     kept = [(m.role, m.content) for m in messages[-limit:]]
-    while kept and kept[0][0] == "tool":
+    while kept and kept[0][0] != "user":
         kept.pop(0)
     return kept
 

@@ -40,3 +40,16 @@ def test_a_cut_never_leaves_a_tool_result_without_its_call():
     out = assemble("S", history, RT, 100)
     assert out[1].role != "tool"
     assert [m.role for m in out][-1] == "user"
+
+
+def test_a_cut_starts_the_history_at_a_user_message():
+    history = [
+        msg(1, "user", "u" * 300),
+        msg(2, "assistant", "", tool_calls=(ToolCall(id="c1", name="t", arguments="{}"),)),
+        msg(3, "tool", "result", tool_call_id="c1"),
+        msg(4, "assistant", "an answer whose question was cut off"),
+        msg(5, "user", "next"),
+    ]
+    out = assemble("S", history, RT, 120)
+    assert [m.role for m in out] == ["system", "user"]  # the call, its result and the answer went with the question
+    assert out[1].content.startswith("next")
