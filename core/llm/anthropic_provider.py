@@ -62,6 +62,7 @@ _CONTEXT_OVERFLOW_MARKERS = (
     "context_length_exceeded",
     "too many tokens",
 )
+_OUT_OF_CREDIT_MARKER = "credit balance is too low"
 # In-stream ``error`` events worth another attempt; any other in-stream error is MALFORMED.
 _TRANSIENT_STREAM_ERRORS = frozenset({"overloaded_error", "api_error", "timeout_error"})
 _STOP_REASONS = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length"}
@@ -219,6 +220,10 @@ class AnthropicProvider:
                 return self._error(K.TIMEOUT, exc, status=status)
             if status == 409:
                 return self._error(K.TRANSIENT, exc, status=status)
+            if _is_out_of_credit(exc):
+                # Anthropic sends a used-up credit balance as a 400 invalid_request_error, told from a bad
+                # request only by its words: the request is fine, the operator has to buy credits
+                return self._error(K.QUOTA, exc, status=status)
             if status == 413 or _is_context_overflow(exc):  # 413: the request is over the API's size limit
                 return self._error(K.CONTEXT_OVERFLOW, exc, status=status)
             return self._error(K.BAD_REQUEST, exc, status=status)
@@ -433,6 +438,13 @@ def _error_type(body: object) -> str | None:
 
 def _error_message(body: object) -> str | None:
     return _error_field(body, "message")
+
+
+def _is_out_of_credit(exc: anthropic.APIError) -> bool:
+    """The API's "Your credit balance is too low to access the Anthropic API": the account's prepaid credit is
+    used up."""
+    message = _error_message(exc.body) or exc.message or ""
+    return _OUT_OF_CREDIT_MARKER in message.lower()
 
 
 def _is_context_overflow(exc: anthropic.APIError) -> bool:

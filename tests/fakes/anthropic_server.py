@@ -112,6 +112,12 @@ class HttpError:
         return cls.of(400, "invalid_request_error", "prompt is too long: 215012 tokens > 200000 maximum")
 
     @classmethod
+    def credit_too_low(cls) -> HttpError:
+        """The API's answer when the account's prepaid credit is used up: a 400, like any bad request."""
+        return cls.of(400, "invalid_request_error", "Your credit balance is too low to access the Anthropic API. "
+                      "Please go to Plans & Billing to upgrade or purchase credits.")
+
+    @classmethod
     def bad_request(cls, message: str = "messages.0.content: Field required") -> HttpError:
         return cls.of(400, "invalid_request_error", message)
 
