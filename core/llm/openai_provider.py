@@ -1,15 +1,16 @@
 """OpenAI-compatible Chat Completions provider, through the official ``openai`` SDK.
 
-One ``stream`` call is one HTTP request (the SDK's own retries are disabled: retries are
-``core.llm.retry``'s business; the stream's silence is bounded once, by ``core.llm.silence``, for every
-caller). Wire chunks become ``ProviderEvent``s; every failure becomes a ``ProviderError`` whose ``detail``
-has the API key removed.
+One ``stream`` call is one HTTP request (two when the model refuses ``max_tokens``: ``OpenAIProvider.stream``).
+The SDK's own retries are disabled: retries are ``core.llm.retry``'s business; the stream's silence is bounded
+once, by ``core.llm.silence``, for every caller. Wire chunks become ``ProviderEvent``s; every failure becomes a
+``ProviderError`` whose ``detail`` has the API key removed.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -22,6 +23,7 @@ from openai.types.chat import (
     ChatCompletionMessageParam,
     ChatCompletionToolUnionParam,
 )
+from openai.types.chat.completion_create_params import CompletionCreateParamsStreaming
 
 from core.llm.http_errors import Redactor, refused, retry_after, sdk_error
 from core.llm.provider import (
@@ -50,6 +52,8 @@ _CONTEXT_OVERFLOW_MARKERS = (
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
 _REASONING_KEYS = frozenset(_REASONING_FIELDS)
 
+log = logging.getLogger(__name__)
+
 
 class OpenAIProvider:
     """``LLMProvider`` for OpenAI and any OpenAI-compatible endpoint (vLLM, Ollama, DeepSeek, ...)."""
@@ -62,6 +66,11 @@ class OpenAIProvider:
         self.base_url = base_url
         self.request_timeout = request_timeout
         self._redactor = Redactor(api_key)
+        self._completion_tokens: set[str] = set()
+        """The models whose requests carry their output limit as ``max_completion_tokens``: those that refused
+        ``max_tokens`` (OpenAI's reasoning models: o1, o3, gpt-5...). ``max_tokens`` is the default, as vLLM,
+        Ollama, LM Studio and OpenRouter take it and some servers do not know ``max_completion_tokens``; by model,
+        as a subagent's profile may name another model on the same endpoint."""
         self._client = openai.AsyncOpenAI(
             base_url=base_url,
             # the SDK refuses an empty key; local servers often need none, so send a placeholder
@@ -80,7 +89,13 @@ class OpenAIProvider:
 
     async def stream(self, request: LLMRequest) -> AsyncIterator[ProviderEvent]:
         """One model request. ``request_timeout`` is the transport's connect/read timeout; the silence of the
-        whole stream (keep-alives included) is bounded by the caller (``core.llm.silence.bounded``)."""
+        whole stream (keep-alives included) is bounded by the caller (``core.llm.silence.bounded``).
+
+        A model that refuses ``max_tokens`` (``_refuses_max_tokens``) is asked again at once with
+        ``max_completion_tokens``, and every later request to that model sends it from the start. The second
+        request is part of the same attempt, not a retry: the refusal is no passing failure that waiting could
+        end, nothing was streamed yet, and it is made at most once (its own failure is the attempt's), so it takes
+        no step of the retry ladder."""
         messages = cast("list[ChatCompletionMessageParam]", [_message_param(m) for m in request.messages])
         tools = cast(
             "list[ChatCompletionToolUnionParam]",
@@ -92,8 +107,9 @@ class OpenAIProvider:
                 for t in request.tools
             ],
         )
-        body: dict[str, object] = {
-            "model": request.model or self.model,
+        model = request.model or self.model
+        body: CompletionCreateParamsStreaming = {
+            "model": model,
             "messages": messages,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -101,7 +117,10 @@ class OpenAIProvider:
         if tools:
             body["tools"] = tools
         if request.max_tokens is not None:
-            body["max_tokens"] = request.max_tokens
+            if model in self._completion_tokens:
+                body["max_completion_tokens"] = request.max_tokens
+            else:
+                body["max_tokens"] = request.max_tokens
         if request.temperature is not None:
             body["temperature"] = request.temperature
         state = _StreamState()
@@ -113,13 +132,17 @@ class OpenAIProvider:
             # tests/bench/core_overhead.py). Transport, errors and SSE parsing are still the SDK's.
             # Chunks stay plain JSON (cast_to=object): building the SDK's pydantic chunk models was
             # the largest CPU cost per turn, and we map the wire fields directly.
-            chunks = await self._client.post(
-                "/chat/completions",
-                body=body,
-                cast_to=object,
-                stream=True,
-                stream_cls=openai.AsyncStream[object],
-            )
+            try:
+                chunks = await self._post(body)
+            except openai.BadRequestError as exc:
+                if "max_tokens" not in body or not _refuses_max_tokens(exc):
+                    raise
+                if model not in self._completion_tokens:
+                    self._completion_tokens.add(model)
+                    log.info("model %s refuses max_tokens: its output limit goes as max_completion_tokens from "
+                             "now on", model)
+                body["max_completion_tokens"] = body.pop("max_tokens")
+                chunks = await self._post(body)
             async for chunk in chunks:
                 try:
                     events = state.feed(chunk)
@@ -146,6 +169,15 @@ class OpenAIProvider:
         finally:
             if chunks is not None:
                 await chunks.close()
+
+    async def _post(self, body: CompletionCreateParamsStreaming) -> openai.AsyncStream[object]:
+        return await self._client.post(
+            "/chat/completions",
+            body=body,
+            cast_to=object,
+            stream=True,
+            stream_cls=openai.AsyncStream[object],
+        )
 
     # ---- errors ----------------------------------------------------------------------------------
 
@@ -379,6 +411,13 @@ def _stream_error_kind(exc: openai.APIError) -> ProviderErrorKind:
     if marks & _STREAM_TRANSIENT:
         return ProviderErrorKind.TRANSIENT
     return ProviderErrorKind.MALFORMED
+
+
+def _refuses_max_tokens(exc: openai.APIError) -> bool:
+    """OpenAI's 400 for ``max_tokens`` sent to a model that takes only ``max_completion_tokens`` (its reasoning
+    models): code ``unsupported_parameter``, param ``max_tokens``. Only this refusal switches the parameter; a
+    server that refused ``max_completion_tokens`` would never be sent it."""
+    return exc.code == "unsupported_parameter" and exc.param == "max_tokens"
 
 
 def _is_out_of_quota(exc: openai.APIError) -> bool:

@@ -17,7 +17,10 @@ never blocks shutdown; a client that disconnects cancels its handler.
 Images: user messages may carry OpenAI's content parts; ``image_url`` parts must be base64 data URLs of a
 PNG, JPEG, GIF or WebP image (otherwise 400, as the API answers), and ``image_parts(body)`` decodes them for
 assertions. With ``reject_images`` set the server plays a model without vision: any request carrying an image
-gets the 400 OpenAI gives for that, without consuming a scripted reply.
+gets the 400 OpenAI gives for that, without consuming a scripted reply. With ``refuse_max_tokens`` set it plays one
+of OpenAI's reasoning models (o1, o3, gpt-5...): any request carrying ``max_tokens`` gets the 400 OpenAI gives
+for that (``HttpError.unsupported_max_tokens``), without consuming a scripted reply; ``max_completion_tokens``
+is taken.
 
 Transcriptions: ``POST /v1/audio/transcriptions`` (multipart: ``file``, ``model``, ``response_format``)
 records each upload in ``transcriptions`` and answers ``{"text": fake.transcript}``, or ``transcription_error``
@@ -143,6 +146,14 @@ class HttpError:
                 "context_length_exceeded",
             ),
         )
+
+    @classmethod
+    def unsupported_max_tokens(cls) -> HttpError:
+        """OpenAI's answer when a reasoning model (o1, o3, gpt-5...) is sent ``max_tokens``."""
+        body = _error_body("Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+                           "'max_completion_tokens' instead.", "invalid_request_error", "unsupported_parameter")
+        body["error"]["param"] = "max_tokens"
+        return cls(400, body)
 
     @classmethod
     def bad_request(cls, message: str = "Invalid value for 'messages'.") -> HttpError:
@@ -276,6 +287,9 @@ class FakeOpenAI:
         self.port = 0
         self.reject_images = False
         """Play a model without vision (400 for any request carrying an image)."""
+        self.refuse_max_tokens = False
+        """Play a reasoning model that takes its output limit only as ``max_completion_tokens`` (400 for any
+        request carrying ``max_tokens``)."""
         self.window: tuple[int, float] | None = None
         """Play a model's context window: (tokens, tokens per character). A request whose message texts cost
         more is refused as OpenAI refuses it (400 context_length_exceeded, the sizes in the message), before
@@ -387,6 +401,8 @@ class FakeOpenAI:
             reply = HttpError.context_overflow(self.window[0], asked)
         elif images and self.reject_images:
             reply = HttpError(400, _error_body(_NO_VISION, "invalid_request_error", None))
+        elif self.refuse_max_tokens and "max_tokens" in body:
+            reply = HttpError.unsupported_max_tokens()
         elif self._queue:
             reply = self._queue.popleft()
         else:
