@@ -117,6 +117,11 @@ class TurnInputBuilder:
         said its size: later turns are built to fit it instead of overflowing again (each losing a request to
         it). Kept in this process."""
 
+    def forget_window(self, key: str) -> None:
+        """The session starts a new context (/new): what taught its window is no longer sent, so its turns are
+        built to the full budget again (the next overflow, if any, teaches a new one)."""
+        self._fitted.pop(key, None)
+
     async def prepare(self, key: str, base_state_version: int, runtime: RuntimeContext,
                       cache: ContextCache | None = None) -> PreparedTurnInput:
         """The turn's input from the session's context at ``base_state_version``: from ``cache`` when it

@@ -379,6 +379,7 @@ class ChatCore:
     async def _new_context(self, key: str, drop_inbound: Sequence[int], sent_at: float,
                            serves: int | None) -> None:
         await self.store.new_context(key, drop_inbound=drop_inbound, serves=serves)
+        self._builder.forget_window(key)  # what overflowed the model stays behind: the new context starts full
         if self.media is not None:  # uploads never sent before /new; attachments of messages stay
             await self.media.forget_unclaimed(key, before=sent_at)
 

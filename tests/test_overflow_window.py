@@ -79,6 +79,27 @@ async def test_an_overflow_after_a_tool_result_leaves_room_for_the_result(tmp_pa
     await h.core.shutdown()
 
 
+async def test_a_new_context_starts_from_the_full_window_again(tmp_path, fake_openai):
+    """What taught the window stays behind after /new: the new conversation is not held to it."""
+    fake_openai.default = Function(answering)
+    fake_openai.window = (WINDOW, TOKENS_PER_CHAR)
+    h = await make_harness(tmp_path, fake_openai, context_window=WINDOW)
+    for i in range(1, 6):
+        await h.say(f"问题{i}：" + ZH * 12)
+        await h.settle()
+    assert refused(fake_openai) == 1  # the window was learnt
+    await h.say("/new")
+    await h.settle()
+    fake_openai.window = (WINDOW, 0.25)  # the new conversation is in a script the estimate reads right
+    notes = [f"note {i}: " + "lorem ipsum " * 40 for i in range(4)]  # ~490 characters each: 2,000 in all
+    for note in notes:
+        await h.say(note)
+        await h.settle()
+    sent = texts(fake_openai.requests[-1])
+    assert all(note in sent for note in notes)  # the whole new conversation, not the learnt 1,000 characters
+    await h.core.shutdown()
+
+
 def texts(body: dict[str, Any]) -> str:
     """Every text a request carried."""
     out = []
