@@ -44,6 +44,13 @@ def refused(exc: BaseException) -> bool:
     return False
 
 
+def out_of_quota(status: int | None, *marks: object) -> bool:
+    """An account whose credit or budget is used up: a 402 (DeepSeek, OpenRouter) or OpenAI's
+    ``insufficient_quota`` among ``marks`` (an error's code or type; OpenAI sends it as a 429). No wait ends it,
+    so it is not a rate limit to retry."""
+    return status == 402 or any(str(mark or "").lower() == "insufficient_quota" for mark in marks)
+
+
 def retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds from ``retry-after-ms`` / ``retry-after`` (delta-seconds or an HTTP date)."""
     raw_ms = headers.get("retry-after-ms")

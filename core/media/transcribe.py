@@ -3,8 +3,8 @@
 ``[media.transcription]`` names the endpoint (``base_url``, ``model``, ``api_key``): OpenAI's Whisper or
 gpt-4o-transcribe, or a local server that speaks the same API (faster-whisper-server, LocalAI, vLLM). The
 official ``openai`` SDK makes the request; timeouts, 5xx, 429 and broken connections are retried on the
-same ladder as model requests (tenacity), a rejected key is not. An answer without a string ``text`` (an HTML
-page or a JSON error answered 200) is malformed, retried the same way. Failures raise
+same ladder as model requests (tenacity), a rejected key or an account out of quota is not. An answer without
+a string ``text`` (an HTML page or a JSON error answered 200) is malformed, retried the same way. Failures raise
 :class:`TranscriptionError` with a detail for logs only (the key removed); the attachment is then described
 instead. The transcript is cut to the message's text budget by the caller (``core.media.intake``). Each retry
 is counted in ``/metrics`` (``chatbridge_transcription_retries_total``, apart from the model's: the endpoint is
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import openai
 
-from core.llm.http_errors import Redactor, refused, retry_after, sdk_error
+from core.llm.http_errors import Redactor, out_of_quota, refused, retry_after, sdk_error
 from core.llm.provider import ProviderError, ProviderErrorKind
 from core.llm.retry import counting, retry_policy
 from core.retrying import run_with_retries
@@ -77,6 +77,8 @@ class Transcriber:
             status = exc.status_code
             if status in (401, 403):
                 return sdk_error(K.AUTH, exc, self._redactor, status=status)
+            if out_of_quota(status, exc.code, exc.type):  # not retried: no wait ends it
+                return sdk_error(K.QUOTA, exc, self._redactor, status=status)
             if status == 429:
                 return sdk_error(K.RATE_LIMIT, exc, self._redactor, status=status,
                                  retry_after=retry_after(exc.response.headers))
