@@ -201,9 +201,37 @@ async def test_ladder_clamps_to_its_last_step_and_default() -> None:
             if error is not None:
                 raise error
     assert sleeps == [0.001, 0.03]
-    stop = retry_policy().stop
-    assert isinstance(stop, tenacity.stop_after_attempt)
-    assert stop.max_attempt_number == len(DEFAULT_RETRY_DELAYS) + 1
+
+
+async def without_sleeping(policy: tenacity.AsyncRetrying, error: ProviderError) -> list[float]:
+    """The waits ``policy`` would make (not made) for an attempt that fails with ``error`` every time."""
+    sleeps: list[float] = []
+
+    async def note(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    policy.sleep = note
+    with pytest.raises(ProviderError):
+        async for attempt in policy:
+            with attempt:
+                raise error
+    return sleeps
+
+
+async def test_the_default_ladder_makes_six_attempts() -> None:
+    sleeps = await without_sleeping(retry_policy(), ProviderError(ProviderErrorKind.TIMEOUT))
+    assert sleeps == list(DEFAULT_RETRY_DELAYS)  # five waits: six attempts
+
+
+async def test_retry_afters_within_the_bound_still_stop_at_the_ladders_total() -> None:
+    # a provider asking for a minute before every attempt waited five minutes in all, the chat on its placeholder
+    minute = ProviderError(ProviderErrorKind.RATE_LIMIT, retry_after=60.0)
+    assert await without_sleeping(retry_policy(), minute) == [60.0]
+    half = ProviderError(ProviderErrorKind.RATE_LIMIT, retry_after=20.0)
+    assert await without_sleeping(retry_policy(), half) == [20.0, 20.0, 20.0]
+    # an operator's longer ladder is a longer total
+    assert await without_sleeping(retry_policy((50.0, 50.0)), minute) == [60.0]
+    assert await without_sleeping(retry_policy((50.0, 50.0, 50.0)), minute) == [60.0, 60.0]
 
 
 async def test_collect_text_through_the_ladder(fake_openai: FakeOpenAI, provider: OpenAIProvider) -> None:

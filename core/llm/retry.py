@@ -54,16 +54,31 @@ def wait_bound(ladder: Sequence[float]) -> float:
     return max((MAX_RETRY_AFTER, *ladder))
 
 
+def total_bound(ladder: Sequence[float]) -> float:
+    """The most a policy with this ladder waits in all, retry-afters included: the ladder's own waits (a
+    minute by default), or ``MAX_RETRY_AFTER`` if that is longer. A provider asking for a minute before every
+    attempt would otherwise hold the chat on its placeholder for five."""
+    return max(MAX_RETRY_AFTER, sum(ladder))
+
+
 def retry_policy(
     delays: Sequence[float] = DEFAULT_RETRY_DELAYS, *, on_retry: OnRetry | None = None
 ) -> tenacity.AsyncRetrying:
     """At most ``len(delays) + 1`` attempts; before retry ``n`` wait ``delays[n-1]`` seconds.
 
     A rate-limit error with ``retry_after`` waits ``max(delays[n-1], retry_after)``; one whose ``retry_after``
-    is over ``wait_bound(delays)`` is not retried: it is raised at once, as is.
+    is over ``wait_bound(delays)`` is not retried: it is raised at once, as is. Nor is any error whose wait
+    would take the waits in all past ``total_bound(delays)``.
     """
     ladder = tuple(float(d) for d in delays)
     bound = wait_bound(ladder)
+    total = total_bound(ladder)
+
+    def waited_enough(state: tenacity.RetryCallState) -> bool:
+        # tenacity works out the next wait (``upcoming_sleep``) before it asks whether to stop
+        return state.idle_for + state.upcoming_sleep > total
+
+    # at most ``len(ladder) + 1`` attempts, and no wait past ``total``
 
     def is_retryable(exc: BaseException) -> bool:
         if not isinstance(exc, ProviderError) or not exc.retryable:
@@ -99,7 +114,7 @@ def retry_policy(
 
     return tenacity.AsyncRetrying(
         retry=tenacity.retry_if_exception(is_retryable),
-        stop=tenacity.stop_after_attempt(len(ladder) + 1),
+        stop=lambda state: state.attempt_number > len(ladder) or waited_enough(state),
         wait=wait,
         before_sleep=before_sleep if on_retry is not None else None,
         reraise=True,
