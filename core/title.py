@@ -31,6 +31,8 @@ MAX_TITLE_CHARS = 60
 MAX_TITLE_WORDS = 8
 FIRST_WORDS = 6
 """How many of the first message's words make a title taken from it (what TITLE_PROMPT asks the model for)."""
+FIRST_CHARS = 20
+"""How many characters of a first line without spaces make such a title."""
 TITLE_RETRY_DELAYS = (1.0, 3.0)
 
 
@@ -94,11 +96,16 @@ def clean_title(raw: str) -> str:
 
 
 def first_words(text: str) -> str:
-    """A title from the start of the user's message: its first line, cut to FIRST_WORDS words (marked, unless
-    they end a sentence)."""
-    words = next((ln.split() for ln in text.splitlines() if ln.strip()), [])
+    """A title from the start of the user's message: its first line without Markdown's emphasis and code marks,
+    cut to FIRST_WORDS words (marked, unless they end a sentence), or to FIRST_CHARS characters for a script
+    written without spaces (Chinese, Japanese)."""
+    line = next((ln for ln in text.splitlines() if ln.strip()), "")
+    words = line.replace("*", "").replace("`", "").split()
     kept = words[:FIRST_WORDS]
+    if len(kept) == 1 and len(kept[0]) > FIRST_CHARS:
+        return clean_title(kept[0][:FIRST_CHARS]) + "…"
     title = clean_title(" ".join(kept))
-    if len(words) > FIRST_WORDS and title and not kept[-1].endswith((".", "?", "!", "。", "？", "！", "…")):
+    if (len(words) > FIRST_WORDS and title and not title.endswith("…")
+            and not kept[-1].endswith((".", "?", "!", "。", "？", "！"))):
         title += "…"
     return title

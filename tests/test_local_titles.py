@@ -131,3 +131,8 @@ def test_a_title_from_the_first_words_of_the_first_line() -> None:
     assert core.title.first_words("What is the capital of France? I am going there") == "What is the capital of France?"
     assert core.title.first_words("") == ""  # a message that was only an attachment keeps the default title
     assert len(core.title.first_words("x" * 200)) <= 61
+    first = core.title.first_words
+    long_words = "Internationalization considerations regarding multilingual interfaces and translation workflows"
+    assert first(long_words) == "Internationalization considerations regarding multilingual…"  # one "…", not two
+    assert first("**Bold** question about `things` here and more") == "Bold question about things here and…"
+    assert first("今天天气很好，我们去公园散步吧。明天也去吗？") == "今天天气很好，我们去公园散步吧。明天也去…"
