@@ -108,6 +108,7 @@ from channels.common.errors import ChannelStartupError, PlatformError
 from channels.common.live_sink import LiveSettings
 from channels.common.open_approvals import RESTARTED, OpenApprovals, Record
 from channels.common.throttle import Scope, Throttle
+from channels.common.working_sign import WorkingSigns
 from channels.feishu import approvals, render
 from channels.feishu.api import FeishuApi
 from channels.feishu.context import FeishuContext
@@ -121,7 +122,6 @@ from channels.feishu.sink import (
     FeishuSink,
     PendingApproval,
     PendingApprovals,
-    WorkingSign,
 )
 from core.channel import ERROR, SinkError
 from core.envelope import InboundEnvelope, MediaItem, TurnTarget
@@ -342,7 +342,7 @@ class FeishuChannel:
         self._watch: asyncio.Task[None] | None = None
         self._open = OpenApprovals(host, self._open_records)
         self._downloads: aiohttp.ClientSession | None = None
-        self._signs: dict[str, WorkingSign] = {}
+        self._signs: WorkingSigns[FeishuOps] = WorkingSigns(host.spawn, lambda: WORKING_HANDOVER)
         """Working reactions shown while a message's files downloaded, by message, until a sink takes one."""
         self._pressing: set[str] = set()
         """The event ids of the presses being carried out here (a push of one again is answered ``RECEIVED``)."""
@@ -511,9 +511,8 @@ class FeishuChannel:
 
     async def open_sink(self, target: TurnTarget) -> FeishuSink:
         ops = FeishuOps(self, Destination.of(target))
-        sign = self._signs.pop(ops.dest.reply_to or "", None)
+        sign = self._signs.take(ops.dest.reply_to or "")
         if sign is not None:  # shown while the message's files downloaded: this turn's until its card shows
-            sign.taken.set()
             ops.adopt(sign)
         sink = FeishuSink(ops, self.renderer, self.calls, settings=self.live,
                           prompts=FeishuPrompts(self, target, ops), spawn=self.host.spawn)
@@ -530,41 +529,18 @@ class FeishuChannel:
         back without a trace. After the block the turn's sink takes it over (``open_sink``) and removes it once
         its card shows; one no sink took within ``WORKING_HANDOVER`` seconds is removed then."""
         dest = Destination.of(target)
-        if dest.reply_to is None or dest.reply_to in self._signs:
+        if dest.reply_to is None:
             yield
             return
-        key = dest.reply_to
-        sign = self._signs[key] = WorkingSign(FeishuOps(self, dest))
-        try:
-            self.host.spawn(f"feishu:working:{dest.chat_id}", self._keep_sign(key, sign))
-        except ShuttingDownError:  # no sign then; the downloads go on
-            del self._signs[key]
-        try:
-            yield
-        finally:
-            sign.over.set()
+        ops = FeishuOps(self, dest)
 
-    async def _keep_sign(self, key: str, sign: WorkingSign) -> None:
-        """Show ``sign``, then wait for a sink to take it over; remove it when none does in time, or when the
-        shutdown cancels the wait (nothing would remove it later)."""
-        ops = sign.ops
-        try:
-            try:
-                if not self.api.busy:
-                    await self.calls.call(ops.react, scopes=ops.scopes, paced=False, retry=False)
-            finally:
-                sign.landed.set()
-            await sign.over.wait()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(WORKING_HANDOVER):
-                    await sign.taken.wait()
-        finally:
-            if self._signs.get(key) is sign:
-                del self._signs[key]
-            if not sign.taken.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(WORKING_HANDOVER):
-                        await ops.drop_reaction()
+        async def show() -> None:
+            if not self.api.busy:
+                await self.calls.call(ops.react, scopes=ops.scopes, paced=False, retry=False)
+
+        async with self._signs.showing(dest.reply_to, ops, show=show, take_down=ops.drop_reaction,
+                                       name=f"feishu:working:{dest.chat_id}"):
+            yield
 
     def chat_scope(self, dest: Destination) -> Scope:
         """A chat's budget: one call per ``stream_interval``, the end of a turn one sooner."""

@@ -50,9 +50,9 @@ never posts twice. Where CardKit is refused, the working sign is a reaction on t
 the end).
 
 While a message's files download, before its turn's sink opens, the working sign is that reaction too
-(``WorkingSign``, ``FeishuChannel.working``): no card is opened for a turn that may still end there. The sink
-takes it over (``FeishuOps.adopt``): it is removed once the turn's card shows, or at the end where there is
-none.
+(``channels.common.working_sign``, ``FeishuChannel.working``): no card is opened for a turn that may still end
+there. The sink takes it over (``FeishuOps.adopt``): it is removed once the turn's card shows, or at the end
+where there is none.
 
 Approval requests are separate card messages (Feishu does not let a callback update a streaming card):
 ``FeishuPrompts`` posts them; the channel answers presses (``channels.feishu.channel``).
@@ -77,6 +77,7 @@ from channels.common.live_sink import LiveSink
 from channels.common.ops import Capabilities, NativeStream, TextChange
 from channels.common.status import status_lines
 from channels.common.throttle import Scope
+from channels.common.working_sign import WorkingSign
 from channels.feishu import approvals, render
 from channels.feishu.api import RATE_LIMITED, code_of
 from channels.feishu.context import FeishuContext
@@ -183,21 +184,6 @@ class CardState:
         return self.sequence, secrets.token_hex(12)
 
 
-class WorkingSign:
-    """The working reaction shown while a message's files download (``FeishuChannel.working``), until its turn's
-    sink takes it over or, when none does (the turn ended before it had one: the session moved, the bridge is
-    stopping), it is removed."""
-
-    def __init__(self, ops: FeishuOps) -> None:
-        self.ops = ops
-        self.landed = asyncio.Event()
-        """Its call was answered (or failed, or was never made): ``ops.reaction`` says what it shows."""
-        self.over = asyncio.Event()
-        """The downloads are over: a sink may take it over now."""
-        self.taken = asyncio.Event()
-        """A sink took it over: that sink removes it."""
-
-
 class FeishuOps:
     """``MessageOps`` for one destination."""
 
@@ -217,10 +203,10 @@ class FeishuOps:
         self.current: CardStream | None = None
         self.reaction: str | None = None
         self._reacted = False
-        self._earlier: WorkingSign | None = None
+        self._earlier: WorkingSign[FeishuOps] | None = None
         """The working sign shown for this turn before its sink opened, until the card or the end takes it."""
 
-    def adopt(self, sign: WorkingSign) -> None:
+    def adopt(self, sign: WorkingSign[FeishuOps]) -> None:
         """Take over the reaction ``sign`` shows, or is on its way to show: removed once this turn's card shows
         (``card_shown``), or at its end."""
         self._earlier = sign

@@ -87,6 +87,7 @@ from channels.common.live_sink import LiveSettings
 from channels.common.open_approvals import RESTARTED, OpenApprovals, Record
 from channels.common.splitter import split, utf16_len
 from channels.common.throttle import Throttle
+from channels.common.working_sign import WorkingSigns
 from channels.slack.approvals import (
     ACTION_ALLOW,
     ACTION_DENY,
@@ -104,7 +105,7 @@ from channels.slack.posting import FindablePost, carries_button, carries_key, ke
 from channels.slack.render import PART_LIMIT, SlackRenderer, message_args
 from channels.slack.sdk_log import LeftForRedelivery, sdk_logger
 from channels.slack.settings import EVENTS_PATH, SlackConfig
-from channels.slack.sink import Destination, PromptHandle, SlackOps, SlackPrompts, SlackSink, WorkingSign
+from channels.slack.sink import Destination, PromptHandle, SlackOps, SlackPrompts, SlackSink
 from core.agent.deciders import AllowEntries
 from core.channel import ERROR, SinkError
 from core.envelope import InboundEnvelope, MediaItem, ThreadRef, TurnTarget
@@ -227,7 +228,7 @@ class SlackChannel:
         """The workspace refused chat.startStream: stream by updates from now on."""
         self.status_refused = False
         """Slack refused assistant.threads.setStatus: show "thinking" as a reaction from now on."""
-        self._signs: dict[str, WorkingSign] = {}
+        self._signs: WorkingSigns[SlackOps] = WorkingSigns(host.spawn, lambda: self.settings.working_handover)
         """Thinking indicators shown while a message's files downloaded, by message, until a sink takes one."""
         self.prompts_by_call: OrderedDict[ApprovalAction, PromptHandle] = OrderedDict()
         self.handler: AsyncSocketModeHandler | None = None
@@ -266,9 +267,8 @@ class SlackChannel:
         native = (self.settings.stream_transport != "update" and not self.stream_refused
                   and dest.thread_ts is not None)
         ops = SlackOps(self, dest, native=native)
-        sign = self._signs.pop(_message_key(dest), None)
+        sign = self._signs.take(_message_key(dest))
         if sign is not None:  # shown while the message's files downloaded: this turn's indicator from now on
-            sign.taken.set()
             ops.adopt(sign)
         sink = SlackSink(ops, self.renderer, self.calls, settings=self.live,
                          prompts=SlackPrompts(self, target, dest), spawn=self.host.spawn)
@@ -285,40 +285,18 @@ class SlackChannel:
         budget (no room: none), not waited for. After the block the turn's sink takes it over (``open_sink``),
         clearing it at the turn's end; one no sink took within ``working_handover`` is cleared then."""
         dest = self._destination(target)
-        sign = WorkingSign(SlackOps(self, dest, native=False))
-        key = _message_key(dest)
-        self._signs[key] = sign
-        try:
-            self.host.spawn(f"slack:working:{dest.channel}", self._keep_sign(key, sign))
-        except ShuttingDownError:  # no sign then; the downloads go on
-            del self._signs[key]
-        try:
-            yield
-        finally:
-            sign.over.set()
+        ops = SlackOps(self, dest, native=False)
 
-    async def _keep_sign(self, key: str, sign: WorkingSign) -> None:
-        """Show ``sign``, then wait for a sink to take it over; clear it when none does in time, or when the
-        shutdown cancels the wait (nothing would clear it later)."""
-        ops = sign.ops
-        try:
-            try:
-                await self.calls.call(ops.typing, scopes=ops.scopes, paced=False, retry=False)
-            except PlatformError as exc:
-                log.info("no thinking indicator while a message's files download: %s", exc)
-            finally:
-                sign.landed.set()
-            await sign.over.wait()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.working_handover):
-                    await sign.taken.wait()
-        finally:
-            if self._signs.get(key) is sign:
-                del self._signs[key]
-            if not sign.taken.is_set() and ops.thinking is not None:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.settings.working_handover):
-                        await ops.clear_thinking()
+        async def show() -> None:
+            await self.calls.call(ops.typing, scopes=ops.scopes, paced=False, retry=False)
+
+        async def take_down() -> None:
+            if ops.thinking is not None:
+                await ops.clear_thinking()
+
+        async with self._signs.showing(_message_key(dest), ops, show=show, take_down=take_down,
+                                       name=f"slack:working:{dest.channel}"):
+            yield
 
     async def send_plain(self, target: TurnTarget, text: str) -> None:
         """One ordinary message (split if long, Markdown rendered, plain mrkdwn if the block is refused). Each

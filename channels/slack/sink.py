@@ -25,9 +25,9 @@ the user's message; either is cleared when the turn ends. Both methods have tigh
 whole workspace, so an indicator is shown only when the workspace's thinking budget has room at that moment
 (``SlackApi.thinking_scope``) and its method is not paused by a 429; otherwise the turn goes without one.
 
-The same indicator shows while a message's files download, before its turn's sink opens (``WorkingSign``,
-``SlackChannel.working``). The sink takes it over (``SlackOps.adopt``) instead of showing a second one: one
-slot of the thinking budget and one call to clear it, as for any turn.
+The same indicator shows while a message's files download, before its turn's sink opens
+(``channels.common.working_sign``, ``SlackChannel.working``). The sink takes it over (``SlackOps.adopt``)
+instead of showing a second one: one slot of the thinking budget and one call to clear it, as for any turn.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from channels.common.ledger import Part
 from channels.common.live_sink import LiveSink
 from channels.common.ops import Capabilities, NativeStream, TextChange
 from channels.common.throttle import Scope
+from channels.common.working_sign import WorkingSign
 from channels.slack.approvals import ApprovalAction, Outcome, approval_blocks, approval_text, decided_blocks
 from channels.slack.client import STREAM_ENDED, STREAM_REFUSED, error_code
 from channels.slack.context import SlackContext
@@ -79,21 +80,6 @@ class Destination:
         return cls(target.chat_id, thread, ctx)
 
 
-class WorkingSign:
-    """The thinking indicator shown while a message's files download (``SlackChannel.working``), until its turn's
-    sink takes it over or, when none does (the turn ended before it had one: the session moved, the bridge is
-    stopping), it is cleared."""
-
-    def __init__(self, ops: SlackOps) -> None:
-        self.ops = ops
-        self.landed = asyncio.Event()
-        """Its call was answered (or failed, or was never made): ``ops.thinking`` says what it shows."""
-        self.over = asyncio.Event()
-        """The downloads are over: a sink may take it over now."""
-        self.taken = asyncio.Event()
-        """A sink took it over: that sink clears it."""
-
-
 def _defused(text: str) -> str:
     # model text in a stream must not ping anyone: break Slack's special sequences
     return text.replace("<!", "<\u200b!").replace("<@", "<\u200b@").replace("<#", "<\u200b#")
@@ -115,7 +101,7 @@ class SlackOps:
         self.scopes: tuple[Scope, ...] = self._api.scopes(dest.channel)
         self._posts: dict[str, FindablePost] = {}
         """Posts not answered yet, by key."""
-        self._earlier: WorkingSign | None = None
+        self._earlier: WorkingSign[SlackOps] | None = None
         """The working sign shown for this turn before its sink opened, until ``typing`` or the end takes it."""
 
     @property
@@ -127,7 +113,7 @@ class SlackOps:
         """"status" or "reaction" while this shows a thinking indicator."""
         return self._thinking
 
-    def adopt(self, sign: WorkingSign) -> None:
+    def adopt(self, sign: WorkingSign[SlackOps]) -> None:
         """Take over the indicator ``sign`` shows, or is on its way to show: this turn shows no second one (its
         budget slot is spent already) and clears that one at its end."""
         self._earlier = sign
