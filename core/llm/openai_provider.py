@@ -1,9 +1,10 @@
 """OpenAI-compatible Chat Completions provider, through the official ``openai`` SDK.
 
-One ``stream`` call is one HTTP request (two when the model refuses ``max_tokens``: ``OpenAIProvider.stream``).
-The SDK's own retries are disabled: retries are ``core.llm.retry``'s business; the stream's silence is bounded
-once, by ``core.llm.silence``, for every caller. Wire chunks become ``ProviderEvent``s; every failure becomes a
-``ProviderError`` whose ``detail`` has the API key removed.
+One ``stream`` call is one ``chat.completions.create(stream=True)`` request through the SDK's typed API (two
+when the model refuses ``max_tokens``: ``OpenAIProvider.stream``). The SDK's own retries are disabled: retries are
+``core.llm.retry``'s business; the stream's silence is bounded once, by ``core.llm.silence``, for every caller.
+The SDK's ``ChatCompletionChunk``s become ``ProviderEvent``s; every failure becomes a ``ProviderError`` whose
+``detail`` has the API key removed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -20,6 +21,7 @@ import httpx2
 import openai
 import pydantic
 from openai.types.chat import (
+    ChatCompletionChunk,
     ChatCompletionMessageParam,
     ChatCompletionToolUnionParam,
 )
@@ -50,7 +52,8 @@ _CONTEXT_OVERFLOW_MARKERS = (
     "prompt is too long",
 )
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
-_REASONING_KEYS = frozenset(_REASONING_FIELDS)
+"""The delta's reasoning as DeepSeek and vLLM (``reasoning_content``) or OpenRouter and Ollama (``reasoning``) send
+it: no field of the SDK's ``ChoiceDelta``, so it is among the fields the SDK keeps as sent (``model_extra``)."""
 
 log = logging.getLogger(__name__)
 
@@ -124,16 +127,13 @@ class OpenAIProvider:
         if request.temperature is not None:
             body["temperature"] = request.temperature
         state = _StreamState()
-        chunks: openai.AsyncStream[Any] | None = None
+        chunks: openai.AsyncStream[ChatCompletionChunk] | None = None
         try:
-            # The wire-shaped body goes through the SDK's generic ``post`` rather than
-            # ``chat.completions.create``: ``create`` re-walks every message against its TypedDicts on
-            # each call, which costs tens of milliseconds once a conversation is long (measured by
-            # tests/bench/core_overhead.py). Transport, errors and SSE parsing are still the SDK's.
-            # Chunks stay plain JSON (cast_to=object): building the SDK's pydantic chunk models was
-            # the largest CPU cost per turn, and we map the wire fields directly.
+            # The SDK's typed call: it checks the body against its TypedDicts, and parses each SSE line into
+            # its ``ChatCompletionChunk`` model, which ``_StreamState.feed`` reads (what that costs a turn is
+            # the SDK's own work: tests/bench/core_overhead.py, README "Benchmarks").
             try:
-                chunks = await self._post(body)
+                chunks = await self._client.chat.completions.create(**body)
             except openai.BadRequestError as exc:
                 if "max_tokens" not in body or not _refuses_max_tokens(exc):
                     raise
@@ -142,7 +142,7 @@ class OpenAIProvider:
                     log.info("model %s refuses max_tokens: its output limit goes as max_completion_tokens from "
                              "now on", model)
                 body["max_completion_tokens"] = body.pop("max_tokens")
-                chunks = await self._post(body)
+                chunks = await self._client.chat.completions.create(**body)
             async for chunk in chunks:
                 try:
                     events = state.feed(chunk)
@@ -169,15 +169,6 @@ class OpenAIProvider:
         finally:
             if chunks is not None:
                 await chunks.close()
-
-    async def _post(self, body: CompletionCreateParamsStreaming) -> openai.AsyncStream[object]:
-        return await self._client.post(
-            "/chat/completions",
-            body=body,
-            cast_to=object,
-            stream=True,
-            stream_cls=openai.AsyncStream[object],
-        )
 
     # ---- errors ----------------------------------------------------------------------------------
 
@@ -251,8 +242,6 @@ class OpenAIProvider:
         return None
 
 
-
-
 # ---- chunk assembly ------------------------------------------------------------------------------
 
 
@@ -295,54 +284,60 @@ class _StreamState:
         self.opened += 1
         return self.opened - 1
 
-    def feed(self, chunk: Any) -> list[ProviderEvent]:
-        """Map one wire chunk (the JSON object of a ``data:`` line) to events (a list, not a generator: this
-        runs for every streamed token). A chunk of the wrong shape raises AttributeError/TypeError/ValueError,
-        which the caller reports as MALFORMED."""
+    def feed(self, chunk: ChatCompletionChunk) -> list[ProviderEvent]:
+        """Map one of the SDK's chunks to events (a list, not a generator: this runs for every streamed token).
+
+        The SDK builds its models without validating them: a field the server left out is None (a tool-call
+        fragment without ``index``, as Gemini's endpoint sends it), a value of another type than the model's is
+        kept as sent (``content`` as a list of typed chunks), and fields the model does not know are kept too
+        (``model_extra``: the reasoning of DeepSeek, vLLM, OpenRouter). A chunk of the wrong shape raises
+        AttributeError/TypeError/ValueError, which the caller reports as MALFORMED; a chunk carrying an
+        ``error`` never gets here (the SDK raises it as an ``APIError``)."""
         events: list[ProviderEvent] = []
-        usage = chunk.get("usage")
-        if usage:
+        usage = chunk.usage
+        if usage is not None and (usage.prompt_tokens is not None or usage.completion_tokens is not None):
             # some servers repeat (cumulative) usage on several chunks: keep the last, report once at the end
-            self.usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) not in (0, None):
+            self.usage = Usage(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
+        for choice in chunk.choices or ():
+            delta = choice.delta  # read first: a choice that is no object fails here, as MALFORMED
+            if choice.index not in (0, None):
                 continue  # we never ask for n > 1
-            delta = choice.get("delta")
-            if delta:
-                if not _REASONING_KEYS.isdisjoint(delta):  # most deltas have none
-                    reasoning = _reasoning_text(delta)
+            if delta is not None:
+                extra = delta.model_extra
+                if extra:  # most deltas have no field the SDK does not know
+                    reasoning = _reasoning_text(extra)
                     if reasoning:
                         events.append(ReasoningDelta(reasoning))
-                content = delta.get("content")
+                content: object = delta.content
                 if content:
                     if isinstance(content, str):
                         events.append(TextDelta(content))
                     else:
-                        events += _typed_chunks(content)
-                refusal = delta.get("refusal")
+                        events += _typed_chunks(cast("Iterable[Any]", content))
+                refusal = delta.refusal
                 if refusal:
                     events.append(TextDelta(str(refusal)))
-                tool_calls = delta.get("tool_calls")
+                tool_calls = delta.tool_calls
                 if tool_calls:  # tested first: an ``enumerate`` on every token costs as much as the lookups
                     for position, call in enumerate(tool_calls):
-                        index = call.get("index")
-                        call_id = call.get("id") or None
-                        function = call.get("function") or {}
+                        index = call.index
+                        call_id = call.id or None
+                        function = call.function
                         events.append(ToolCallDelta(
                             index=self._call_index(-1 - position if index is None else int(index), call_id),
                             id=call_id,
-                            name=function.get("name") or None,
-                            arguments=function.get("arguments") or "",
+                            name=(function.name or None) if function is not None else None,
+                            arguments=(function.arguments or "") if function is not None else "",
                         ))
-            if choice.get("finish_reason"):
-                self.finish_reason = str(choice["finish_reason"])
+            if choice.finish_reason:
+                self.finish_reason = str(choice.finish_reason)
         return events
 
 
-def _typed_chunks(content: Any) -> list[ProviderEvent]:
-    """A delta's ``content`` given as a list of typed chunks (Mistral's reasoning models): ``text`` chunks are
-    the answer, ``thinking`` chunks (a list of ``text`` chunks, or a string) the reasoning; other kinds (a
-    reference, an image) have no text to show."""
+def _typed_chunks(content: Iterable[Any]) -> list[ProviderEvent]:
+    """A delta's ``content`` given as a list of typed chunks (Mistral's reasoning models; the SDK keeps it as the
+    server sent it, JSON objects): ``text`` chunks are the answer, ``thinking`` chunks (a list of ``text``
+    chunks, or a string) the reasoning; other kinds (a reference, an image) have no text to show."""
     events: list[ProviderEvent] = []
     for chunk in content:
         kind = chunk.get("type")
@@ -357,9 +352,9 @@ def _typed_chunks(content: Any) -> list[ProviderEvent]:
     return events
 
 
-def _reasoning_text(delta: Mapping[str, Any]) -> str:
+def _reasoning_text(extra: Mapping[str, Any]) -> str:
     for name in _REASONING_FIELDS:
-        value = delta.get(name)
+        value = extra.get(name)
         if isinstance(value, str) and value:
             return value
     return ""

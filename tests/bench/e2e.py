@@ -590,13 +590,10 @@ class Minimal:
     async def stream(self, text: str, scopes: tuple[Any, ...], send: Callable[[str], Awaitable[None]]) -> None:
         """Stream the model's answer to ``text``; whenever the throttle gives ``scopes`` a slot, ``send`` the
         newest text if it changed (as the live sink pulls the newest snapshot when its slot comes)."""
-        import openai
-
         from channels.common.throttle import ending
 
-        body = {"model": "bench", "messages": [{"role": "user", "content": text}], "stream": True}
-        chunks = await self.llm.post("/chat/completions", body=body, cast_to=object, stream=True,
-                                     stream_cls=openai.AsyncStream[object])
+        chunks = await self.llm.chat.completions.create(model="bench", messages=[{"role": "user", "content": text}],
+                                                        stream=True)
         parts: list[str] = []
         shown = ""
         sending = False
@@ -614,8 +611,8 @@ class Minimal:
 
         flushing: asyncio.Future[None] | None = None
         async for chunk in chunks:
-            for choice in chunk.get("choices") or ():  # type: ignore[attr-defined]
-                content = (choice.get("delta") or {}).get("content")
+            for choice in chunk.choices:
+                content = choice.delta.content
                 if content:
                     parts.append(content)
             if parts and (flushing is None or flushing.done()) and (shown or sum(map(len, parts)) >= self.gate):

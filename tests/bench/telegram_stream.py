@@ -195,9 +195,8 @@ class Bench:
         tasks: set[asyncio.Task[None]] = set()
 
         async def answer(chat: int, text: str) -> None:
-            body = {"model": "bench", "messages": [{"role": "user", "content": text}], "stream": True}
-            chunks = await client.post("/chat/completions", body=body, cast_to=object, stream=True,
-                                       stream_cls=openai.AsyncStream[object])
+            chunks = await client.chat.completions.create(
+                model="bench", messages=[{"role": "user", "content": text}], stream=True)
             parts: list[str] = []
             shown: list[tuple[int, str]] = []
             last = 0.0
@@ -214,8 +213,8 @@ class Bench:
                         shown[i] = (shown[i][0], piece)
 
             async for chunk in chunks:
-                for choice in chunk.get("choices") or ():  # type: ignore[attr-defined]
-                    content = (choice.get("delta") or {}).get("content")
+                for choice in chunk.choices:
+                    content = choice.delta.content
                     if content:
                         parts.append(content)
                 if parts and time.monotonic() - last >= 1.0:

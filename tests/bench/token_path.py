@@ -3,7 +3,8 @@
 A turn's reply streams through the OpenAI provider (its chunk mapping), the silence bound, the agent loop's
 assembler, the merge queue and the turn controller before any channel sees it. This runs that path as a
 turn runs it — ``AgentLoop.run`` with the real ``OpenAIProvider``, whose HTTP client is replaced by a source
-of wire-shaped chunks that suspends once a chunk, as a socket read does — against the same source read by
+of the SDK's typed chunks (built once, before the clock starts: building them is the SDK's work, measured by
+``tests.bench.core_overhead``) that suspends once a chunk, as a socket read does — against the same source read by
 the e2e benchmark's floor (``tests/bench/e2e.py``: look up the content, keep it) and by a bare loop. Each
 pipeline runs ``--turns`` turns of ``--chunks`` chunks, ``--at-once`` of them streaming at the same time (a
 thousand, as the e2e benchmark at 1,000 chats), the three alternating; the best of ``--repeats`` rounds is
@@ -22,7 +23,10 @@ import argparse
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
+from types import SimpleNamespace
 from typing import Any
+
+from openai.types.chat import ChatCompletionChunk
 
 from bridge.gc_tuning import tune_gc
 from core.agent.approvals import ApprovalBroker
@@ -46,16 +50,16 @@ def wire_chunks(count: int) -> list[dict[str, Any]]:
 
 
 class Source:
-    """The SDK's stream as the provider sees it: an async iterator of decoded chunks with ``close``; each chunk
+    """The SDK's stream as the provider sees it: an async iterator of typed chunks with ``close``; each chunk
     waits for one turn of the event loop first, as a chunk read from a socket does."""
 
-    def __init__(self, chunks: list[dict[str, Any]]) -> None:
+    def __init__(self, chunks: list[ChatCompletionChunk]) -> None:
         self._chunks = chunks
 
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+    def __aiter__(self) -> AsyncIterator[ChatCompletionChunk]:
         return self._read()
 
-    async def _read(self) -> AsyncIterator[dict[str, Any]]:
+    async def _read(self) -> AsyncIterator[ChatCompletionChunk]:
         loop = asyncio.get_running_loop()
         for chunk in self._chunks:
             arrived = loop.create_future()
@@ -67,48 +71,55 @@ class Source:
         return None
 
 
-class SourceClient:
-    """Stands in for the provider's ``openai.AsyncOpenAI``: its one call, ``post``, returns a ``Source``."""
+class Completions:
+    """``chat.completions`` of the stand-in client: ``create`` returns a ``Source``."""
 
-    def __init__(self, chunks: list[dict[str, Any]]) -> None:
+    def __init__(self, chunks: list[ChatCompletionChunk]) -> None:
         self._chunks = chunks
 
-    async def post(self, path: str, **options: Any) -> Source:
+    async def create(self, **params: Any) -> Source:
         return Source(self._chunks)
+
+
+class SourceClient:
+    """Stands in for the provider's ``openai.AsyncOpenAI``: its one call, ``chat.completions.create``."""
+
+    def __init__(self, chunks: list[ChatCompletionChunk]) -> None:
+        self.chat = SimpleNamespace(completions=Completions(chunks))
 
     async def close(self) -> None:
         return None
 
 
-async def bare(chunks: list[dict[str, Any]]) -> None:
+async def bare(chunks: list[ChatCompletionChunk]) -> None:
     async for _ in Source(chunks):
         pass
 
 
-async def floor(chunks: list[dict[str, Any]]) -> None:
+async def floor(chunks: list[ChatCompletionChunk]) -> None:
     parts: list[str] = []
     async for chunk in Source(chunks):
-        for choice in chunk.get("choices") or ():
-            content = (choice.get("delta") or {}).get("content")
+        for choice in chunk.choices:
+            content = choice.delta.content
             if content:
                 parts.append(content)
     assert parts
 
 
-def product_turn(provider: OpenAIProvider, supervisor: TaskSupervisor) -> Callable[[list[dict[str, Any]]],
-                                                                                     Coroutine[Any, Any, None]]:
+def product_turn(provider: OpenAIProvider, supervisor: TaskSupervisor, expected: str
+                 ) -> Callable[[list[ChatCompletionChunk]], Coroutine[Any, Any, None]]:
     settings = CoreSettings(titles=False)
     tools = ToolRegistry()
     broker = ApprovalBroker()
     base = (LLMMessage("system", settings.system_prompt), LLMMessage("user", "Hello"))
 
-    async def turn(chunks: list[dict[str, Any]]) -> None:
+    async def turn(chunks: list[ChatCompletionChunk]) -> None:
         controller = TurnController("turn", "bench:1")
         loop = AgentLoop(provider=provider, tools=tools, broker=broker, settings=settings,
                          session_key="bench:1", turn_id="turn", requested_by="user", emit=controller.apply,
                          spawn=supervisor.spawn)
         await loop.run(base)
-        if controller.text != reply_text(chunks):
+        if controller.text != expected:
             raise AssertionError(f"the turn shows {controller.text[:60]!r}..., not the whole reply")
 
     return turn
@@ -120,14 +131,15 @@ def reply_text(chunks: list[dict[str, Any]]) -> str:
 
 async def measure(args: argparse.Namespace) -> dict[str, float]:
     """Best CPU seconds a turn of each pipeline (printed too)."""
-    chunks = wire_chunks(args.chunks)
+    wire = wire_chunks(args.chunks)
+    chunks = [ChatCompletionChunk.construct(**c) for c in wire]  # as the SDK builds them from the stream
     at_once = min(args.at_once, args.turns)
     batches = args.turns // at_once
     provider = OpenAIProvider(model="bench", base_url="http://127.0.0.1:9/v1", api_key="bench")
     await provider.aclose()  # its real client is never used: the chunks come from ``SourceClient``
     provider._client = SourceClient(chunks)  # type: ignore[assignment]
     supervisor = TaskSupervisor("bench")
-    pipelines = {"bare loop": bare, "floor": floor, "core": product_turn(provider, supervisor)}
+    pipelines = {"bare loop": bare, "floor": floor, "core": product_turn(provider, supervisor, reply_text(wire))}
     tune_gc()  # as chatbridge run does once it is up
     best = {name: float("inf") for name in pipelines}
     for _ in range(args.repeats):
