@@ -16,14 +16,12 @@ import importlib.util
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from channels.web.factory import build
 from core.llm.local_provider import LocalProvider, bundled_model_path
 from core.runtime import ChatCore
 from core.settings import CoreSettings
 from core.sqlite_store import SqliteStore
-from tests.browser.server import open_stream
+from tests.browser.server import open_stream, serve_web_chat
 
 MODEL = bundled_model_path()
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None or MODEL is None,
@@ -37,15 +35,8 @@ async def test_a_chinese_chat_on_the_local_model_is_answered_after_it_outgrows_t
     provider = LocalProvider(MODEL, n_ctx=1024, seed=1)
     core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), provider=provider,
                     settings=CoreSettings(max_output_tokens=4, titles=False, context_window=1024))
-    app = web.Application()
-    channel = build(core.host_for("web"), app)
-    core.add_channel(channel)
-    await core.start()
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await channel.start()
+    chat = await serve_web_chat(core)
+    base = chat.base_url
     ends: list[str] = []
     try:
         async with aiohttp.ClientSession() as http:
@@ -63,9 +54,6 @@ async def test_a_chinese_chat_on_the_local_model_is_answered_after_it_outgrows_t
                 history = (await resp.json())["messages"]
             sse.resp.close()
     finally:
-        await channel.stop()
-        await core.shutdown()
-        await channel.close()
-        await runner.cleanup()
+        await chat.close()
     assert ends == ["completed"] * 5
     assert not any("no longer fits" in m["content"] for m in history)

@@ -15,16 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 import core.title
-from channels.web.factory import build
 from core.llm.local_provider import LocalProvider
 from core.runtime import ChatCore
 from core.settings import CoreSettings
 from core.sqlite_store import SqliteStore
 from core.title import TITLE_PROMPT
-from tests.browser.server import SSEClient, open_stream
+from tests.browser.server import SSEClient, open_stream, serve_web_chat
 
 
 class ScriptedModel:
@@ -74,15 +72,8 @@ async def test_a_title_does_not_make_the_next_message_wait_for_the_local_model(t
     model = ScriptedModel(asyncio.get_running_loop())
     core = ChatCore(store=SqliteStore(tmp_path / "db.sqlite"), provider=ScriptedProvider(model),
                     settings=CoreSettings(titles=True, context_window=1024))
-    app = web.Application()
-    channel = build(core.host_for("web"), app)
-    core.add_channel(channel)
-    await core.start()
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await channel.start()
+    chat = await serve_web_chat(core)
+    base = chat.base_url
     try:
         async with aiohttp.ClientSession() as http:
             a, b = await open_stream(http, base, "a"), await open_stream(http, base, "b")
@@ -117,10 +108,7 @@ async def test_a_title_does_not_make_the_next_message_wait_for_the_local_model(t
             b.resp.close()
     finally:
         model.release.set()
-        await channel.stop()
-        await core.shutdown()
-        await channel.close()
-        await runner.cleanup()
+        await chat.close()
 
 
 def test_a_title_from_the_first_words_of_the_first_line() -> None:

@@ -3,7 +3,7 @@
 Only ``ProviderError``s with ``retryable`` set are retried (timeout, transient, rate limit, malformed);
 auth, quota, bad request and context overflow fail at once. So does a rate limit whose ``retry-after`` is
 longer than the bridge will wait (``MAX_RETRY_AFTER``, or the ladder's longest step if that is longer): a turn
-that sleeps through it shows only its placeholder and keeps the session busy the whole time, and every later
+that sleeps through it shows only its "…" and keeps the session busy the whole time, and every later
 message queues behind it; failing says so now, and when to try again. Usage::
 
     async for attempt in retry_policy(settings.retry_delays, on_retry=log_retry):
@@ -45,7 +45,7 @@ MAX_RETRY_AFTER = 60.0
 """The longest ``retry-after`` waited out (unless the ladder has a longer step). A minute covers the
 per-minute windows providers limit requests and tokens by, and is as long as a chat already waits for a
 model's first token (``DEFAULT_REQUEST_TIMEOUT``); a longer one (an hourly or daily limit) would leave the chat
-showing nothing but its placeholder for that long."""
+showing nothing but its "…" for that long."""
 
 
 def wait_bound(ladder: Sequence[float]) -> float:
@@ -57,7 +57,7 @@ def wait_bound(ladder: Sequence[float]) -> float:
 def total_bound(ladder: Sequence[float]) -> float:
     """The most a policy with this ladder waits in all, retry-afters included: the ladder's own waits (a
     minute by default), or ``MAX_RETRY_AFTER`` if that is longer. A provider asking for a minute before every
-    attempt would otherwise hold the chat on its placeholder for five."""
+    attempt would otherwise hold the chat on its "…" for five."""
     return max(MAX_RETRY_AFTER, sum(ladder))
 
 

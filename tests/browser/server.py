@@ -79,20 +79,24 @@ async def start_web_chat(tmp_path: Path, fake: FakeOpenAI, *, auth_token: str = 
                               request_timeout=s.request_timeout)
     core = ChatCore(store=store or SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools,
                     media_dir=tmp_path / "media", bus=bus)
-    app = web.Application()
     if access is None:
         access = WebAccess(auth_token=auth_token)
-    channel = build(core.host_for("web"), app, access=access, hub=hub, update_interval=update_interval,
-                    reap_interval=reap_interval)
+    return await serve_web_chat(core, access=access, hub=hub, update_interval=update_interval,
+                                reap_interval=reap_interval)
+
+
+async def serve_web_chat(core: ChatCore, **channel_options: Any) -> WebChat:
+    """``core``'s web chat served on 127.0.0.1 (an ephemeral port), the core started; ``channel_options`` go to
+    the channel's ``build``."""
+    app = web.Application()
+    channel = build(core.host_for("web"), app, **channel_options)
     core.add_channel(channel)
     await core.start()
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
     await channel.start()
-    return WebChat(core, channel, runner, f"http://127.0.0.1:{port}")
+    return WebChat(core, channel, runner, f"http://127.0.0.1:{runner.addresses[0][1]}")
 
 
 @dataclass
