@@ -335,6 +335,9 @@ class SlackSink(LiveSink):
             # cut off before the end of its turn: it will not say how its requests ended (a press on one does)
             if isinstance(self.prompts, SlackPrompts):
                 self.prompts.release()
+        # nor will its end take the indicator down: that is done here (a failure is logged, never raised)
+        if self._spawn("slack:clear-thinking", self.slack_ops.clear_thinking()) is None:  # shutting down: now
+            await self.slack_ops.clear_thinking()
 
 
 @dataclass(slots=True)
