@@ -792,7 +792,7 @@ class MinimalFeishu(Minimal):
                         async with in_flight:
                             resp = await request()
                     except (httpx.ConnectError, httpx.ConnectTimeout):
-                        continue  # never reached the fake (its accept queue overflowed under the burst): again
+                        continue  # the request was never sent (connects timed out in the 1,000-chat burst): again
                     finally:
                         if next(requests) % COLLECT_EVERY == 0:
                             gc.collect(1)
