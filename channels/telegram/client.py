@@ -10,7 +10,12 @@ outcome is unknown repeated at most once (the Bot API has no idempotency key).
 New messages go out on a connection pool of their own (``sender``): the bot's budget counts them where
 Telegram receives them, so a send must leave at the slot it booked. On the pool every other call uses, a
 send whose slot has come would wait behind edits booked after it whenever that pool is full (a thousand
-chats streaming at once), and sends held back that way arrive together, past the budget. The bot token, which is
+chats streaming at once), and sends held back that way arrive together, past the budget. Even on their own
+pool, sends that left at the pace reached Telegram up to a second apart from when they left while the
+bridge's event loop was busy (aiogram building the request, the connection), and bunched past 30 in a second:
+a new message also passes an ``ArrivalBudget`` of 30 a second (``BOT_SEND_LIMIT``), which keeps every second
+within it however they bunch (``channels.common.arrivals``; within 30 in every second is within the bucket of
+30 refilled at 30 a second that a burst-tolerant count would be). The bot token, which is
 part of every Bot API URL, is scrubbed from every error text before it can reach a log or an exception. An
 answer aiogram cannot read is reported by what went wrong, never by its content (users' messages); a
 ``getUpdates`` answer aiogram refuses for one update is read update by update (``channels.telegram.updates``).
@@ -31,6 +36,7 @@ session, ``TelegramChannel.remember_move``), and ``moved`` is filled at start fr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
@@ -54,6 +60,7 @@ from aiogram.exceptions import (
 from aiogram.methods import GetUpdates, Response, SendMessage, TelegramMethod
 from aiogram.methods.base import TelegramType
 
+from channels.common.arrivals import ArrivalBudget
 from channels.common.calls import Calls
 from channels.common.errors import PlatformError
 from channels.common.throttle import Scope
@@ -116,6 +123,8 @@ def _maybe_taken(exc: Exception) -> bool:
     return isinstance(exc, (ClientDecodeError, TelegramServerError))  # from a session of another kind
 
 
+BOT_SEND_LIMIT = 30
+"""New messages Telegram takes from a bot in a second over all chats (its Bots FAQ: "about 30")."""
 CHAT_BURST = 2
 """Calls a chat takes at once: Telegram allows short bursts over its one message a second in a chat, and the end
 of a turn uses one call of it (``throttle.ending``), so the whole reply shows without waiting for the next slot."""
@@ -130,6 +139,8 @@ class TelegramClient:
         self.chat_interval = chat_interval
         self.sends = Scope("bot:sends", 1.0 / bot_sends_per_second)
         """The bot's budget of new messages, shared by every chat."""
+        self.arrivals = ArrivalBudget(BOT_SEND_LIMIT)
+        """The same budget where Telegram counts it: new messages in flight or answered within the last second."""
         self.moved: dict[int, int] = {}
         """Groups upgraded to supergroups: the old chat id, the new one."""
         self.on_move: Callable[[int, int], Awaitable[None]] | None = None
@@ -197,7 +208,8 @@ class TelegramClient:
         if type(method) not in self._answer_models:
             self._answer_models[type(method)] = Response[method.__returning__]  # type: ignore[name-defined]
         try:
-            return await bot(method, request_timeout=request_timeout)
+            async with self.arrivals.slot() if bot is self.sender else contextlib.nullcontext():
+                return await bot(method, request_timeout=request_timeout)
         except TelegramRetryAfter as exc:
             raise PlatformError(f"{name}: 429 retry after {exc.retry_after}s", kind="rate_limited",
                                 retry_after=float(exc.retry_after)) from None
