@@ -641,21 +641,26 @@ class MinimalTelegram(Minimal):
         from aiogram.exceptions import TelegramRetryAfter
         from aiogram.methods import EditMessageText, GetUpdates, SendMessage
 
+        from channels.common.arrivals import ArrivalBudget
         from channels.common.throttle import Scope
         from channels.telegram.channel import BOT_SENDS_PER_SECOND
-        from channels.telegram.client import CHAT_BURST
+        from channels.telegram.client import BOT_SEND_LIMIT, CHAT_BURST
         from channels.telegram.factory import make_bot
 
         bot = make_bot(self.fake["token"], self.fake["url"])
         sender = make_bot(self.fake["token"], self.fake["url"])  # new messages on connections of their own
         bot_sends = (Scope("bot:sends", 1 / BOT_SENDS_PER_SECOND),)  # the channel's pace
+        arrivals = ArrivalBudget(BOT_SEND_LIMIT)  # and never more than 30 reaching Telegram in a second, as the channel
 
         async def call(chat: int, method: Any) -> Any:
             send = isinstance(method, SendMessage)
             scope = (Scope(f"chat:{chat}", 1.0, CHAT_BURST),)
             for _ in range(20):
                 try:
-                    return await (sender if send else bot)(method)
+                    if not send:
+                        return await bot(method)
+                    async with arrivals.slot():
+                        return await sender(method)
                 except TelegramRetryAfter as exc:
                     self.throttle.pause(scope[0].key, exc.retry_after)
                 await self.throttle.reserve(scope + bot_sends if send else scope)  # a retry takes a slot too
