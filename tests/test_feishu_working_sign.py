@@ -37,6 +37,15 @@ def reactions(msg: Message) -> list[str]:
     return list(msg.reactions.values())
 
 
+async def image_downloading(t: FeishuHarness, fake: FakeFeishu) -> Message:
+    """A p2p image message, pushed; returned once the working reaction shows on it and its download is in
+    flight (``message_resource.get`` held by the test)."""
+    msg = image_message(fake)
+    await push(t, msg)
+    await t.wait_for(lambda: reactions(msg) == WORKING and fake.in_flight == 1)
+    return msg
+
+
 async def test_the_working_reaction_shows_while_an_image_downloads_and_goes_when_the_card_shows(
         feishu_bridge, fake_openai, fake_feishu):
     held = fake_feishu.hold("message_resource.get")
@@ -44,9 +53,7 @@ async def test_the_working_reaction_shows_while_an_image_downloads_and_goes_when
     fake_openai.script(Text("a red square", hold=answer, hold_after=0))
     t = await feishu_bridge()
     try:
-        msg = image_message(fake_feishu)
-        await push(t, msg)
-        await t.wait_for(lambda: reactions(msg) == WORKING and fake_feishu.in_flight == 1)  # the download held
+        msg = await image_downloading(t, fake_feishu)
         assert fake_openai.requests == [] and t.texts(P2P) == []  # still downloading
         held.set()
         # the model is asked and holds its answer: the turn's card ("…") is its sign now, the reaction went
@@ -67,9 +74,7 @@ async def test_where_cardkit_is_refused_the_turn_keeps_the_reaction_until_its_an
     held = fake_feishu.hold("message_resource.get")
     t = await feishu_bridge()
     try:
-        msg = image_message(fake_feishu)
-        await push(t, msg)
-        await t.wait_for(lambda: reactions(msg) == WORKING and fake_feishu.in_flight == 1)  # the download held
+        msg = await image_downloading(t, fake_feishu)
         held.set()
         await t.settle()
         assert t.texts(P2P) == ["ok"]
@@ -84,9 +89,7 @@ async def test_a_stop_during_the_download_leaves_no_working_reaction(feishu_brid
     held = fake_feishu.hold("message_resource.get")
     t = await feishu_bridge()
     try:
-        msg = image_message(fake_feishu)
-        await push(t, msg)
-        await t.wait_for(lambda: reactions(msg) == WORKING and fake_feishu.in_flight == 1)  # the download held
+        msg = await image_downloading(t, fake_feishu)
         _, stop = t.event("/stop", chat=P2P, chat_type="p2p", mention=False)
         await t.deliver(stop)
         await t.settle()
@@ -103,9 +106,7 @@ async def test_a_shutdown_during_the_download_leaves_no_working_reaction(feishu_
     held = fake_feishu.hold("message_resource.get")
     t = await feishu_bridge()
     try:
-        msg = image_message(fake_feishu)
-        await push(t, msg)
-        await t.wait_for(lambda: reactions(msg) == WORKING and fake_feishu.in_flight == 1)  # the download held
+        msg = await image_downloading(t, fake_feishu)
         await t.close()
         assert t.texts(P2P) == [] and fake_openai.requests == []  # left to the next start
         assert reactions(msg) == [] and fake_feishu.count("reaction.delete") == 1

@@ -15,22 +15,30 @@ DM = "D0ALICE"
 THINKING = {"hourglass_flowing_sand": ["U0BOT"]}
 
 
+async def photo_downloading(t, fake_slack) -> str:
+    """A DM with a photo, delivered; returns its ts once the thinking reaction shows on it (``files.info``
+    held by the test, or failing)."""
+    shared = fake_slack.add_file("F0PHOTO", "IMG_0001.jpg", "image/jpeg", jpeg())
+    asked = fake_slack.user_message("what is this?", files=[shared], subtype="file_share")
+    await t.deliver(asked)
+    ts = asked["event"]["ts"]
+    await t.wait_for(lambda: fake_slack.message(DM, ts).reactions == THINKING)
+    return ts
+
+
 async def test_a_dm_shows_the_thinking_reaction_while_its_photo_downloads_and_not_after(
         tmp_path, fake_openai, fake_slack):
     held = fake_slack.hold("files.info")
     fake_openai.script(Text("a red square"))
     t = await slack_harness(tmp_path, fake_openai, fake_slack)
     try:
-        shared = fake_slack.add_file("F0PHOTO", "IMG_0001.jpg", "image/jpeg", jpeg())
-        asked = fake_slack.user_message("what is this?", files=[shared], subtype="file_share")
-        await t.deliver(asked)
-        await t.wait_for(lambda: fake_slack.message(DM, asked["event"]["ts"]).reactions == THINKING
-                         and fake_slack.count("files.info") == 1)
+        ts = await photo_downloading(t, fake_slack)
+        await t.wait_for(lambda: fake_slack.count("files.info") == 1)
         assert fake_openai.requests == [] and fake_slack.visible(DM) == []  # still downloading
         held.set()
         await t.settle()
         assert fake_slack.visible(DM) == ["a red square"]
-        assert not fake_slack.message(DM, asked["event"]["ts"]).reactions  # gone with the answer
+        assert not fake_slack.message(DM, ts).reactions  # gone with the answer
         # the turn took the download's indicator over: one shown, one cleared
         assert fake_slack.count("reactions.add") == 1 and fake_slack.count("reactions.remove") == 1
     finally:
@@ -71,15 +79,12 @@ async def test_a_failed_download_leaves_no_thinking_reaction(tmp_path, fake_open
     fake_slack.fail("files.info", error="file_not_found", times=10)
     t = await slack_harness(tmp_path, fake_openai, fake_slack)
     try:
-        shared = fake_slack.add_file("F0PHOTO", "IMG_0001.jpg", "image/jpeg", jpeg())
-        asked = fake_slack.user_message("what is this?", files=[shared], subtype="file_share")
-        await t.deliver(asked)
-        await t.wait_for(lambda: fake_slack.message(DM, asked["event"]["ts"]).reactions == THINKING)
+        ts = await photo_downloading(t, fake_slack)
         held.set()
         await t.settle()
         note, answer = fake_slack.visible(DM)
         assert note.startswith("⚠️ IMG_0001.jpg") and answer == "ok"
-        assert not fake_slack.message(DM, asked["event"]["ts"]).reactions
+        assert not fake_slack.message(DM, ts).reactions
     finally:
         held.set()
         await t.close()
@@ -89,15 +94,12 @@ async def test_a_stop_during_the_download_leaves_no_thinking_reaction(tmp_path, 
     held = fake_slack.hold("files.info")
     t = await slack_harness(tmp_path, fake_openai, fake_slack)
     try:
-        shared = fake_slack.add_file("F0PHOTO", "IMG_0001.jpg", "image/jpeg", jpeg())
-        asked = fake_slack.user_message("what is this?", files=[shared], subtype="file_share")
-        await t.deliver(asked)
-        await t.wait_for(lambda: fake_slack.message(DM, asked["event"]["ts"]).reactions == THINKING)
+        ts = await photo_downloading(t, fake_slack)
         await t.deliver(fake_slack.user_message("stop"))
         await t.settle()
         assert fake_openai.requests == []  # stopped before the model was asked
         assert fake_slack.visible(DM)  # the stopped reply says so
-        assert not fake_slack.message(DM, asked["event"]["ts"]).reactions
+        assert not fake_slack.message(DM, ts).reactions
     finally:
         held.set()
         await asyncio.sleep(0)
@@ -110,14 +112,11 @@ async def test_a_shutdown_during_the_download_leaves_no_thinking_reaction(tmp_pa
     held = fake_slack.hold("files.info")
     t = await slack_harness(tmp_path, fake_openai, fake_slack)
     try:
-        shared = fake_slack.add_file("F0PHOTO", "IMG_0001.jpg", "image/jpeg", jpeg())
-        asked = fake_slack.user_message("what is this?", files=[shared], subtype="file_share")
-        await t.deliver(asked)
-        await t.wait_for(lambda: fake_slack.message(DM, asked["event"]["ts"]).reactions == THINKING
-                         and fake_slack.count("files.info") == 1)
+        ts = await photo_downloading(t, fake_slack)
+        await t.wait_for(lambda: fake_slack.count("files.info") == 1)
         await t.close()
         assert fake_slack.visible(DM) == [] and fake_openai.requests == []  # left to the next start
-        assert not fake_slack.message(DM, asked["event"]["ts"]).reactions
+        assert not fake_slack.message(DM, ts).reactions
         assert fake_slack.count("reactions.remove") == 1
     finally:
         held.set()
