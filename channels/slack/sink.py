@@ -193,7 +193,7 @@ class SlackOps:
     async def clear_thinking(self) -> None:
         """Take the thinking indicator down (a failure only leaves it up: logged, never raised)."""
         await self._take_over()
-        shown, self._thinking = self._thinking, None
+        shown = self._thinking
         d = self._dest
         client = self._api.client
         try:
@@ -207,6 +207,10 @@ class SlackOps:
         except PlatformError as exc:
             if error_code(exc) != "no_reaction":
                 log.info("could not clear the thinking indicator: %s", exc)
+        # forgotten once the call is over, not when it starts: a call cut off on its way (an abort the shutdown
+        # cut short) leaves it for the next abort to take down
+        if self._thinking == shown:
+            self._thinking = None
 
     def stream(self) -> NativeStream | None:
         return SlackStream(self._channel, self._dest) if self._native else None
@@ -335,9 +339,11 @@ class SlackSink(LiveSink):
             # cut off before the end of its turn: it will not say how its requests ended (a press on one does)
             if isinstance(self.prompts, SlackPrompts):
                 self.prompts.release()
-        # nor will its end take the indicator down: that is done here (a failure is logged, never raised)
-        if self._spawn("slack:clear-thinking", self.slack_ops.clear_thinking()) is None:  # shutting down: now
-            await self.slack_ops.clear_thinking()
+        # nor will its end take the indicator down: that is done here (a failure is logged, never raised).
+        # Awaited, not left to a task: an abort comes mostly from the shutdown, whose supervisor cancels the
+        # tasks started meanwhile as soon as the turns are done, before their call reaches Slack; the callers
+        # bound the abort (``core.delivery``).
+        await self.slack_ops.clear_thinking()
 
 
 @dataclass(slots=True)
