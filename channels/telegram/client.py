@@ -11,8 +11,8 @@ New messages go out on a connection pool of their own (``sender``): the bot's bu
 Telegram receives them, so a send must leave at the slot it booked. On the pool every other call uses, a
 send whose slot has come would wait behind edits booked after it whenever that pool is full (a thousand
 chats streaming at once), and sends held back that way arrive together, past the budget. Even on their own
-pool, sends that left at the pace reached Telegram up to a second apart from when they left while the
-bridge's event loop was busy (aiogram building the request, the connection), and bunched past 30 in a second:
+pool, sends that left at the pace reached Telegram up to 1.2 s after they left while the
+bridge's event loop was busy (measured from the call's start to the fake's arrival), bunched past 30 in a second:
 a new message also passes an ``ArrivalBudget`` of 30 a second (``BOT_SEND_LIMIT``), which keeps every second
 within it however they bunch (``channels.common.arrivals``; within 30 in every second is within the bucket of
 30 refilled at 30 a second that a burst-tolerant count would be). The bot token, which is
