@@ -5,22 +5,17 @@ the cut-off notice instead of asking the model again for the same call."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from core.llm.anthropic_provider import AnthropicProvider
 from core.llm.provider import LLMToolSpec
-from core.runtime import ChatCore
-from core.sqlite_store import SqliteStore
 from core.tools.base import ApprovalPolicy, ToolContext, ToolRegistry
 from tests.fakes.anthropic_server import FakeAnthropic, ToolUses
 from tests.fakes.anthropic_server import Text as AnthropicText
 from tests.fakes.openai_server import FakeOpenAI, Text, ToolCalls
-from tests.support.channel import TestChannel
-from tests.support.harness import FAST, LIVE, Harness, make_harness
+from tests.support.harness import anthropic_harness, make_harness
 from tests.support.tools import QUERY, SpecTool
 from tests.test_agent_loop import record_turn_events
 
@@ -46,19 +41,6 @@ def registry(*tools: QueryTool) -> ToolRegistry:
     reg = ToolRegistry(default_policy="ask")
     reg.extend(list(tools))
     return reg
-
-
-async def anthropic_harness(tmp_path: Path, fake: FakeAnthropic, tools: ToolRegistry, **settings: Any) -> Harness:
-    s = dataclasses.replace(FAST, **settings)
-    provider = AnthropicProvider("claude-test", fake.base_url, "sk-ant-test", request_timeout=s.request_timeout)
-    core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools,
-                    media_dir=tmp_path / "media")
-    channel = TestChannel()
-    core.add_channel(channel)
-    await core.start()
-    h = Harness(core, channel, fake, core.store)  # type: ignore[arg-type]
-    LIVE.append(h)
-    return h
 
 
 @pytest.mark.parametrize("policy", ["ask", "auto"])
@@ -122,7 +104,7 @@ async def test_anthropic_a_tool_use_cut_at_max_tokens_is_not_run_and_the_turn_en
     fake_anthropic.script(ToolUses([("danger", arguments)], text="Running it.", ids=["toolu_cut"],
                                    stop_reason="max_tokens"),
                           AnthropicText("asked again for the same call"), AnthropicText("ok, continuing"))
-    h = await anthropic_harness(tmp_path, fake_anthropic, registry(tool), max_output_tokens=64,
+    h = await anthropic_harness(tmp_path, fake_anthropic, tools=registry(tool), max_output_tokens=64,
                                 approval_timeout=1.0)
     events = record_turn_events(h)
     try:
@@ -151,7 +133,7 @@ async def test_anthropic_a_call_without_arguments_still_runs_when_the_reply_is_w
     another call follows it."""
     bare, other = QueryTool("bare", "auto"), QueryTool("other", "auto")
     fake_anthropic.script(ToolUses([("bare", ""), ("other", '{"query": "x"}')]), AnthropicText("done"))
-    h = await anthropic_harness(tmp_path, fake_anthropic, registry(bare, other), max_output_tokens=64)
+    h = await anthropic_harness(tmp_path, fake_anthropic, tools=registry(bare, other), max_output_tokens=64)
     try:
         await h.say("go")
         await h.settle()

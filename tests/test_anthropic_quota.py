@@ -13,11 +13,8 @@ import pytest
 from core.llm.anthropic_provider import AnthropicProvider
 from core.llm.provider import LLMMessage, LLMRequest, ProviderError, ProviderErrorKind
 from core.llm.retry import retry_policy
-from core.runtime import ChatCore
-from core.sqlite_store import SqliteStore
 from tests.fakes.anthropic_server import FakeAnthropic, HttpError
-from tests.support.channel import TestChannel
-from tests.support.harness import FAST, LIVE, Harness
+from tests.support.harness import anthropic_harness
 
 KEY = "sk-ant-quota-SECRET-0123456789abcdef"
 REQUEST = LLMRequest(messages=(LLMMessage("user", "hello"),))
@@ -28,18 +25,6 @@ async def provider(fake_anthropic: FakeAnthropic) -> AsyncIterator[AnthropicProv
     p = AnthropicProvider("claude-test", fake_anthropic.base_url, KEY, request_timeout=2.0)
     yield p
     await p.aclose()
-
-
-async def anthropic_harness(tmp_path: Path, fake: FakeAnthropic) -> Harness:
-    provider = AnthropicProvider("claude-test", fake.base_url, KEY, request_timeout=FAST.request_timeout)
-    core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), provider=provider, settings=FAST,
-                    media_dir=tmp_path / "media")
-    channel = TestChannel()
-    core.add_channel(channel)
-    await core.start()
-    h = Harness(core, channel, fake, core.store)  # type: ignore[arg-type]
-    LIVE.append(h)
-    return h
 
 
 async def failed(provider: AnthropicProvider) -> ProviderError:
@@ -56,7 +41,7 @@ async def test_a_used_up_credit_balance_is_worded_as_out_of_quota(tmp_path: Path
     # before: "The model provider refused the request. The operator can find details in ..." (a bad request)
     caplog.set_level(logging.WARNING, logger="core.runner")
     fake_anthropic.default = HttpError.credit_too_low()
-    h = await anthropic_harness(tmp_path, fake_anthropic)
+    h = await anthropic_harness(tmp_path, fake_anthropic, api_key=KEY)
     try:
         await h.say("hi")
         await h.settle(timeout=5.0)

@@ -11,6 +11,7 @@ from typing import Any
 from core.events import CoreEvent, TurnCommitted
 from core.leadership import Leadership
 from core.leases import SessionLeases
+from core.llm.anthropic_provider import AnthropicProvider
 from core.llm.openai_provider import OpenAIProvider
 from core.media.transcribe import Transcriber
 from core.runtime import ChatCore
@@ -18,6 +19,7 @@ from core.settings import CoreSettings
 from core.sqlite_store import SqliteStore
 from core.store import Store
 from core.tools.base import ToolRegistry
+from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.openai_server import FakeOpenAI
 from tests.support.channel import FakePlatform, TestChannel
 
@@ -96,6 +98,21 @@ async def make_harness(tmp_path: Path, fake: FakeOpenAI, *, store: Store | None 
     if start:
         await core.start()
     harness = Harness(core, channel, fake, store, db_path)
+    LIVE.append(harness)
+    return harness
+
+
+async def anthropic_harness(tmp_path: Path, fake: FakeAnthropic, *, tools: ToolRegistry | None = None,
+                            api_key: str = "sk-ant-test", **settings: Any) -> Harness:
+    """``make_harness`` with the Anthropic provider against the fake Anthropic API."""
+    s = dataclasses.replace(FAST, **settings)
+    provider = AnthropicProvider("claude-test", fake.base_url, api_key, request_timeout=s.request_timeout)
+    core = ChatCore(store=SqliteStore(tmp_path / "chat.db"), provider=provider, settings=s, tools=tools,
+                    media_dir=tmp_path / "media")
+    channel = TestChannel()
+    core.add_channel(channel)
+    await core.start()
+    harness = Harness(core, channel, fake, core.store)  # type: ignore[arg-type]
     LIVE.append(harness)
     return harness
 
